@@ -1,0 +1,33 @@
+"""gnnscale: PyTorch Geometric scaling recipes on a small, tested core."""
+
+from gnnscale.data import (
+    DATASETS,
+    ClusterDataModule,
+    EvalArgs,
+    FullBatchDataModule,
+    LoaderArgs,
+    NeighborDataModule,
+    Preprocess,
+    SAINTDataModule,
+    load_dataset,
+    sampling_backend,
+)
+from gnnscale.models import GATv2, GraphSAGE
+from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
+
+__all__ = [
+    "DATASETS",
+    "ClusterDataModule",
+    "EvalArgs",
+    "FullBatchDataModule",
+    "GATv2",
+    "GraphSAGE",
+    "LoaderArgs",
+    "NeighborDataModule",
+    "Preprocess",
+    "SAINTDataModule",
+    "SyntheticGraph",
+    "load_dataset",
+    "make_synthetic_graph",
+    "sampling_backend",
+]

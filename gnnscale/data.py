@@ -1,0 +1,697 @@
+"""LightningDataModules for PyG's samplers, each constructible from YAML alone.
+
+Every training batch, whatever sampled it, carries ``x``, ``edge_index``, ``y`` and a per-node
+``loss_weight`` (plus ``num_loss_nodes`` for logging). The weights are scaled so that their
+*expected* sum per micro-batch is 1: the model's loss is ``sum(weight * cross_entropy)``, every
+training node counts the same however many of them a batch holds, and gradient accumulation
+(which averages micro-batch losses) stays an unbiased mean over training nodes.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import math
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch_geometric.transforms as T
+import torch_geometric.typing
+from torch import Tensor
+from torch.utils.data import DataLoader
+from torch_geometric.data import Data
+from torch_geometric.loader import (
+    ClusterData,
+    ClusterLoader,
+    GraphSAINTEdgeSampler,
+    GraphSAINTNodeSampler,
+    GraphSAINTRandomWalkSampler,
+    NeighborLoader,
+)
+
+from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
+
+__all__ = [
+    "DATASETS",
+    "ClusterDataModule",
+    "EvalArgs",
+    "FullBatchDataModule",
+    "LayerwiseBatch",
+    "LoaderArgs",
+    "NeighborDataModule",
+    "Preprocess",
+    "SAINTDataModule",
+    "load_dataset",
+    "sampling_backend",
+]
+
+log = logging.getLogger(__name__)
+
+DATASETS = (
+    "synthetic",
+    "Cora",
+    "CiteSeer",
+    "PubMed",
+    "Reddit",
+    "Flickr",
+    "ogbn-arxiv",
+    "ogbn-products",
+)
+_SPLITS = ("train_mask", "val_mask", "test_mask")
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Optional preprocessing, applied once after loading.
+
+    Args:
+        largest_component: Keep only the largest connected component (the number of dropped
+            nodes is logged). Isolated nodes cost memory and add nothing to message passing.
+        to_undirected: Add reverse edges so that messages flow both ways.
+        feature_dtype: Store node features in this dtype; ``bfloat16`` halves feature memory.
+    """
+
+    largest_component: bool = False
+    to_undirected: bool = False
+    feature_dtype: Literal["float32", "float16", "bfloat16"] = "float32"
+
+
+@dataclass(frozen=True)
+class LoaderArgs:
+    """Options of the ``torch.utils.data.DataLoader`` behind every loader.
+
+    Args:
+        num_workers: Worker processes that sample batches while the model trains (0: sample in
+            the main process).
+        pin_memory: Page-lock batches so host-to-GPU copies are faster and asynchronous.
+        persistent_workers: Keep workers alive between epochs instead of forking them again.
+    """
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    persistent_workers: bool = False
+
+    def __post_init__(self) -> None:
+        """Refuse a worker setup that DataLoader would reject later."""
+        if self.num_workers < 0:
+            raise ValueError(f"--data.loader.num_workers must be >= 0 (got {self.num_workers})")
+        if self.persistent_workers and self.num_workers == 0:
+            raise ValueError("--data.loader.persistent_workers needs --data.loader.num_workers > 0")
+
+    def kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for a DataLoader."""
+        return {
+            "num_workers": self.num_workers,
+            "pin_memory": self.pin_memory,
+            "persistent_workers": self.persistent_workers,
+        }
+
+
+@dataclass(frozen=True)
+class EvalArgs:
+    """How validation, test and predict compute their outputs.
+
+    Args:
+        mode: ``layerwise``: exact, every node sees its full neighbourhood, computed one layer
+            at a time over the whole graph (PyG's ``inference`` pattern). ``sampled``: neighbour
+            sampling around the evaluated nodes; cheaper on huge graphs, slightly noisy.
+            ``full``: exact, one forward pass over the whole graph; needs full-batch memory.
+        batch_size: Nodes per evaluation batch.
+        num_neighbors: Fan-out per layer for ``sampled`` mode; defaults to the training fan-out
+            (neighbour sampling) or full neighbourhoods (other samplers).
+    """
+
+    mode: Literal["layerwise", "sampled", "full"] = "layerwise"
+    batch_size: int = 4096
+    num_neighbors: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse non-positive sizes."""
+        if self.batch_size < 1:
+            raise ValueError(f"--data.eval.batch_size must be >= 1 (got {self.batch_size})")
+
+
+@dataclass
+class LayerwiseBatch:
+    """One evaluation step that runs exact layer-wise inference over the whole graph.
+
+    Args:
+        loader: Loader of full one-hop neighbourhoods of all nodes.
+        y: Labels of all nodes.
+        mask: Nodes to score; ``None`` for all (predict).
+    """
+
+    loader: NeighborLoader
+    y: Tensor
+    mask: Tensor | None
+
+
+def sampling_backend() -> str:
+    """Name the library that PyG's neighbour sampling runs on."""
+    if torch_geometric.typing.WITH_PYG_LIB:
+        return "pyg-lib"
+    if torch_geometric.typing.WITH_TORCH_SPARSE:
+        return "torch-sparse"
+    return "none"
+
+
+def _check_positive(**values: int | float) -> None:
+    for key, value in values.items():
+        if value <= 0:
+            raise ValueError(f"--data.{key} must be > 0 (got {value})")
+
+
+def _check_root(dataset: str, root: Path) -> None:
+    if dataset == "synthetic":
+        return  # the root only holds caches, created on first use
+    if not root.is_dir():
+        raise ValueError(
+            f"--data.root {str(root)!r} does not exist or is not a folder: create it "
+            f"(mkdir -p {root}) to download {dataset} into it, or point --data.root at the "
+            f"folder that holds {dataset}"
+        )
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise ValueError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
+
+
+def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None) -> Data:
+    """Load a node-classification graph by name, downloading into ``root`` if needed.
+
+    Args:
+        name: One of :data:`DATASETS`.
+        root: Folder of the dataset files (Planetoid reads ``root/<name>/raw`` without network).
+        synthetic: Settings of the generated graph when ``name == "synthetic"``.
+    """
+    if name == "synthetic":
+        return make_synthetic_graph(synthetic or SyntheticGraph())
+    if name in ("Cora", "CiteSeer", "PubMed"):
+        from torch_geometric.datasets import Planetoid
+
+        return Planetoid(str(root), name)[0]
+    if name in ("Reddit", "Flickr"):
+        from torch_geometric import datasets
+
+        return getattr(datasets, name)(str(root / name))[0]
+    if name.startswith("ogbn-"):
+        try:
+            from ogb.nodeproppred import PygNodePropPredDataset
+        except ImportError as err:
+            raise ImportError(f"{name} needs the ogb package: pip install 'gnnscale[ogb]'") from err
+        ds = PygNodePropPredDataset(name, str(root))
+        data, split = ds[0], ds.get_idx_split()
+        data.y = data.y.view(-1)
+        for key, idx in zip(_SPLITS, ("train", "valid", "test"), strict=True):
+            data[key] = torch.zeros(data.num_nodes, dtype=torch.bool)
+            data[key][split[idx]] = True
+        return data
+    raise ValueError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
+
+
+def _validate_graph(data: Data, dataset: str) -> int:
+    """Check splits and labels; return the number of classes."""
+    for key in _SPLITS:
+        if data.get(key) is None:
+            raise ValueError(
+                f"--data.dataset {dataset!r} has no {key!r}: gnnscale needs train, val and test "
+                "masks; choose a dataset with a public split or add the masks to the Data object"
+            )
+    if int(data.train_mask.sum()) == 0:
+        raise ValueError(
+            f"the training split of --data.dataset {dataset!r} is empty (after preprocessing); "
+            "check --data.preprocess.largest_component and the split fractions"
+        )
+    if data.y is None or data.y.dim() != 1 or data.y.is_floating_point():
+        raise ValueError(
+            f"--data.dataset {dataset!r} needs one integer class id per node in y (got shape "
+            f"{None if data.y is None else tuple(data.y.shape)}); convert one-hot labels with "
+            "y.argmax(-1)"
+        )
+    labelled = data.train_mask | data.val_mask | data.test_mask
+    y = data.y[labelled]
+    if int(y.min()) < 0:
+        raise ValueError(
+            f"labels out of range in --data.dataset {dataset!r}: found {int(y.min())} among "
+            "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
+        )
+    return int(y.max()) + 1
+
+
+def _single(item: Any) -> DataLoader:
+    """A loader that yields ``item`` once, uncollated."""
+    return DataLoader([item], batch_size=None, collate_fn=_identity)
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+def _graph_key(data: Data, *params: Any) -> str:
+    """Fingerprint of the graph structure and parameters, for on-disk caches."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(repr((data.num_nodes, *params)).encode())
+    h.update(memoryview(data.edge_index.contiguous().numpy()).cast("B"))
+    return h.hexdigest()
+
+
+class _GraphDataModule(L.LightningDataModule):
+    """What every gnnscale DataModule shares: loading, checks, evaluation loaders."""
+
+    def __init__(
+        self,
+        dataset: str,
+        root: Path,
+        synthetic: SyntheticGraph,
+        preprocess: Preprocess,
+        loader: LoaderArgs,
+        eval: EvalArgs,
+    ) -> None:
+        super().__init__()
+        if dataset not in DATASETS:
+            raise ValueError(
+                f"--data.dataset {dataset!r} is not known; choose one of {', '.join(DATASETS)}"
+            )
+        _check_root(dataset, Path(root))
+        self.dataset = dataset
+        self.root = Path(root)
+        self.synthetic = synthetic
+        self.preprocess = preprocess
+        self.loader = loader
+        self.eval = eval
+        self._num_classes = 0
+
+    @cached_property
+    def data(self) -> Data:
+        """The preprocessed graph, loaded on first use."""
+        data = load_dataset(self.dataset, self.root, self.synthetic)
+        if self.preprocess.to_undirected:
+            data = T.ToUndirected()(data)
+        if self.preprocess.largest_component:
+            before = data.num_nodes
+            data = T.LargestConnectedComponents()(data)
+            log.info(
+                "largest connected component: kept %d of %d nodes (dropped %d)",
+                data.num_nodes,
+                before,
+                before - data.num_nodes,
+            )
+        data.x = data.x.to(_DTYPES[self.preprocess.feature_dtype])
+        self._num_classes = _validate_graph(data, self.dataset)
+        return data
+
+    @property
+    def num_features(self) -> int:
+        """Node feature dimension (linked to ``model.in_channels``)."""
+        return self.data.num_features
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (linked to ``model.num_classes``)."""
+        _ = self.data
+        return self._num_classes
+
+    @property
+    def cache_dir(self) -> Path:
+        """Folder for partitions and normalisation statistics."""
+        return self.root / "gnnscale_cache"
+
+    def prepare_data(self) -> None:
+        """Download (if needed) and load the dataset."""
+        _ = self.data
+
+    def setup(self, stage: str) -> None:
+        """Check the model agrees with the loaders, then build the training loader."""
+        log.info("gnnscale: neighbour sampling backend is %s", sampling_backend())
+        num_layers = self._model_num_layers()
+        fanout = self.eval.num_neighbors
+        if fanout is not None and num_layers and len(fanout) != num_layers:
+            raise ValueError(
+                f"--data.eval.num_neighbors has {len(fanout)} entries but --model.num_layers is "
+                f"{num_layers}: give one fan-out per layer"
+            )
+        if stage == "fit":
+            self._setup_train(num_layers)
+
+    def _model_num_layers(self) -> int:
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        return int(getattr(model, "num_layers", 0))
+
+    def _setup_train(self, num_layers: int) -> None:
+        raise NotImplementedError
+
+    def _eval_fanout(self) -> list[int]:
+        return self.eval.num_neighbors or [-1] * max(self._model_num_layers(), 1)
+
+    def _eval_loader(self, mask_key: str | None) -> Any:
+        data = self.data
+        mask = None if mask_key is None else data[mask_key]
+        if self.eval.mode == "sampled":
+            return NeighborLoader(
+                data,
+                num_neighbors=self._eval_fanout(),
+                input_nodes=mask,
+                batch_size=self.eval.batch_size,
+                **self.loader.kwargs(),
+            )
+        if self.eval.mode == "full":
+            data = copy.copy(data)
+            data.eval_mask = mask
+            return _single(data)
+        if data.x.dtype != torch.float32:  # PyG's layer-wise inference feeds x to the layers as is
+            data = copy.copy(data)
+            data.x = data.x.float()
+        loader = NeighborLoader(
+            data, num_neighbors=[-1], batch_size=self.eval.batch_size, **self.loader.kwargs()
+        )
+        return _single(LayerwiseBatch(loader, data.y, mask))
+
+    def val_dataloader(self) -> Any:
+        """Validation nodes, evaluated as ``eval.mode`` says."""
+        return self._eval_loader("val_mask")
+
+    def test_dataloader(self) -> Any:
+        """Test nodes, evaluated as ``eval.mode`` says."""
+        return self._eval_loader("test_mask")
+
+    def predict_dataloader(self) -> Any:
+        """All nodes, evaluated as ``eval.mode`` says."""
+        return self._eval_loader(None)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Attach the per-node loss weights to training batches (on the CPU, before transfer)."""
+        if self.trainer is not None and self.trainer.training and isinstance(batch, Data):
+            batch.loss_weight, batch.num_loss_nodes = self._loss_weight(batch)
+        return batch
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        raise NotImplementedError
+
+
+class FullBatchDataModule(_GraphDataModule):
+    """The whole graph as one batch: the accuracy reference on graphs that fit in memory.
+
+    Args:
+        dataset: Dataset name, one of ``synthetic``, ``Cora``, ``CiteSeer``, ``PubMed``,
+            ``Reddit``, ``Flickr``, ``ogbn-arxiv``, ``ogbn-products``.
+        root: Folder of the dataset files and of gnnscale's caches.
+        synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
+        preprocess: Preprocessing applied once after loading.
+        loader: DataLoader workers and memory pinning.
+        eval: How validation and test are computed (default: the whole graph at once).
+    """
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        root: Path = Path("data"),
+        synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008 (frozen dataclass)
+        preprocess: Preprocess = Preprocess(),  # noqa: B008
+        loader: LoaderArgs = LoaderArgs(),  # noqa: B008
+        eval: EvalArgs = EvalArgs(mode="full"),  # noqa: B008
+    ) -> None:
+        super().__init__(dataset, root, synthetic, preprocess, loader, eval)
+
+    def _setup_train(self, num_layers: int) -> None:
+        self._num_train = int(self.data.train_mask.sum())
+
+    def train_dataloader(self) -> DataLoader:
+        """One batch per epoch: the whole graph."""
+        return _single(self.data)
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        return batch.train_mask / self._num_train, self._num_train
+
+
+class NeighborDataModule(_GraphDataModule):
+    """Neighbour sampling (GraphSAGE): each batch is seed nodes plus a sampled fan-out per layer.
+
+    Args:
+        dataset: Dataset name, one of ``synthetic``, ``Cora``, ``CiteSeer``, ``PubMed``,
+            ``Reddit``, ``Flickr``, ``ogbn-arxiv``, ``ogbn-products``.
+        root: Folder of the dataset files and of gnnscale's caches.
+        num_neighbors: Neighbours sampled per node, one entry per GNN layer (``-1``: all).
+        batch_size: Seed (training) nodes per batch.
+        synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
+        preprocess: Preprocessing applied once after loading.
+        loader: DataLoader workers and memory pinning.
+        eval: How validation and test are computed.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        root: Path = Path("data"),
+        num_neighbors: list[int] = [15, 10],  # noqa: B006 (never mutated)
+        batch_size: int = 1024,
+        synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008
+        preprocess: Preprocess = Preprocess(),  # noqa: B008
+        loader: LoaderArgs = LoaderArgs(),  # noqa: B008
+        eval: EvalArgs = EvalArgs(),  # noqa: B008
+    ) -> None:
+        super().__init__(dataset, root, synthetic, preprocess, loader, eval)
+        _check_positive(batch_size=batch_size)
+        if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
+            raise ValueError(
+                f"--data.num_neighbors must list one fan-out per layer, each > 0 or -1 for all "
+                f"neighbours (got {num_neighbors})"
+            )
+        self.num_neighbors = list(num_neighbors)
+        self.batch_size = batch_size
+
+    def setup(self, stage: str) -> None:
+        """Check the fan-out has one entry per model layer, then build the loaders."""
+        num_layers = self._model_num_layers()
+        if num_layers and len(self.num_neighbors) != num_layers:
+            raise ValueError(
+                f"--data.num_neighbors has {len(self.num_neighbors)} entries "
+                f"({self.num_neighbors}) but --model.num_layers is {num_layers}: give one "
+                "fan-out per layer"
+            )
+        super().setup(stage)
+
+    def _setup_train(self, num_layers: int) -> None:
+        self._train_loader = NeighborLoader(
+            self.data,
+            num_neighbors=self.num_neighbors,
+            input_nodes=self.data.train_mask,
+            batch_size=self.batch_size,
+            shuffle=True,
+            **self.loader.kwargs(),
+        )
+
+    def _eval_fanout(self) -> list[int]:
+        return self.eval.num_neighbors or self.num_neighbors
+
+    def train_dataloader(self) -> NeighborLoader:
+        """Shuffled batches of ``batch_size`` training seeds with their sampled neighbourhoods."""
+        return self._train_loader
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        # Seeds come first; a short last batch keeps weight 1/batch_size per seed, so every
+        # training node weighs the same.
+        weight = torch.zeros(batch.num_nodes)
+        weight[: batch.batch_size] = 1.0 / self.batch_size
+        return weight, batch.batch_size
+
+
+class _ClusterData(ClusterData):
+    """PyG's ClusterData, with pymetis when neither pyg-lib nor torch-sparse has METIS."""
+
+    partitioner = "pyg-lib/torch-sparse METIS"
+
+    def _metis(self, edge_index: Tensor, num_nodes: int) -> Tensor:
+        try:
+            return super()._metis(edge_index, num_nodes)
+        except ImportError:
+            pass
+        try:
+            import pymetis
+        except ImportError as err:
+            raise ImportError(
+                "Cluster-GCN needs METIS: install pyg-lib, torch-sparse built with METIS, or "
+                "pymetis (pip install pymetis)"
+            ) from err
+        from torch_geometric.utils import index_sort, remove_self_loops, to_undirected
+
+        # METIS wants a symmetric graph without self-loops, in CSR form.
+        ei, _ = remove_self_loops(to_undirected(edge_index, num_nodes=num_nodes))
+        row, perm = index_sort(ei[0], max_value=num_nodes)
+        indptr = torch.zeros(num_nodes + 1, dtype=torch.long)
+        indptr[1:] = torch.bincount(row, minlength=num_nodes).cumsum(0)
+        _, membership = pymetis.part_graph(
+            self.num_parts,
+            xadj=indptr.numpy(),
+            adjncy=ei[1, perm].numpy(),
+            recursive=self.recursive,
+        )
+        type(self).partitioner = "pymetis"
+        return torch.as_tensor(membership, dtype=torch.long)
+
+
+class ClusterDataModule(_GraphDataModule):
+    """Cluster-GCN: METIS splits the graph into parts; each batch is a few parts and their links.
+
+    The partition is computed once and cached under ``root/gnnscale_cache``, keyed to the graph
+    structure and the parameters, so a changed graph never reuses a stale partition.
+
+    Args:
+        dataset: Dataset name, one of ``synthetic``, ``Cora``, ``CiteSeer``, ``PubMed``,
+            ``Reddit``, ``Flickr``, ``ogbn-arxiv``, ``ogbn-products``.
+        root: Folder of the dataset files and of gnnscale's caches.
+        num_parts: Number of METIS parts (clusters) the graph is split into.
+        clusters_per_batch: Parts merged into one batch (their between-part edges are kept).
+        recursive: Use METIS recursive bisection instead of k-way partitioning.
+        synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
+        preprocess: Preprocessing applied once after loading.
+        loader: DataLoader workers and memory pinning.
+        eval: How validation and test are computed.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        root: Path = Path("data"),
+        num_parts: int = 1000,
+        clusters_per_batch: int = 20,
+        recursive: bool = False,
+        synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008
+        preprocess: Preprocess = Preprocess(),  # noqa: B008
+        loader: LoaderArgs = LoaderArgs(),  # noqa: B008
+        eval: EvalArgs = EvalArgs(),  # noqa: B008
+    ) -> None:
+        super().__init__(dataset, root, synthetic, preprocess, loader, eval)
+        _check_positive(num_parts=num_parts, clusters_per_batch=clusters_per_batch)
+        if clusters_per_batch > num_parts:
+            raise ValueError(
+                f"--data.clusters_per_batch must be <= --data.num_parts (got "
+                f"{clusters_per_batch} > {num_parts})"
+            )
+        self.num_parts = num_parts
+        self.clusters_per_batch = clusters_per_batch
+        self.recursive = recursive
+
+    def _setup_train(self, num_layers: int) -> None:
+        data = self.data
+        if self.num_parts > data.num_nodes:
+            raise ValueError(
+                f"--data.num_parts ({self.num_parts}) is larger than the graph "
+                f"({data.num_nodes} nodes): choose at most {data.num_nodes}, usually "
+                "num_nodes / 1000 or fewer"
+            )
+        train = data.train_mask
+        num_batches = math.ceil(self.num_parts / self.clusters_per_batch)
+        # A node attribute, so ClusterData permutes and slices it along with x and y.
+        data = copy.copy(data)
+        data.loss_weight = train * (num_batches / int(train.sum()))
+        key = _graph_key(data, "cluster", self.num_parts, self.recursive)
+        cluster_data = _ClusterData(
+            data,
+            num_parts=self.num_parts,
+            recursive=self.recursive,
+            save_dir=str(self.cache_dir / f"cluster_{key}"),
+            log=False,
+        )
+        log.info("gnnscale: Cluster-GCN partitioner is %s", _ClusterData.partitioner)
+        self._train_loader = ClusterLoader(
+            cluster_data, batch_size=self.clusters_per_batch, shuffle=True, **self.loader.kwargs()
+        )
+
+    def train_dataloader(self) -> ClusterLoader:
+        """Shuffled batches of ``clusters_per_batch`` parts."""
+        return self._train_loader
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        return batch.loss_weight, int(batch.train_mask.sum())
+
+
+class SAINTDataModule(_GraphDataModule):
+    """GraphSAINT: batches are sampled subgraphs, debiased by the paper's normalisation.
+
+    ``node_norm`` (estimated from ``sample_coverage`` pre-sampled subgraphs and cached under
+    ``root/gnnscale_cache``) weights each training node's loss. ``edge_norm`` would rescale
+    aggregation, but SAGEConv and GATv2Conv take no edge weights, so it is not used.
+
+    Args:
+        dataset: Dataset name, one of ``synthetic``, ``Cora``, ``CiteSeer``, ``PubMed``,
+            ``Reddit``, ``Flickr``, ``ogbn-arxiv``, ``ogbn-products``.
+        root: Folder of the dataset files and of gnnscale's caches.
+        sampler: ``node``, ``edge`` or ``random_walk`` (the paper's best).
+        batch_size: Nodes (``node``), edges (``edge``) or walk roots (``random_walk``) per batch.
+        walk_length: Length of each random walk (``random_walk`` only).
+        num_steps: Batches per epoch.
+        sample_coverage: Subgraphs per node sampled up front to estimate the normalisation
+            (0 disables it: the training nodes of each batch are averaged).
+        synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
+        preprocess: Preprocessing applied once after loading.
+        loader: DataLoader workers and memory pinning.
+        eval: How validation and test are computed.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        root: Path = Path("data"),
+        sampler: Literal["node", "edge", "random_walk"] = "random_walk",
+        batch_size: int = 2000,
+        walk_length: int = 2,
+        num_steps: int = 20,
+        sample_coverage: int = 50,
+        synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008
+        preprocess: Preprocess = Preprocess(),  # noqa: B008
+        loader: LoaderArgs = LoaderArgs(),  # noqa: B008
+        eval: EvalArgs = EvalArgs(),  # noqa: B008
+    ) -> None:
+        super().__init__(dataset, root, synthetic, preprocess, loader, eval)
+        _check_positive(batch_size=batch_size, walk_length=walk_length, num_steps=num_steps)
+        if sample_coverage < 0:
+            raise ValueError(f"--data.sample_coverage must be >= 0 (got {sample_coverage})")
+        self.sampler = sampler
+        self.batch_size = batch_size
+        self.walk_length = walk_length
+        self.num_steps = num_steps
+        self.sample_coverage = sample_coverage
+
+    def _setup_train(self, num_layers: int) -> None:
+        if not torch_geometric.typing.WITH_TORCH_SPARSE:
+            raise ImportError("GraphSAINT samplers need torch-sparse: see the README's install")
+        data = self.data
+        self._train_fraction = float(data.train_mask.float().mean())
+        params: dict[str, Any] = {"batch_size": self.batch_size, "num_steps": self.num_steps}
+        cls: type = GraphSAINTNodeSampler
+        if self.sampler == "edge":
+            cls = GraphSAINTEdgeSampler
+        elif self.sampler == "random_walk":
+            cls, params["walk_length"] = GraphSAINTRandomWalkSampler, self.walk_length
+        save_dir = None
+        if self.sample_coverage > 0:
+            key = _graph_key(data, "saint", self.sampler, sorted(params.items()))
+            save_dir = self.cache_dir / f"saint_{key}"
+            save_dir.mkdir(parents=True, exist_ok=True)
+        self._train_loader = cls(
+            data,
+            sample_coverage=self.sample_coverage,
+            save_dir=None if save_dir is None else str(save_dir),
+            log=False,
+            **params,
+            **self.loader.kwargs(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """``num_steps`` sampled subgraphs."""
+        return self._train_loader
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        train = batch.train_mask
+        num_train = int(train.sum())
+        if self.sample_coverage == 0:
+            expected = self._train_fraction * batch.num_nodes
+            return train / max(expected, 1.0), num_train
+        # sum(node_norm * loss) over a subgraph estimates sum(loss) / N over the whole graph;
+        # dividing by the training fraction makes it the mean over training nodes.
+        return batch.node_norm * train / self._train_fraction, num_train

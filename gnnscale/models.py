@@ -1,0 +1,184 @@
+"""GraphSAGE and GATv2 node classifiers as LightningModules, on PyG's own layers.
+
+Both take any batch of the gnnscale contract (``x``, ``edge_index``, ``y``, ``loss_weight``) and
+never ask which sampler made it. GATv2 attention is computed per edge (PyG's ``GATv2Conv``), so
+its memory is O(E * heads), never a dense N x N tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+from torch_geometric import nn as pyg_nn
+from torch_geometric.data import Data
+from torchmetrics.classification import MulticlassAccuracy
+
+from gnnscale.data import LayerwiseBatch
+
+__all__ = ["GATv2", "GraphSAGE"]
+
+
+class _NodeClassifier(L.LightningModule):
+    """Training, evaluation and optimisation shared by the gnnscale models."""
+
+    gnn: pyg_nn.models.basic_gnn.BasicGNN
+
+    def __init__(
+        self,
+        num_classes: int,
+        num_layers: int,
+        optimizer: OptimizerCallable,
+        lr_scheduler: LRSchedulerCallable | None,
+    ) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ValueError(f"--model.num_layers must be >= 1 (got {num_layers})")
+        self.num_layers = num_layers
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        # torchmetrics accumulates correct/total counts, so DDP reduces counts, not ratios.
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        """Class logits for every node of the (sub)graph."""
+        return self.gnn(x.float(), edge_index)
+
+    def training_step(self, batch: Data, batch_idx: int) -> Tensor:
+        """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
+        out = self(batch.x, batch.edge_index)
+        loss = (F.cross_entropy(out.float(), batch.y, reduction="none") * batch.loss_weight).sum()
+        self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
+        return loss
+
+    def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
+        if isinstance(batch, LayerwiseBatch):
+            out = self.gnn.inference(batch.loader, device=self.device)
+            y = batch.y
+            if batch.mask is not None:
+                out, y = out[batch.mask], y[batch.mask]
+            return out.to(self.device), y.to(self.device)
+        out, y = self(batch.x, batch.edge_index), batch.y
+        if "batch_size" in batch:  # sampled: the evaluated seed nodes come first
+            return out[: batch.batch_size], y[: batch.batch_size]
+        mask = batch.get("eval_mask")  # the whole graph
+        return (out, y) if mask is None else (out[mask], y[mask])
+
+    def validation_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> None:
+        """Accuracy on validation nodes."""
+        out, y = self._logits(batch)
+        self.val_acc(out, y)
+        self.log("val/loss", F.cross_entropy(out.float(), y), batch_size=y.numel())
+        self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.numel())
+
+    def test_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> None:
+        """Accuracy on test nodes."""
+        out, y = self._logits(batch)
+        self.test_acc(out, y)
+        self.log("test/acc", self.test_acc, batch_size=y.numel())
+
+    def predict_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> Tensor:
+        """Predicted class of each node (in node order for layer-wise evaluation)."""
+        return self._logits(batch)[0].argmax(-1)
+
+    def configure_optimizers(self) -> Any:
+        """The optimizer (and schedule) chosen in the config."""
+        optimizer = self.optimizer(self.parameters())
+        if self.lr_scheduler is None:
+            return optimizer
+        scheduler = self.lr_scheduler(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "monitor": "val/acc"},
+        }
+
+
+class GraphSAGE(_NodeClassifier):
+    """GraphSAGE (Hamilton et al., 2017) on PyG's ``SAGEConv``.
+
+    Args:
+        in_channels: Node feature dimension (linked from the DataModule).
+        num_classes: Number of classes (linked from the DataModule).
+        hidden_channels: Width of the hidden layers.
+        num_layers: Message-passing layers; neighbour sampling needs one fan-out per layer.
+        dropout: Dropout probability between layers.
+        norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
+        aggr: Neighbourhood aggregation: ``mean``, ``max``, ``sum``.
+        optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``).
+        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        hidden_channels: int = 256,
+        num_layers: int = 2,
+        dropout: float = 0.5,
+        norm: str | None = None,
+        aggr: str = "mean",
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.gnn = pyg_nn.GraphSAGE(
+            in_channels,
+            hidden_channels,
+            num_layers,
+            out_channels=num_classes,
+            dropout=dropout,
+            norm=norm,
+            aggr=aggr,
+        )
+
+
+class GATv2(_NodeClassifier):
+    """GATv2 (Brody et al., 2022) on PyG's edge-wise ``GATv2Conv``: memory O(E), not O(N^2).
+
+    Args:
+        in_channels: Node feature dimension (linked from the DataModule).
+        num_classes: Number of classes (linked from the DataModule).
+        hidden_channels: Width of the hidden layers, all heads together (must divide by heads).
+        num_layers: Attention layers; neighbour sampling needs one fan-out per layer.
+        heads: Attention heads per layer (the last layer averages its heads).
+        dropout: Dropout probability on features and on attention coefficients.
+        norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
+        optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``).
+        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        hidden_channels: int = 64,
+        num_layers: int = 2,
+        heads: int = 8,
+        dropout: float = 0.6,
+        norm: str | None = None,
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
+        if hidden_channels % heads:
+            raise ValueError(
+                f"--model.hidden_channels ({hidden_channels}) must be divisible by "
+                f"--model.heads ({heads})"
+            )
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.gnn = pyg_nn.GAT(
+            in_channels,
+            hidden_channels,
+            num_layers,
+            out_channels=num_classes,
+            dropout=dropout,
+            norm=norm,
+            v2=True,
+            heads=heads,
+        )

@@ -1,0 +1,148 @@
+import csv
+import math
+from pathlib import Path
+
+import pytest
+from conftest import TINY_ARGS
+
+from gnnscale.cli import main
+from gnnscale.testing import requires_sampler, requires_torch_sparse
+
+REPO = Path(__file__).resolve().parents[1]
+YAMLS = sorted(p for p in REPO.rglob("*.yaml") if ".venv" not in p.parts and "runs" not in p.parts)
+
+
+def _metrics(log_dir: Path) -> list[dict[str, str]]:
+    (path,) = log_dir.rglob("metrics.csv")
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def _column(rows, key) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key)]
+
+
+def _fit(tmp_path: Path, *args: str):
+    return main(
+        [
+            "fit",
+            f"--data.root={tmp_path / 'data'}",
+            "--trainer.accelerator=cpu",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+            *TINY_ARGS,
+            *args,
+        ]
+    )
+
+
+def test_repo_has_yaml_configs():
+    assert any("recipes" in p.parts for p in YAMLS)
+
+
+@pytest.mark.parametrize("path", YAMLS, ids=[str(p.relative_to(REPO)) for p in YAMLS])
+def test_every_yaml_parses_through_the_cli(path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["fit", "--config", str(path), "--print_config"])
+    assert exit.value.code in (0, None)
+    assert "class_path" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", ["GraphSAGE", "GATv2"])
+@pytest.mark.parametrize(
+    "data,extra",
+    [
+        ("FullBatchDataModule", []),
+        pytest.param(
+            "NeighborDataModule",
+            ["--data.batch_size=256", "--data.num_neighbors=[10, 5]"],
+            marks=requires_sampler,
+        ),
+        pytest.param(
+            "ClusterDataModule",
+            ["--data.num_parts=20", "--data.clusters_per_batch=4"],
+            marks=requires_sampler,
+        ),
+        pytest.param(
+            "SAINTDataModule",
+            ["--data.batch_size=300", "--data.num_steps=5"],
+            marks=requires_torch_sparse,
+        ),
+    ],
+)
+def test_fit_trains_and_tests_through_the_cli(tmp_path, data, extra, model):
+    cli = _fit(
+        tmp_path,
+        f"--data=gnnscale.{data}",
+        f"--model=gnnscale.{model}",
+        "--model.optimizer=torch.optim.Adam",
+        "--model.optimizer.lr=0.01",
+        "--trainer.max_epochs=3",
+        "--trainer.accumulate_grad_batches=2",
+        "--trainer.precision=bf16-mixed",
+        *extra,
+    )
+    # Linked from the data, never typed: in_channels and num_classes.
+    assert cli.model.hparams.in_channels == 32 and cli.model.hparams.num_classes == 5
+    rows = _metrics(tmp_path / "runs")
+    losses = _column(rows, "train/loss_epoch") or _column(rows, "train/loss")
+    assert losses and all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0]
+    assert _column(rows, "test/acc")[-1] > 0.5  # after fit, the best checkpoint is tested
+    assert list((tmp_path / "runs").rglob("config.yaml"))  # resolved config saved with the run
+
+
+def test_wrong_config_key_names_the_key(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        _fit(
+            tmp_path,
+            "--data=gnnscale.FullBatchDataModule",
+            "--model=gnnscale.GraphSAGE",
+            "--data.num_partz=3",
+        )
+    assert exit.value.code != 0
+    assert "num_partz" in capsys.readouterr().err
+
+
+def test_fp16_on_cpu_is_refused_with_advice(tmp_path):
+    with pytest.raises(Exception, match="bf16-mixed"):
+        _fit(
+            tmp_path,
+            "--data=gnnscale.FullBatchDataModule",
+            "--model=gnnscale.GraphSAGE",
+            "--trainer.precision=16-mixed",
+            "--trainer.max_epochs=1",
+        )
+
+
+@requires_sampler
+def test_fanout_must_match_layers(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"--data.num_neighbors has 3 entries .* --model.num_layers is 2"
+    ):
+        _fit(
+            tmp_path,
+            "--data=gnnscale.NeighborDataModule",
+            "--model=gnnscale.GraphSAGE",
+            "--data.num_neighbors=[5, 5, 5]",
+            "--trainer.max_epochs=1",
+        )
+    assert not list((tmp_path / "data").rglob("*.pt"))  # nothing written
+
+
+def test_resumed_run_continues_where_it_stopped(tmp_path):
+    common = [
+        "--data=gnnscale.FullBatchDataModule",
+        "--model=gnnscale.GraphSAGE",
+        "--model.optimizer=torch.optim.Adam",
+        "--model.optimizer.lr=0.01",
+    ]
+    first = _fit(tmp_path, *common, "--trainer.max_epochs=4")
+    assert first.trainer.global_step == 4
+    (ckpt,) = (tmp_path / "runs").rglob("*.ckpt")
+    second = _fit(tmp_path, *common, "--trainer.max_epochs=7", f"--ckpt_path={ckpt}")
+    assert second.trainer.global_step == 7  # 3 more steps, not 7 from scratch
+    rows = _metrics(tmp_path / "runs" / "lightning_logs" / "version_1")
+    epochs = sorted({int(r["epoch"]) for r in rows if r.get("train/loss_epoch")})
+    assert epochs == [4, 5, 6]

@@ -1,0 +1,248 @@
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import TINY
+from torch_geometric.data import Data
+from torch_geometric.utils import degree, homophily, is_undirected
+
+import gnnscale.data as gdata
+from gnnscale import (
+    ClusterDataModule,
+    EvalArgs,
+    FullBatchDataModule,
+    LoaderArgs,
+    NeighborDataModule,
+    Preprocess,
+    SAINTDataModule,
+    SyntheticGraph,
+    load_dataset,
+    make_synthetic_graph,
+)
+from gnnscale.testing import requires_sampler, requires_torch_sparse
+
+
+def test_synthetic_is_deterministic_homophilous_and_skewed():
+    a, b = make_synthetic_graph(TINY), make_synthetic_graph(TINY)
+    assert torch.equal(a.edge_index, b.edge_index) and torch.equal(a.x, b.x)
+    assert not torch.equal(a.y, make_synthetic_graph(SyntheticGraph(num_nodes=3000, seed=1)).y)
+    assert is_undirected(a.edge_index) and not a.has_self_loops()
+    assert 0.75 < homophily(a.edge_index, a.y) < 0.9
+    deg = degree(a.edge_index[0], a.num_nodes)
+    assert 10 < deg.mean() < 13
+    assert deg.max() > 8 * deg.median()  # power-law-like tail, not Poisson
+    masks = torch.stack([a.train_mask, a.val_mask, a.test_mask])
+    assert torch.equal(masks.sum(0), torch.ones(a.num_nodes, dtype=torch.long))
+
+
+@pytest.mark.parametrize("key,value", [("homophily", 1.5), ("num_nodes", 1), ("train_fraction", 0)])
+def test_synthetic_refuses_bad_settings(key, value):
+    with pytest.raises(ValueError, match=f"--data.synthetic.{key}"):
+        SyntheticGraph(**{key: value})
+
+
+def test_synthetic_scales():
+    # 10^6 nodes / 10^7 edges here; the 2M / 40M figure is in the benchmark notes.
+    start = time.perf_counter()
+    data = make_synthetic_graph(SyntheticGraph(num_nodes=1_000_000, avg_degree=10))
+    assert time.perf_counter() - start < 60
+    assert data.edge_index.size(1) > 9_000_000
+
+
+def test_cora_loads_offline(cora_root):
+    data = load_dataset("Cora", cora_root)
+    assert (data.num_nodes, data.num_edges, data.num_features) == (2708, 10556, 1433)
+    assert (int(data.train_mask.sum()), int(data.val_mask.sum()), int(data.test_mask.sum())) == (
+        140,
+        500,
+        1000,
+    )
+
+
+def test_preprocess_largest_component_and_dtype(cora_root, caplog):
+    dm = FullBatchDataModule(
+        "Cora",
+        cora_root,
+        preprocess=Preprocess(largest_component=True, feature_dtype="bfloat16"),
+    )
+    with caplog.at_level("INFO", logger="gnnscale.data"):
+        data = dm.data
+    assert data.num_nodes == 2485  # Cora's largest component
+    assert "dropped 223" in caplog.text
+    assert data.x.dtype == torch.bfloat16
+    assert dm.num_features == 1433 and dm.num_classes == 7
+
+
+def test_preprocess_to_undirected(monkeypatch):
+    directed = Data(
+        x=torch.randn(4, 2),
+        edge_index=torch.tensor([[0, 1, 2], [1, 2, 3]]),
+        y=torch.tensor([0, 1, 0, 1]),
+        train_mask=torch.tensor([True, True, False, False]),
+        val_mask=torch.tensor([False, False, True, False]),
+        test_mask=torch.tensor([False, False, False, True]),
+    )
+    monkeypatch.setattr(gdata, "load_dataset", lambda *a: directed.clone())
+    assert FullBatchDataModule(preprocess=Preprocess(to_undirected=True)).data.num_edges == 6
+
+
+# --- bad input: one clear error naming the key, raised before any long work -------------------
+
+
+def test_unknown_dataset():
+    with pytest.raises(ValueError, match="--data.dataset 'Corra' is not known; choose one of"):
+        NeighborDataModule(dataset="Corra")
+
+
+def test_missing_root(tmp_path):
+    with pytest.raises(ValueError, match="--data.root .* does not exist.*mkdir -p"):
+        FullBatchDataModule("Cora", tmp_path / "nowhere")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is not a folder"):
+        FullBatchDataModule("Cora", tmp_path / "file")
+
+
+@pytest.mark.parametrize(
+    "make,key",
+    [
+        (lambda: NeighborDataModule(batch_size=0), "--data.batch_size"),
+        (lambda: NeighborDataModule(num_neighbors=[10, 0]), "--data.num_neighbors"),
+        (lambda: NeighborDataModule(num_neighbors=[]), "--data.num_neighbors"),
+        (lambda: ClusterDataModule(num_parts=-1), "--data.num_parts"),
+        (lambda: ClusterDataModule(num_parts=10, clusters_per_batch=20), "--data.clusters_per"),
+        (lambda: SAINTDataModule(walk_length=0), "--data.walk_length"),
+        (lambda: SAINTDataModule(sample_coverage=-1), "--data.sample_coverage"),
+        (lambda: EvalArgs(batch_size=0), "--data.eval.batch_size"),
+        (lambda: LoaderArgs(num_workers=0, persistent_workers=True), "persistent_workers"),
+    ],
+)
+def test_non_positive_sizes(make, key):
+    with pytest.raises(ValueError, match=key):
+        make()
+
+
+def _fake(monkeypatch, **changes):
+    data = make_synthetic_graph(SyntheticGraph(num_nodes=200, avg_degree=4))
+    for key, value in changes.items():
+        if value is None:
+            del data[key]
+        else:
+            data[key] = value
+    monkeypatch.setattr(gdata, "load_dataset", lambda *a: data)
+
+
+def test_missing_split(monkeypatch):
+    _fake(monkeypatch, val_mask=None)
+    with pytest.raises(ValueError, match="has no 'val_mask'"):
+        _ = FullBatchDataModule().data
+
+
+def test_empty_training_split(monkeypatch):
+    _fake(monkeypatch, train_mask=torch.zeros(200, dtype=torch.bool))
+    with pytest.raises(ValueError, match="training split .* is empty"):
+        _ = FullBatchDataModule().num_features
+
+
+def test_labels_out_of_range(monkeypatch):
+    y = torch.zeros(200, dtype=torch.long)
+    y[5] = -1
+    _fake(monkeypatch, y=y, train_mask=torch.ones(200, dtype=torch.bool))
+    with pytest.raises(ValueError, match="labels out of range.*found -1"):
+        _ = FullBatchDataModule().num_classes
+
+
+def test_one_hot_labels(monkeypatch):
+    _fake(monkeypatch, y=torch.eye(4)[torch.zeros(200, dtype=torch.long)])
+    with pytest.raises(ValueError, match=r"y.argmax\(-1\)"):
+        _ = FullBatchDataModule().num_classes
+
+
+@requires_sampler
+def test_num_parts_larger_than_graph(tmp_path):
+    dm = ClusterDataModule(
+        root=tmp_path, num_parts=5000, synthetic=SyntheticGraph(num_nodes=300, avg_degree=4)
+    )
+    with pytest.raises(ValueError, match=r"--data.num_parts \(5000\) is larger than the graph"):
+        dm.setup("fit")
+    assert not (tmp_path / "gnnscale_cache").exists()  # nothing half-written
+
+
+# --- the batch contract: weights that make accumulation an unbiased per-node mean --------------
+
+
+@requires_sampler
+def test_neighbor_weights_are_uniform_per_training_node(tmp_path):
+    dm = NeighborDataModule(root=tmp_path, batch_size=128, synthetic=TINY)
+    dm.setup("fit")
+    per_node = torch.zeros(dm.data.num_nodes)
+    for batch in dm.train_dataloader():
+        per_node.index_add_(0, batch.n_id, dm._loss_weight(batch)[0])
+    train = dm.data.train_mask
+    assert torch.allclose(per_node[train], torch.full_like(per_node[train], 1 / 128))
+    assert per_node[~train].sum() == 0
+    assert per_node.sum() == pytest.approx(int(train.sum()) / 128)  # about 1 per batch
+
+
+@requires_sampler
+def test_cluster_weights_are_uniform_although_batches_differ(tmp_path):
+    dm = ClusterDataModule(root=tmp_path, num_parts=30, clusters_per_batch=4, synthetic=TINY)
+    dm.setup("fit")
+    batches = list(dm.train_dataloader())
+    assert len(batches) == 8
+    counts = [dm._loss_weight(b)[1] for b in batches]
+    assert len(set(counts)) > 1  # micro-batches hold different numbers of training nodes
+    weights = torch.cat([dm._loss_weight(b)[0][b.train_mask] for b in batches])
+    num_train = int(dm.data.train_mask.sum())
+    assert weights.numel() == num_train  # every training node once per epoch
+    # The same weight for every node, whatever its batch holds: accumulating micro-batches
+    # averages over nodes, not over batches.
+    assert torch.allclose(weights, torch.full_like(weights, 8 / num_train))
+
+
+@requires_torch_sparse
+@pytest.mark.parametrize("sampler", ["node", "edge", "random_walk"])
+def test_saint_weights_estimate_the_training_mean(tmp_path, sampler):
+    dm = SAINTDataModule(
+        root=tmp_path, sampler=sampler, batch_size=300, num_steps=40, synthetic=TINY
+    )
+    dm.setup("fit")
+    totals = [float(dm._loss_weight(b)[0].sum()) for b in dm.train_dataloader()]
+    assert sum(totals) / len(totals) == pytest.approx(1.0, rel=0.25)
+    assert list((tmp_path / "gnnscale_cache").glob("saint_*/*.pt"))  # statistics cached
+
+
+@requires_sampler
+def test_partition_cache_is_keyed_to_the_graph(tmp_path, caplog):
+    small = SyntheticGraph(num_nodes=1000, avg_degree=6)
+    ClusterDataModule(root=tmp_path, num_parts=10, clusters_per_batch=2, synthetic=small).setup(
+        "fit"
+    )
+    first = sorted(p.parent.parent.name for p in (tmp_path / "gnnscale_cache").rglob("*.pt"))
+    # Same graph and parameters: reused, not recomputed.
+    ClusterDataModule(root=tmp_path, num_parts=10, clusters_per_batch=2, synthetic=small).setup(
+        "fit"
+    )
+    assert (
+        sorted(p.parent.parent.name for p in (tmp_path / "gnnscale_cache").rglob("*.pt")) == first
+    )
+    # A changed graph gets its own partition.
+    other = SyntheticGraph(num_nodes=1000, avg_degree=6, seed=1)
+    ClusterDataModule(root=tmp_path, num_parts=10, clusters_per_batch=2, synthetic=other).setup(
+        "fit"
+    )
+    assert len(list((tmp_path / "gnnscale_cache").rglob("*.pt"))) == 2
+
+
+@requires_sampler
+def test_pymetis_partition_is_balanced(tmp_path):
+    dm = ClusterDataModule(root=tmp_path, num_parts=8, clusters_per_batch=2, synthetic=TINY)
+    dm.setup("fit")
+    partptr = dm.train_dataloader().cluster_data.partition.partptr
+    sizes = partptr.diff()
+    assert len(sizes) == 8 and sizes.min() > 0.7 * sizes.float().mean()
+
+
+def test_root_for_synthetic_may_be_absent(tmp_path):
+    dm = FullBatchDataModule(root=Path(tmp_path / "later"), synthetic=TINY)
+    assert dm.num_classes == 5
