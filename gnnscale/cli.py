@@ -6,6 +6,7 @@ gnnscale fit --config recipes/neighbor_sage/config.yaml --print_config
 
 from __future__ import annotations
 
+import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from gnnscale.data import _GraphDataModule
@@ -21,6 +22,21 @@ TRAINER_DEFAULTS = {
 }
 
 
+def _check_precision(precision: str, accelerator: str) -> None:
+    """Lightning would quietly swap fp16 for bf16 on CPU; say so instead."""
+    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    if precision in ("16", "16-mixed") and not on_gpu:
+        raise ValueError(
+            f"--trainer.precision={precision} needs a CUDA GPU (fp16 autocast with loss scaling); "
+            "on CPU use --trainer.precision=bf16-mixed or 32"
+        )
+    if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():
+        raise ValueError(
+            f"--trainer.precision={precision}: this GPU has no bf16; use "
+            "--trainer.precision=16-mixed"
+        )
+
+
 class GnnscaleCLI(LightningCLI):
     """LightningCLI that links ``num_features``/``num_classes`` and tests after ``fit``."""
 
@@ -32,6 +48,11 @@ class GnnscaleCLI(LightningCLI):
         parser.link_arguments(
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
         )
+
+    def before_instantiate_classes(self) -> None:
+        """Refuse a precision the device cannot run, before any data is loaded."""
+        trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
+        _check_precision(str(trainer.precision), str(trainer.accelerator))
 
     def after_fit(self) -> None:
         """Report test accuracy of the best checkpoint (the last weights if none was saved)."""
