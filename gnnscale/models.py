@@ -146,7 +146,11 @@ class GATv2(_NodeClassifier):
         num_classes: Number of classes (linked from the DataModule).
         hidden_channels: Width of the hidden layers, all heads together (must divide by heads).
         num_layers: Attention layers; neighbour sampling needs one fan-out per layer.
-        heads: Attention heads per layer (the last layer averages its heads).
+        heads: Attention heads per hidden layer (concatenated).
+        out_heads: Heads of the output attention layer, averaged; each costs E x num_classes
+            activations, so fewer heads here is the cheapest memory cut with many classes.
+        linear_head: End with a linear classifier on the last attention layer's output instead
+            of an attention layer into ``num_classes`` (``num_layers`` attention layers remain).
         dropout: Dropout probability on features and on attention coefficients.
         norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``).
@@ -160,6 +164,8 @@ class GATv2(_NodeClassifier):
         hidden_channels: int = 64,
         num_layers: int = 2,
         heads: int = 8,
+        out_heads: int = 1,
+        linear_head: bool = False,
         dropout: float = 0.6,
         norm: str | None = None,
         optimizer: OptimizerCallable = torch.optim.Adam,
@@ -179,6 +185,12 @@ class GATv2(_NodeClassifier):
             out_channels=num_classes,
             dropout=dropout,
             norm=norm,
+            jk="last" if linear_head else None,  # PyG then adds a Linear after the convs
             v2=True,
             heads=heads,
         )
+        if not linear_head and out_heads != heads:
+            last = self.gnn.convs[-1]
+            self.gnn.convs[-1] = pyg_nn.GATv2Conv(
+                last.in_channels, num_classes, heads=out_heads, concat=False, dropout=dropout
+            )
