@@ -1,0 +1,125 @@
+"""GraphSAGE on nodes without features: a learned embedding per node, sparse updates.
+
+python recipes/sparse_embeddings/train.py fit --config recipes/sparse_embeddings/config.yaml
+"""
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor, nn
+from torch_geometric import nn as pyg_nn
+from torch_geometric.data import Data
+
+from gnnscale.cli import main
+from gnnscale.models import _NodeClassifier
+
+
+class _HostEmbedding(nn.Embedding):
+    """An embedding table that ``.to(device)`` leaves on the CPU (with its optimizer state)."""
+
+    def _apply(self, fn, recurse=True):
+        return self
+
+
+class EmbeddingSAGE(_NodeClassifier):
+    """GraphSAGE over a learned embedding table, one row per node, trained with two optimizers.
+
+    Args:
+        in_channels: Feature dimension of the data (linked; unused: nodes are their embeddings).
+        num_classes: Number of classes (linked from the DataModule).
+        embedding_dim: Width of each node's embedding.
+        sparse: Sparse gradients (only looked-up rows); needs a sparse optimizer (``SparseAdam``).
+        embedding_device: ``cpu`` keeps the table and its optimizer state in host memory; only
+            looked-up rows travel to the accelerator. ``model``: the table lives with the GNN.
+        embedding_optimizer: Optimizer of the table (``SparseAdam`` if sparse, else e.g. ``Adam``).
+        accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
+            ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
+        num_nodes: Rows of the table; ``None`` takes the DataModule's node count (saved in
+            checkpoints, so they reload without the data).
+        hidden_channels: Width of the hidden layers.
+        num_layers: Message-passing layers; neighbour sampling needs one fan-out per layer.
+        dropout: Dropout probability between layers.
+        optimizer: Optimizer of the dense GNN weights.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        embedding_dim: int = 64,
+        sparse: bool = True,
+        embedding_device: Literal["model", "cpu"] = "model",
+        embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        accumulate_grad_batches: int = 1,
+        num_nodes: int | None = None,
+        hidden_channels: int = 256,
+        num_layers: int = 2,
+        dropout: float = 0.5,
+        optimizer: OptimizerCallable = torch.optim.Adam,
+    ) -> None:
+        super().__init__(num_classes, num_layers, optimizer, None)
+        if accumulate_grad_batches < 1:
+            raise ValueError(
+                f"--model.accumulate_grad_batches must be >= 1 (got {accumulate_grad_batches})"
+            )
+        self.save_hyperparameters(ignore=["optimizer", "embedding_optimizer"])
+        self.automatic_optimization = False  # two optimizers: Lightning steps neither
+        self.embedding_optimizer = embedding_optimizer
+        self.embedding: nn.Embedding | None = None
+        if num_nodes is not None:
+            self._make_table(num_nodes)
+        self.gnn = pyg_nn.GraphSAGE(
+            embedding_dim, hidden_channels, num_layers, out_channels=num_classes, dropout=dropout
+        )
+
+    def _make_table(self, num_nodes: int) -> None:
+        cls = _HostEmbedding if self.hparams.embedding_device == "cpu" else nn.Embedding
+        self.embedding = cls(num_nodes, self.hparams.embedding_dim, sparse=self.hparams.sparse)
+        self.hparams.num_nodes = num_nodes
+
+    def setup(self, stage: str) -> None:
+        """Size the table from the data; evaluation must sample (the model never reads ``x``)."""
+        datamodule = self.trainer.datamodule
+        if datamodule.eval.mode != "sampled":
+            raise ValueError(
+                "--data.init_args.eval.mode must be 'sampled' for EmbeddingSAGE: layer-wise and "
+                "full evaluation feed node features, which it does not use (got "
+                f"{datamodule.eval.mode!r})"
+            )
+        if self.embedding is None:
+            self._make_table(datamodule.data.num_nodes)
+
+    def forward(self, n_id: Tensor, edge_index: Tensor) -> Tensor:
+        """Class logits for the nodes ``n_id`` (global ids) of a sampled subgraph."""
+        rows = self.embedding(n_id.to(self.embedding.weight.device))
+        return self.gnn(rows.to(self.device), edge_index)
+
+    def training_step(self, batch: Data, batch_idx: int) -> Tensor:
+        """Weighted loss; step both optimizers every ``accumulate_grad_batches`` micro-batches."""
+        k = self.hparams.accumulate_grad_batches
+        out = self(batch.n_id, batch.edge_index)
+        loss = (F.cross_entropy(out.float(), batch.y, reduction="none") * batch.loss_weight).sum()
+        self.manual_backward(loss / k)  # loss_weight sums to ~1 per micro-batch: mean over k
+        if (batch_idx + 1) % k == 0 or self.trainer.is_last_batch:
+            for opt in self.optimizers():
+                opt.step()
+                opt.zero_grad()
+        self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
+        return loss
+
+    def _logits(self, batch: Data) -> tuple[Tensor, Tensor]:
+        out = self(batch.n_id, batch.edge_index)  # sampled evaluation: seed nodes come first
+        return out[: batch.batch_size], batch.y[: batch.batch_size]
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+        """Dense optimizer for the GNN, sparse one for the table."""
+        return [
+            self.optimizer(self.gnn.parameters()),
+            self.embedding_optimizer(self.embedding.parameters()),
+        ]
+
+
+if __name__ == "__main__":
+    main()
