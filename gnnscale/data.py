@@ -10,8 +10,8 @@ training node counts the same however many of them a batch holds, and gradient a
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
-import logging
 import math
 import os
 from dataclasses import dataclass
@@ -23,6 +23,7 @@ import lightning as L
 import torch
 import torch_geometric.transforms as T
 import torch_geometric.typing
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 from torch_geometric.data import Data
@@ -50,8 +51,6 @@ __all__ = [
     "load_dataset",
     "sampling_backend",
 ]
-
-log = logging.getLogger(__name__)
 
 DATASETS = (
     "synthetic",
@@ -160,6 +159,11 @@ def sampling_backend() -> str:
     if torch_geometric.typing.WITH_TORCH_SPARSE:
         return "torch-sparse"
     return "none"
+
+
+@functools.cache
+def _log_backend_once() -> None:
+    rank_zero_info(f"gnnscale: neighbour sampling backend is {sampling_backend()}")
 
 
 def _check_positive(**values: int | float) -> None:
@@ -295,11 +299,9 @@ class _GraphDataModule(L.LightningDataModule):
         if self.preprocess.largest_component:
             before = data.num_nodes
             data = T.LargestConnectedComponents()(data)
-            log.info(
-                "largest connected component: kept %d of %d nodes (dropped %d)",
-                data.num_nodes,
-                before,
-                before - data.num_nodes,
+            rank_zero_info(
+                f"gnnscale: largest connected component kept {data.num_nodes} of {before} nodes "
+                f"(dropped {before - data.num_nodes})"
             )
         data.x = data.x.to(_DTYPES[self.preprocess.feature_dtype])
         self._num_classes = _validate_graph(data, self.dataset)
@@ -327,7 +329,7 @@ class _GraphDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         """Check the model agrees with the loaders, then build the training loader."""
-        log.info("gnnscale: neighbour sampling backend is %s", sampling_backend())
+        _log_backend_once()
         num_layers = self._model_num_layers()
         fanout = self.eval.num_neighbors
         if fanout is not None and num_layers and len(fanout) != num_layers:
@@ -503,11 +505,13 @@ class NeighborDataModule(_GraphDataModule):
 class _ClusterData(ClusterData):
     """PyG's ClusterData, with pymetis when neither pyg-lib nor torch-sparse has METIS."""
 
-    partitioner = "pyg-lib/torch-sparse METIS"
+    partitioner = "none (partition read from the cache)"
 
     def _metis(self, edge_index: Tensor, num_nodes: int) -> Tensor:
         try:
-            return super()._metis(edge_index, num_nodes)
+            cluster = super()._metis(edge_index, num_nodes)
+            self.partitioner = "METIS (torch-sparse or pyg-lib)"
+            return cluster
         except ImportError:
             pass
         try:
@@ -530,7 +534,7 @@ class _ClusterData(ClusterData):
             adjncy=ei[1, perm].numpy(),
             recursive=self.recursive,
         )
-        type(self).partitioner = "pymetis"
+        self.partitioner = "pymetis"
         return torch.as_tensor(membership, dtype=torch.long)
 
 
@@ -597,7 +601,7 @@ class ClusterDataModule(_GraphDataModule):
             save_dir=str(self.cache_dir / f"cluster_{key}"),
             log=False,
         )
-        log.info("gnnscale: Cluster-GCN partitioner is %s", _ClusterData.partitioner)
+        rank_zero_info(f"gnnscale: Cluster-GCN partitioner is {cluster_data.partitioner}")
         self._train_loader = ClusterLoader(
             cluster_data, batch_size=self.clusters_per_batch, shuffle=True, **self.loader.kwargs()
         )
@@ -670,7 +674,10 @@ class SAINTDataModule(_GraphDataModule):
             cls, params["walk_length"] = GraphSAINTRandomWalkSampler, self.walk_length
         save_dir = None
         if self.sample_coverage > 0:
-            key = _graph_key(data, "saint", self.sampler, sorted(params.items()))
+            # num_steps only sets the epoch length, so it stays out of the key.
+            key = _graph_key(
+                data, "saint", self.sampler, self.batch_size, self.walk_length, self.sample_coverage
+            )
             save_dir = self.cache_dir / f"saint_{key}"
             save_dir.mkdir(parents=True, exist_ok=True)
         self._train_loader = cls(

@@ -94,9 +94,12 @@ def _replace_block(path: Path, tag: str, text: str) -> None:
 def main() -> None:
     """Run the recipes and rewrite the README blocks."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("recipes", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("recipes", nargs="*", help=f"any of {', '.join(VARIANTS)} (default: all)")
     parser.add_argument("--seeds", type=int, default=1, help="runs per variant (mean ± std)")
     args = parser.parse_args()
+    args.recipes = args.recipes or list(VARIANTS)
+    if unknown := set(args.recipes) - set(VARIANTS):
+        parser.error(f"unknown recipes {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
 
     hardware = (
         torch.cuda.get_device_name()

@@ -66,7 +66,7 @@ def test_preprocess_largest_component_and_dtype(cora_root, caplog):
         cora_root,
         preprocess=Preprocess(largest_component=True, feature_dtype="bfloat16"),
     )
-    with caplog.at_level("INFO", logger="gnnscale.data"):
+    with caplog.at_level("INFO"):
         data = dm.data
     assert data.num_nodes == 2485  # Cora's largest component
     assert "dropped 223" in caplog.text

@@ -1,13 +1,14 @@
 """Regenerate the figures of this recipe's README.
 
     python recipes/sparse_embeddings/measure.py             # both parts, CPU (about 5 minutes)
-    python recipes/sparse_embeddings/measure.py --part bench --rows 2000000 --dim 64
+    python recipes/sparse_embeddings/measure.py --part bench --rows 200000 2000000
 
 ``recipe``: the CPU-tiny command of the README, ``--runs`` seeds, through train.py and its
 config; prints test accuracy (mean ± std), median s/epoch and peak RSS from the metrics CSV.
-``bench``: one graph with ``--rows`` nodes; trains ``--steps`` micro-batches of the recipe's
-model with a sparse table + SparseAdam, then a dense table + Adam; prints peak memory during
-training and the median time of one training step (forward, backward, both optimizer steps).
+``bench``: for each ``--rows``, one graph with that many nodes; trains ``--steps``
+micro-batches of the recipe's model with a sparse table + SparseAdam, then a dense table + Adam;
+prints peak memory during training and the median time of one training step (forward, backward,
+both optimizer steps).
 """
 
 import argparse
@@ -125,13 +126,13 @@ def bench_one(dm: NeighborDataModule, variant: str, args: argparse.Namespace) ->
     return result
 
 
-def bench(args: argparse.Namespace) -> None:
+def bench(args: argparse.Namespace, rows: int) -> None:
     dm = NeighborDataModule(
         dataset="synthetic",
         num_neighbors=[10, 10],
         batch_size=1024,
         synthetic=SyntheticGraph(
-            num_nodes=args.rows, avg_degree=10, num_features=1, homophily=0.9, train_fraction=0.3
+            num_nodes=rows, avg_degree=10, num_features=1, homophily=0.9, train_fraction=0.3
         ),
         eval=EvalArgs(mode="sampled"),
     )
@@ -145,7 +146,7 @@ def bench(args: argparse.Namespace) -> None:
         results[variant] = bench_one(dm, variant, args)
     device = torch.cuda.get_device_name() if args.accelerator == "cuda" else "CPU"
     print(
-        f"\n{args.rows:,} x {args.dim} table ({_mib(args.rows * args.dim * 4):,.0f} MiB fp32), "
+        f"\n{rows:,} x {args.dim} table ({_mib(rows * args.dim * 4):,.0f} MiB fp32), "
         f"{device}, {torch.get_num_threads()} threads, median of {args.steps - args.warmup} steps "
         f"of 1024 seeds, fan-out [10, 10], precision {args.precision}\n"
     )
@@ -211,7 +212,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", choices=["all", "recipe", "bench"], default="all")
     parser.add_argument("--runs", type=int, default=3, help="seeds of the recipe run")
-    parser.add_argument("--rows", type=int, default=2_000_000, help="table rows (graph nodes)")
+    parser.add_argument(
+        "--rows", type=int, nargs="+", default=[2_000_000], help="table rows (graph nodes)"
+    )
     parser.add_argument("--dim", type=int, default=64, help="embedding width")
     parser.add_argument("--steps", type=int, default=20, help="training steps per variant")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the median")
@@ -221,7 +224,8 @@ def main() -> None:
     if args.part in ("all", "recipe"):
         recipe(args)
     if args.part in ("all", "bench"):
-        bench(args)
+        for rows in args.rows:
+            bench(args, rows)
 
 
 if __name__ == "__main__":
