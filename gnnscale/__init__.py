@@ -1,5 +1,6 @@
 """gnnscale: PyTorch Geometric scaling recipes on a small, tested core."""
 
+from gnnscale.callbacks import ThroughputMonitor
 from gnnscale.data import (
     DATASETS,
     ClusterDataModule,
@@ -27,6 +28,7 @@ __all__ = [
     "Preprocess",
     "SAINTDataModule",
     "SyntheticGraph",
+    "ThroughputMonitor",
     "load_dataset",
     "make_synthetic_graph",
     "sampling_backend",

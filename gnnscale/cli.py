@@ -58,11 +58,8 @@ class GnnscaleCLI(LightningCLI):
         """Report test accuracy of the best checkpoint (the last weights if none was saved)."""
         if self.trainer.interrupted:
             return
-        ckpt = (
-            "best"
-            if self.trainer.checkpoint_callback and self.trainer.checkpoint_callback.best_model_path
-            else None
-        )
+        best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
+        ckpt = "best" if best else None
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
 
 

@@ -249,7 +249,7 @@ def _validate_graph(data: Data, dataset: str) -> int:
 
 def _single(item: Any) -> DataLoader:
     """A loader that yields ``item`` once, uncollated."""
-    return DataLoader([item], batch_size=None, collate_fn=_identity)
+    return DataLoader([item], batch_size=None, collate_fn=_identity)  # type: ignore[arg-type]
 
 
 def _identity(item: Any) -> Any:
