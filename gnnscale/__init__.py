@@ -13,7 +13,7 @@ from gnnscale.data import (
     load_dataset,
     sampling_backend,
 )
-from gnnscale.models import GATv2, GraphSAGE
+from gnnscale.models import GATv2, GraphSAGE, NodeClassifier
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "GraphSAGE",
     "LoaderArgs",
     "NeighborDataModule",
+    "NodeClassifier",
     "Preprocess",
     "SAINTDataModule",
     "SyntheticGraph",

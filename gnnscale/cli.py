@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from gnnscale.data import _GraphDataModule
-from gnnscale.models import _NodeClassifier
+from gnnscale.models import NodeClassifier
 
 __all__ = ["GnnscaleCLI", "main"]
 
@@ -66,7 +66,7 @@ class GnnscaleCLI(LightningCLI):
 def main(args: list[str] | None = None) -> GnnscaleCLI:
     """Run the CLI (``args`` as on the command line; ``None`` reads ``sys.argv``)."""
     return GnnscaleCLI(
-        _NodeClassifier,
+        NodeClassifier,
         _GraphDataModule,
         subclass_mode_model=True,
         subclass_mode_data=True,

@@ -20,11 +20,15 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from gnnscale.data import LayerwiseBatch
 
-__all__ = ["GATv2", "GraphSAGE"]
+__all__ = ["GATv2", "GraphSAGE", "NodeClassifier"]
 
 
-class _NodeClassifier(L.LightningModule):
-    """Training, evaluation and optimisation shared by the gnnscale models."""
+class NodeClassifier(L.LightningModule):
+    """Training, evaluation and optimisation shared by the gnnscale models.
+
+    Subclass it for a model of your own (set ``self.gnn`` to a PyG ``BasicGNN``, or override
+    ``forward``); ``gnnscale fit`` accepts any subclass as ``model.class_path``.
+    """
 
     gnn: pyg_nn.models.basic_gnn.BasicGNN
 
@@ -98,7 +102,7 @@ class _NodeClassifier(L.LightningModule):
         }
 
 
-class GraphSAGE(_NodeClassifier):
+class GraphSAGE(NodeClassifier):
     """GraphSAGE (Hamilton et al., 2017) on PyG's ``SAGEConv``.
 
     Args:
@@ -138,7 +142,7 @@ class GraphSAGE(_NodeClassifier):
         )
 
 
-class GATv2(_NodeClassifier):
+class GATv2(NodeClassifier):
     """GATv2 (Brody et al., 2022) on PyG's edge-wise ``GATv2Conv``: memory O(E), not O(N^2).
 
     Args:

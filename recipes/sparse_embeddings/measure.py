@@ -1,7 +1,7 @@
 """Regenerate the figures of this recipe's README.
 
-    python recipes/sparse_embeddings/measure.py             # both parts, CPU (about 5 minutes)
-    python recipes/sparse_embeddings/measure.py --part bench --rows 200000 2000000
+    python recipes/sparse_embeddings/measure.py             # both parts, CPU (about 7 minutes)
+    python recipes/sparse_embeddings/measure.py --rows 200000 2000000  # the README's figures
 
 ``recipe``: the CPU-tiny command of the README, ``--runs`` seeds, through train.py and its
 config; prints test accuracy (mean ± std), median s/epoch and peak RSS from the metrics CSV.
@@ -122,7 +122,7 @@ def bench_one(dm: NeighborDataModule, variant: str, args: argparse.Namespace) ->
     }
     if cuda:
         result["peak_cuda_mib"] = _mib(torch.cuda.max_memory_allocated())
-    del model, trainer, opt, table
+    dm.trainer = None  # the DataModule would keep this run's model and optimizers alive
     return result
 
 
@@ -216,7 +216,7 @@ def main() -> None:
         "--rows", type=int, nargs="+", default=[2_000_000], help="table rows (graph nodes)"
     )
     parser.add_argument("--dim", type=int, default=64, help="embedding width")
-    parser.add_argument("--steps", type=int, default=20, help="training steps per variant")
+    parser.add_argument("--steps", type=int, default=15, help="training steps per variant")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of the median")
     parser.add_argument("--accelerator", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--precision", default="32", help="32 on CPU; bf16-mixed on a GPU")

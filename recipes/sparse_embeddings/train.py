@@ -12,8 +12,8 @@ from torch import Tensor, nn
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 
+from gnnscale import NodeClassifier
 from gnnscale.cli import main
-from gnnscale.models import _NodeClassifier
 
 
 class _HostEmbedding(nn.Embedding):
@@ -23,7 +23,7 @@ class _HostEmbedding(nn.Embedding):
         return self
 
 
-class EmbeddingSAGE(_NodeClassifier):
+class EmbeddingSAGE(NodeClassifier):
     """GraphSAGE over a learned embedding table, one row per node, trained with two optimizers.
 
     Args:
