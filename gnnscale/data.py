@@ -478,7 +478,14 @@ class NeighborDataModule(_GraphDataModule):
         super().setup(stage)
 
     def _setup_train(self, num_layers: int) -> None:
-        self._train_loader = NeighborLoader(
+        pass  # nothing to precompute: NeighborLoader samples on the fly
+
+    def _eval_fanout(self) -> list[int]:
+        return self.eval.num_neighbors or self.num_neighbors
+
+    def train_dataloader(self) -> NeighborLoader:
+        """Shuffled batches of ``batch_size`` training seeds with their sampled neighbourhoods."""
+        return NeighborLoader(
             self.data,
             num_neighbors=self.num_neighbors,
             input_nodes=self.data.train_mask,
@@ -486,13 +493,6 @@ class NeighborDataModule(_GraphDataModule):
             shuffle=True,
             **self.loader.kwargs(),
         )
-
-    def _eval_fanout(self) -> list[int]:
-        return self.eval.num_neighbors or self.num_neighbors
-
-    def train_dataloader(self) -> NeighborLoader:
-        """Shuffled batches of ``batch_size`` training seeds with their sampled neighbourhoods."""
-        return self._train_loader
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         # Seeds come first; a short last batch keeps weight 1/batch_size per seed, so every
@@ -594,21 +594,23 @@ class ClusterDataModule(_GraphDataModule):
         data = copy.copy(data)
         data.loss_weight = train * (num_batches / int(train.sum()))
         key = _graph_key(data, "cluster", self.num_parts, self.recursive)
-        cluster_data = _ClusterData(
+        self._cluster_data = _ClusterData(
             data,
             num_parts=self.num_parts,
             recursive=self.recursive,
             save_dir=str(self.cache_dir / f"cluster_{key}"),
             log=False,
         )
-        rank_zero_info(f"gnnscale: Cluster-GCN partitioner is {cluster_data.partitioner}")
-        self._train_loader = ClusterLoader(
-            cluster_data, batch_size=self.clusters_per_batch, shuffle=True, **self.loader.kwargs()
-        )
+        rank_zero_info(f"gnnscale: Cluster-GCN partitioner is {self._cluster_data.partitioner}")
 
     def train_dataloader(self) -> ClusterLoader:
         """Shuffled batches of ``clusters_per_batch`` parts."""
-        return self._train_loader
+        return ClusterLoader(
+            self._cluster_data,
+            batch_size=self.clusters_per_batch,
+            shuffle=True,
+            **self.loader.kwargs(),
+        )
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         return batch.loss_weight, int(batch.train_mask.sum())
@@ -666,32 +668,31 @@ class SAINTDataModule(_GraphDataModule):
             raise ImportError("GraphSAINT samplers need torch-sparse: see the README's install")
         data = self.data
         self._train_fraction = float(data.train_mask.float().mean())
+        self._save_dir: Path | None = None
+        if self.sample_coverage > 0:
+            # num_steps only sets the epoch length, so it stays out of the key.
+            key = _graph_key(
+                data, "saint", self.sampler, self.batch_size, self.walk_length, self.sample_coverage
+            )
+            self._save_dir = self.cache_dir / f"saint_{key}"
+            self._save_dir.mkdir(parents=True, exist_ok=True)
+
+    def train_dataloader(self) -> DataLoader:
+        """``num_steps`` sampled subgraphs (normalisation computed once, then read from cache)."""
         params: dict[str, Any] = {"batch_size": self.batch_size, "num_steps": self.num_steps}
         cls: type = GraphSAINTNodeSampler
         if self.sampler == "edge":
             cls = GraphSAINTEdgeSampler
         elif self.sampler == "random_walk":
             cls, params["walk_length"] = GraphSAINTRandomWalkSampler, self.walk_length
-        save_dir = None
-        if self.sample_coverage > 0:
-            # num_steps only sets the epoch length, so it stays out of the key.
-            key = _graph_key(
-                data, "saint", self.sampler, self.batch_size, self.walk_length, self.sample_coverage
-            )
-            save_dir = self.cache_dir / f"saint_{key}"
-            save_dir.mkdir(parents=True, exist_ok=True)
-        self._train_loader = cls(
-            data,
+        return cls(
+            self.data,
             sample_coverage=self.sample_coverage,
-            save_dir=None if save_dir is None else str(save_dir),
+            save_dir=None if self._save_dir is None else str(self._save_dir),
             log=False,
             **params,
             **self.loader.kwargs(),
         )
-
-    def train_dataloader(self) -> DataLoader:
-        """``num_steps`` sampled subgraphs."""
-        return self._train_loader
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         train = batch.train_mask
