@@ -45,6 +45,12 @@ VARIANTS: dict[str, list[tuple[str, list[str]]]] = {
         ),
     ],
 }
+# Recipes whose own measure.py writes their figures (memory comparisons, not a single run).
+OTHERS = {
+    "gat_attention_memory": "edge-wise attention vs dense [B, N, N, 2F]",
+    "sparse_embeddings": "nn.Embedding(sparse) + SparseAdam",
+    "multi_gpu_ddp": "DDP, fork-shared graph",
+}
 TECHNIQUE = {
     "neighbor_sage": ("neighbour sampling", "NeighborLoader"),
     "cluster_gcn": ("Cluster-GCN", "ClusterLoader"),
@@ -136,6 +142,11 @@ def main() -> None:
         technique, loader = TECHNIQUE[recipe]
         link = f"[{recipe}](recipes/{recipe})"
         rows.append(f"| {link} | {technique} | {loader} | {acc} | {epoch_s} | {peak} |")
+    for recipe, technique in OTHERS.items():
+        link = f"[{recipe}](recipes/{recipe})"
+        rows.append(
+            f"| {link} | {technique} | | measured by its `measure.py`: see its README | | |"
+        )
     if set(summary) == set(VARIANTS):
         _replace_block(table, "recipes", "\n".join([*rows, "", note]))
 
