@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import psutil
 import torch
 import torch_geometric.transforms as T
 import torch_geometric.typing
@@ -667,6 +668,19 @@ class SAINTDataModule(_GraphDataModule):
         if not torch_geometric.typing.WITH_TORCH_SPARSE:
             raise ImportError("GraphSAINT samplers need torch-sparse: see the README's install")
         data = self.data
+        if self.sampler == "edge":
+            # PyG draws each sampled edge with a full pass over a [batch_size, num_edges] random
+            # matrix (and its log): memory grows with batch_size * num_edges.
+            need = 2 * self.batch_size * data.num_edges * 4
+            free = psutil.virtual_memory().available
+            if need > free / 2:
+                raise ValueError(
+                    f"--data.sampler=edge needs {need / 2**30:.1f} GiB per subgraph here: PyG's "
+                    f"GraphSAINTEdgeSampler draws a [batch_size, num_edges] random matrix "
+                    f"({self.batch_size} x {data.num_edges:,}). Lower --data.batch_size to at most "
+                    f"{int(free / 2 / (8 * data.num_edges))}, or use --data.sampler=random_walk "
+                    "or node"
+                )
         self._train_fraction = float(data.train_mask.float().mean())
         self._save_dir: Path | None = None
         if self.sample_coverage > 0:

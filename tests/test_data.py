@@ -158,6 +158,12 @@ def test_one_hot_labels(monkeypatch):
         _ = FullBatchDataModule().num_classes
 
 
+def test_edge_sampler_that_cannot_fit_is_refused(tmp_path):
+    dm = SAINTDataModule(root=tmp_path, sampler="edge", batch_size=10**9, synthetic=TINY)
+    with pytest.raises(ValueError, match="--data.sampler=edge needs .* Lower --data.batch_size"):
+        dm.setup("fit")
+
+
 @requires_sampler
 def test_num_parts_larger_than_graph(tmp_path):
     dm = ClusterDataModule(
