@@ -122,7 +122,8 @@ def test_sampled_evaluation_agrees_with_exact(tmp_path):
     "model_cls,kwargs,lr,target",
     [
         (GraphSAGE, dict(hidden_channels=64, dropout=0.5), 0.01, 0.78),
-        (GATv2, dict(hidden_channels=64, heads=8, dropout=0.6), 0.005, 0.80),
+        # 8 averaged output heads (as GAT on PubMed): 0.816 here, against 0.803 with one head.
+        (GATv2, dict(hidden_channels=64, heads=8, out_heads=8, dropout=0.6), 0.005, 0.80),
     ],
 )
 def test_cora_accuracy(tmp_path, cora_root, model_cls, kwargs, lr, target):
