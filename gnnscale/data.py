@@ -339,14 +339,14 @@ class _GraphDataModule(L.LightningDataModule):
                 f"{num_layers}: give one fan-out per layer"
             )
         if stage == "fit":
-            self._setup_train(num_layers)
+            self._setup_train()
 
     def _model_num_layers(self) -> int:
         model = self.trainer.lightning_module if self.trainer is not None else None
         return int(getattr(model, "num_layers", 0))
 
-    def _setup_train(self, num_layers: int) -> None:
-        raise NotImplementedError
+    def _setup_train(self) -> None:
+        """Precompute what the training loader needs (partitions, statistics); none by default."""
 
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or [-1] * max(self._model_num_layers(), 1)
@@ -420,7 +420,7 @@ class FullBatchDataModule(_GraphDataModule):
     ) -> None:
         super().__init__(dataset, root, synthetic, preprocess, loader, eval)
 
-    def _setup_train(self, num_layers: int) -> None:
+    def _setup_train(self) -> None:
         self._num_train = int(self.data.train_mask.sum())
 
     def train_dataloader(self) -> DataLoader:
@@ -477,9 +477,6 @@ class NeighborDataModule(_GraphDataModule):
                 "fan-out per layer"
             )
         super().setup(stage)
-
-    def _setup_train(self, num_layers: int) -> None:
-        pass  # nothing to precompute: NeighborLoader samples on the fly
 
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or self.num_neighbors
@@ -581,7 +578,7 @@ class ClusterDataModule(_GraphDataModule):
         self.clusters_per_batch = clusters_per_batch
         self.recursive = recursive
 
-    def _setup_train(self, num_layers: int) -> None:
+    def _setup_train(self) -> None:
         data = self.data
         if self.num_parts > data.num_nodes:
             raise ValueError(
@@ -664,7 +661,7 @@ class SAINTDataModule(_GraphDataModule):
         self.num_steps = num_steps
         self.sample_coverage = sample_coverage
 
-    def _setup_train(self, num_layers: int) -> None:
+    def _setup_train(self) -> None:
         if not torch_geometric.typing.WITH_TORCH_SPARSE:
             raise ImportError("GraphSAINT samplers need torch-sparse: see the README's install")
         data = self.data
