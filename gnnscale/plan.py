@@ -1,0 +1,385 @@
+"""``gnnscale plan``: a run's peak memory, predicted from a few sampled batches before the run.
+
+    gnnscale plan --config recipes/neighbor_sage/config.yaml
+    gnnscale plan --config recipes/neighbor_sage/config.yaml --budget_gb 1.5
+
+The planner loads the graph and builds the loaders exactly as ``fit`` would, trains on a few
+batches through a real Trainer (same precision and accumulation) while a thread samples the
+process's resident memory, and counts what each batch holds: nodes and edges per hop, feature
+bytes and the bytes autograd saves for backward. It then scales the measured step to the
+largest batch an epoch is expected to draw and adds evaluation, whose whole-graph buffers
+(layer-wise inference keeps ``N x hidden`` per layer) it computes from the model's widths. The
+prediction is the peak resident memory of the training process (the figure that
+``ThroughputMonitor`` logs as ``perf/peak_rss_mb``); DataLoader workers are separate processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import lightning as L
+import psutil
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch_geometric.data import Data
+
+from gnnscale.data import LayerwiseBatch, NeighborDataModule, _GraphDataModule
+from gnnscale.models import NodeClassifier
+
+__all__ = ["BatchStats", "MemoryPlan", "plan", "plan_main"]
+
+MiB = 2**20
+
+
+@dataclass
+class BatchStats:
+    """What one sampled training batch holds.
+
+    Args:
+        nodes: Nodes in the batch (seeds and sampled neighbours, or the subgraph's nodes).
+        edges: Edges in the batch.
+        hop_nodes: New nodes per hop from the seeds (neighbour sampling only).
+        feature_mb: Bytes of the gathered feature rows.
+        saved_mb: Bytes autograd saved for backward (activations), parameters excluded.
+    """
+
+    nodes: int
+    edges: int
+    hop_nodes: list[int]
+    feature_mb: float
+    saved_mb: float
+
+
+@dataclass
+class MemoryPlan:
+    """The expected peak resident memory of a run and what it is made of (MiB).
+
+    Args:
+        base_mb: Process, graph and sampler structures, measured once the loaders exist.
+        graph_mb: Bytes of the graph's tensors (part of ``base_mb``).
+        model_mb: Parameters, gradients and optimizer state.
+        train_mb: Largest training step of an epoch, above ``base_mb``.
+        eval_mb: Evaluation, above ``base_mb``.
+        peak_mb: ``base_mb + max(train_mb, eval_mb)``.
+        batches: The sampled training batches.
+        batches_per_epoch: Training batches in one epoch.
+        eval_mode: How evaluation runs (``layerwise``, ``sampled`` or ``full``).
+        suggestions: Settings that fit the budget, if one was given and the run does not fit.
+    """
+
+    base_mb: float
+    graph_mb: float
+    model_mb: float
+    train_mb: float
+    eval_mb: float
+    peak_mb: float
+    batches: list[BatchStats]
+    batches_per_epoch: int
+    eval_mode: str
+    suggestions: list[str] = field(default_factory=list)
+
+
+def _rss_mb() -> float:
+    return psutil.Process().memory_info().rss / MiB
+
+
+class _PeakRSS:
+    """Samples resident memory every few milliseconds; ``ru_maxrss`` cannot be reset."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak_mb = _rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_mb = max(self.peak_mb, _rss_mb())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> _PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, _rss_mb())
+
+
+def _tensor_mb(*tensors: Tensor) -> float:
+    return sum(t.numel() * t.element_size() for t in tensors) / MiB
+
+
+def _hop_nodes(batch: Data) -> list[int]:
+    """New nodes reached at each hop from the seeds, following edges from source to target."""
+    src, dst = batch.edge_index
+    reached = torch.zeros(batch.num_nodes, dtype=torch.bool)
+    frontier = torch.zeros_like(reached)
+    frontier[: batch.batch_size] = True
+    reached |= frontier
+    hops = [int(batch.batch_size)]
+    while True:
+        nxt = torch.zeros_like(reached)
+        nxt[src[frontier[dst]]] = True
+        nxt &= ~reached
+        if not bool(nxt.any()):
+            return hops
+        hops.append(int(nxt.sum()))
+        reached |= nxt
+        frontier = nxt
+
+
+class _Probe(L.Callback):
+    """Records each training batch and samples resident memory over the training steps."""
+
+    def __init__(self) -> None:
+        self.batches: list[BatchStats] = []
+        self.base_mb = 0.0
+        self.model_mb = 0.0
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.base_mb = _rss_mb()
+        self._params = {p.untyped_storage().data_ptr() for p in pl_module.parameters()}
+        self._peak = _PeakRSS().__enter__()
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        self._saved: dict[int, int] = {}
+
+        def pack(t: Tensor) -> Tensor:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self._params:
+                self._saved[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+        self._hooks.__enter__()
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        self._hooks.__exit__(None, None, None)
+        hops = _hop_nodes(batch) if "batch_size" in batch else []
+        self.batches.append(
+            BatchStats(
+                batch.num_nodes,
+                batch.num_edges,
+                hops,
+                _tensor_mb(batch.x),
+                sum(self._saved.values()) / MiB,
+            )
+        )
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._peak.__exit__()
+        self.peak_mb = self._peak.peak_mb
+        state = [t for o in trainer.optimizers for s in o.state.values() for t in s.values()]
+        params = list(pl_module.parameters())
+        grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
+        self.model_mb = _tensor_mb(*params, *grads, *[t for t in state if torch.is_tensor(t)])
+
+
+def _expected_max(values: list[int], draws: int) -> float:
+    """Largest of ``draws`` batches, from the mean and spread of a few (a normal tail)."""
+    if len(values) < 2 or draws <= len(values):
+        return float(max(values))
+    tail = statistics.mean(values) + statistics.stdev(values) * math.sqrt(2 * math.log(draws))
+    return max(tail, float(max(values)))
+
+
+def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
+    """Whole-graph buffers of PyG's layer-wise inference, plus its largest one-hop batch.
+
+    Per layer, PyG keeps the layer's input for all nodes, the outputs of each batch and their
+    concatenation (two ``N x out`` copies); a batch gathers its one-hop neighbourhood's input
+    rows and one message per edge.
+    """
+    batch = next(iter(dm._eval_loader("val_mask")))
+    assert isinstance(batch, LayerwiseBatch)
+    sizes = [(b.num_nodes, b.num_edges) for _, b in zip(range(8), batch.loader, strict=False)]
+    nodes = max(n for n, _ in sizes)
+    edges = max(e for _, e in sizes)
+    gnn = model.gnn
+    num = dm.data.num_nodes
+    widths = [gnn.in_channels] + [gnn.hidden_channels] * (gnn.num_layers - 1) + [gnn.out_channels]
+    layers = []
+    for i, (d_in, d_out) in enumerate(zip(widths, widths[1:], strict=False)):
+        whole = (num * d_in if i else 0) + 2 * num * d_out
+        step = nodes * d_in + 2 * edges * d_in + 2 * nodes * d_out
+        layers.append((whole + step) * 4 / MiB)
+    return max(layers)
+
+
+def plan(
+    dm: _GraphDataModule,
+    model: L.LightningModule,
+    trainer_kwargs: dict[str, Any],
+    num_batches: int = 6,
+    budget_gb: float | None = None,
+) -> MemoryPlan:
+    """Train on ``num_batches`` batches and predict the run's peak resident memory.
+
+    Args:
+        dm: The run's DataModule.
+        model: The run's model.
+        trainer_kwargs: ``accelerator``, ``precision`` and ``accumulate_grad_batches`` of the run.
+        num_batches: Training batches to sample and train on.
+        budget_gb: Memory budget; if the run exceeds it, suggest settings that fit.
+    """
+    probe = _Probe()
+    trainer = L.Trainer(
+        **trainer_kwargs,
+        devices=1,
+        max_epochs=1,
+        limit_train_batches=num_batches,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[probe],
+    )
+    trainer.fit(model, datamodule=dm)
+    per_epoch = len(dm.train_dataloader())
+    nodes = [b.nodes for b in probe.batches]
+    scale = _expected_max(nodes, per_epoch) / max(nodes)
+    train_mb = (probe.peak_mb - probe.base_mb) * scale
+    eval_mode = dm.eval.mode
+    if eval_mode == "layerwise":
+        with _PeakRSS() as loader_peak:  # the evaluation loader's own sampler structures
+            before = _rss_mb()
+            eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
+        eval_mb += loader_peak.peak_mb - before
+    else:  # a forward pass without autograd keeps less than a training step
+        eval_mb = train_mb
+    result = MemoryPlan(
+        base_mb=probe.base_mb,
+        graph_mb=_tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")]),
+        model_mb=probe.model_mb,
+        train_mb=train_mb,
+        eval_mb=eval_mb,
+        peak_mb=probe.base_mb + max(train_mb, eval_mb),
+        batches=probe.batches,
+        batches_per_epoch=per_epoch,
+        eval_mode=eval_mode,
+    )
+    if budget_gb is not None and result.peak_mb > budget_gb * 1024:
+        result.suggestions = _suggest(dm, result, budget_gb * 1024)
+    return result
+
+
+def _suggest(dm: _GraphDataModule, result: MemoryPlan, budget_mb: float) -> list[str]:
+    """Batch sizes (and fan-outs) whose sampled batches scale the measured step under budget."""
+    room = budget_mb - result.base_mb
+    if room <= 0:
+        return [
+            f"the graph and process alone take {result.base_mb:,.0f} MiB: prune it "
+            "(--data.preprocess.largest_component=true), store features as bfloat16 "
+            "(--data.preprocess.feature_dtype=bfloat16) or use a larger machine"
+        ]
+    tips = []
+    if result.eval_mb > room:
+        tips.append(
+            f"evaluation ({result.eval_mode}) needs {result.eval_mb:,.0f} MiB: use "
+            "--data.eval.mode=sampled (memory of a training batch, without gradients)"
+        )
+    if result.train_mb <= room:
+        return tips
+    # MiB per node of an average batch, with the epoch's tail batch folded in.
+    per_node = result.train_mb / statistics.mean(b.nodes for b in result.batches)
+    batch_size = int(getattr(dm, "batch_size", 0))
+    if isinstance(dm, NeighborDataModule):
+        for fanout in (dm.num_neighbors, [max(1, k // 2) for k in dm.num_neighbors]):
+            size = batch_size
+            while size >= 16:
+                if _mean_nodes(dm, size, fanout) * per_node <= room:
+                    return [*tips, f"--data.batch_size={size} --data.num_neighbors={fanout}"]
+                size //= 2
+        return [*tips, "no batch size down to 16 fits: use a machine with more memory"]
+    # Cluster and GraphSAINT batches grow in proportion to batch_size.
+    size = int(batch_size * room / result.train_mb)
+    if size >= 1:
+        tips.append(f"--data.batch_size={size} (nodes per batch grow with it)")
+    return tips
+
+
+def _mean_nodes(dm: NeighborDataModule, batch_size: int, fanout: list[int]) -> float:
+    """Mean nodes of three batches sampled with other settings (sampling only, no training)."""
+    from torch_geometric.loader import NeighborLoader
+
+    loader = NeighborLoader(
+        dm.data,
+        num_neighbors=fanout,
+        input_nodes=dm.data.train_mask,
+        batch_size=batch_size,
+        shuffle=True,
+    )
+    return statistics.mean(b.num_nodes for _, b in zip(range(3), loader, strict=False))
+
+
+def format_plan(result: MemoryPlan) -> str:
+    """The plan as a short text report."""
+    hops = [b.hop_nodes for b in result.batches if b.hop_nodes]
+    lines = [
+        "gnnscale memory plan (resident memory of the training process)",
+        f"  graph tensors        {result.graph_mb:10,.0f} MiB",
+        f"  base after setup     {result.base_mb:10,.0f} MiB  (process + graph + samplers)",
+        f"  model + optimizer    {result.model_mb:10,.0f} MiB",
+        f"  training step        {result.train_mb:10,.0f} MiB  (largest of "
+        f"{result.batches_per_epoch} batches per epoch)",
+        f"  evaluation           {result.eval_mb:10,.0f} MiB  ({result.eval_mode})",
+        f"  expected peak        {result.peak_mb:10,.0f} MiB",
+        "  sampled batches (nodes / edges / features MiB / saved activations MiB):",
+    ]
+    for b in result.batches:
+        lines.append(f"    {b.nodes:9,} {b.edges:11,} {b.feature_mb:9.1f} {b.saved_mb:9.1f}")
+    if hops:
+        mean = [statistics.mean(h[i] for h in hops if len(h) > i) for i in range(len(hops[0]))]
+        lines.append("  nodes per hop (mean): " + " / ".join(f"{m:,.0f}" for m in mean))
+    for tip in result.suggestions:
+        lines.append(f"  to fit the budget: {tip}")
+    return "\n".join(lines)
+
+
+def plan_main(args: list[str]) -> MemoryPlan:
+    """``gnnscale plan --config <yaml> [--budget_gb B] [--num_batches K] [overrides...]``."""
+    from gnnscale.cli import TRAINER_DEFAULTS, GnnscaleCLI
+
+    parser = argparse.ArgumentParser(prog="gnnscale plan", add_help=False)
+    parser.add_argument("--budget_gb", type=float, default=None)
+    parser.add_argument("--num_batches", type=int, default=6)
+    known, rest = parser.parse_known_args(args)
+    cli = GnnscaleCLI(
+        NodeClassifier,
+        _GraphDataModule,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_defaults=TRAINER_DEFAULTS,
+        save_config_callback=None,
+        args=rest,
+        run=False,
+    )
+    config = cli.config.trainer
+    result = plan(
+        cli.datamodule,
+        cli.model,
+        {
+            "accelerator": config.accelerator,
+            "precision": config.precision,
+            "accumulate_grad_batches": config.accumulate_grad_batches,
+        },
+        num_batches=known.num_batches,
+        budget_gb=known.budget_gb,
+    )
+    rank_zero_info(format_plan(result))
+    return result

@@ -1,0 +1,96 @@
+"""Check ``gnnscale plan`` against the measured peak memory of each recipe, as shipped.
+
+For every recipe: run ``plan`` in one fresh process, then ``fit`` (with its test) in another,
+and compare the predicted peak with the fit process's peak resident memory. Writes the table
+between the ``<!-- plan:begin/end -->`` markers of the README.
+
+    python scripts/check_plan.py                   # every recipe (about 30 minutes on 2 cores)
+    python scripts/check_plan.py neighbor_sage --no-readme -- --trainer.max_epochs=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = [
+    "neighbor_sage",
+    "cluster_gcn",
+    "graphsaint",
+    "gat_attention_memory",
+    "sparse_embeddings",
+    "multi_gpu_ddp",
+]
+# Runs the command as its recipe would (train.py where the recipe has one) and prints the
+# process's peak resident memory at the end.
+RUNNER = """
+import resource, runpy, sys
+script, *sys.argv[1:] = sys.argv[1:]
+sys.argv[0] = script
+if script.endswith(".py"):
+    runpy.run_path(script, run_name="__main__")
+else:
+    runpy.run_module(script, run_name="__main__")
+print("PEAK_RSS_MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, flush=True)
+"""
+
+
+def _run(recipe: str, subcommand: str, extra: list[str]) -> str:
+    folder = ROOT / "recipes" / recipe
+    script = str(folder / "train.py") if (folder / "train.py").exists() else "gnnscale.cli"
+    config = str(folder / "config.yaml")
+    cmd = [sys.executable, "-c", RUNNER, script, subcommand, "--config", config]
+    done = subprocess.run(
+        [*cmd, *extra], cwd=ROOT, capture_output=True, text=True, check=False, timeout=3600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{recipe} {subcommand} failed:\n{done.stderr[-3000:]}")
+    return done.stdout + done.stderr
+
+
+def _number(pattern: str, text: str) -> float:
+    match = re.search(pattern, text)
+    if match is None:
+        raise RuntimeError(f"{pattern!r} not found in the output:\n{text[-2000:]}")
+    return float(match.group(1).replace(",", ""))
+
+
+def check(recipe: str, extra: list[str]) -> dict[str, float]:
+    """Predicted and measured peak (MiB) of one recipe."""
+    predicted = _number(r"expected peak\s+([\d,.]+) MiB", _run(recipe, "plan", extra))
+    measured = _number(r"PEAK_RSS_MB ([\d.]+)", _run(recipe, "fit", extra))
+    return {"predicted_mb": predicted, "measured_mb": measured, "ratio": predicted / measured}
+
+
+def main() -> None:
+    """Check the given recipes, or all of them."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("recipes", nargs="*", default=RECIPES)
+    parser.add_argument("--no-readme", action="store_true", help="print only")
+    args, extra = parser.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    lines = [
+        "| recipe | planned peak (MiB) | measured peak (MiB) | planned / measured |",
+        "|---|---|---|---|",
+    ]
+    for recipe in args.recipes:
+        r = check(recipe, extra)
+        row = (
+            f"| {recipe} | {r['predicted_mb']:,.0f} | {r['measured_mb']:,.0f} | {r['ratio']:.2f} |"
+        )
+        print(row, flush=True)
+        lines.append(row)
+    if not args.no_readme:
+        readme = ROOT / "README.md"
+        text = readme.read_text()
+        block = "<!-- plan:begin -->\n" + "\n".join(lines) + "\n<!-- plan:end -->"
+        text = re.sub(r"<!-- plan:begin -->.*<!-- plan:end -->", block, text, flags=re.S)
+        readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
