@@ -257,6 +257,30 @@ def _identity(item: Any) -> Any:
     return item
 
 
+def count_hops(batch: Data, num_layers: int) -> Data:
+    """Add the nodes and edges each hop sampled, which pyg-lib reports and torch-sparse does not.
+
+    Both backends list a batch's nodes, and its edges, hop by hop, so these counts are all that
+    PyG's ``trim_to_layer`` needs to drop, after each layer, the nodes and edges no later layer
+    reads. The loaders run this as their ``transform``, in the worker processes.
+
+    Args:
+        batch: A neighbour-sampled batch (seed nodes first, then each hop's new nodes).
+        num_layers: Hops sampled (entries of ``num_neighbors``).
+    """
+    if "num_sampled_nodes" in batch:
+        return batch
+    src, dst = batch.edge_index
+    hop = torch.full((batch.num_nodes,), num_layers + 1, dtype=torch.long)
+    hop[: batch.batch_size] = 0
+    for k in range(1, num_layers + 1):
+        reached = src[hop[dst] == k - 1]
+        hop[reached[hop[reached] > k]] = k
+    batch.num_sampled_nodes = torch.bincount(hop, minlength=num_layers + 1).tolist()
+    batch.num_sampled_edges = torch.bincount(hop[dst], minlength=num_layers).tolist()[:num_layers]
+    return batch
+
+
 def _graph_key(data: Data, *params: Any) -> str:
     """Fingerprint of the graph structure and parameters, for on-disk caches."""
     h = hashlib.blake2b(digest_size=8)
@@ -355,11 +379,13 @@ class _GraphDataModule(L.LightningDataModule):
         data = self.data
         mask = None if mask_key is None else data[mask_key]
         if self.eval.mode == "sampled":
+            fanout = self._eval_fanout()
             return NeighborLoader(
                 data,
-                num_neighbors=self._eval_fanout(),
+                num_neighbors=fanout,
                 input_nodes=mask,
                 batch_size=self.eval.batch_size,
+                transform=functools.partial(count_hops, num_layers=len(fanout)),
                 **self.loader.kwargs(),
             )
         if self.eval.mode == "full":
@@ -489,6 +515,7 @@ class NeighborDataModule(_GraphDataModule):
             input_nodes=self.data.train_mask,
             batch_size=self.batch_size,
             shuffle=True,
+            transform=functools.partial(count_hops, num_layers=len(self.num_neighbors)),
             **self.loader.kwargs(),
         )
 

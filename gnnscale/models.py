@@ -23,6 +23,11 @@ from gnnscale.data import LayerwiseBatch
 __all__ = ["GATv2", "GraphSAGE", "NodeClassifier"]
 
 
+def _hops(batch: Data) -> tuple[list[int] | None, list[int] | None]:
+    """A neighbour batch's nodes and edges per hop (``gnnscale.data.count_hops``), else none."""
+    return batch.get("num_sampled_nodes"), batch.get("num_sampled_edges")
+
+
 class NodeClassifier(L.LightningModule):
     """Training, evaluation and optimisation shared by the gnnscale models.
 
@@ -49,14 +54,31 @@ class NodeClassifier(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        """Class logits for every node of the (sub)graph."""
-        return self.gnn(x.float(), edge_index)
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        num_sampled_nodes: list[int] | None = None,
+        num_sampled_edges: list[int] | None = None,
+    ) -> Tensor:
+        """Class logits for every node of the (sub)graph.
+
+        Given a neighbour batch's nodes and edges per hop, each layer computes only what the
+        next one reads (PyG's ``trim_to_layer``): the logits then cover the seeds and the first
+        hop (the last layer's inputs), seeds first.
+        """
+        return self.gnn(
+            x.float(),
+            edge_index,
+            num_sampled_nodes_per_hop=num_sampled_nodes,
+            num_sampled_edges_per_hop=num_sampled_edges,
+        )
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
-        out = self(batch.x, batch.edge_index)
-        loss = (F.cross_entropy(out.float(), batch.y, reduction="none") * batch.loss_weight).sum()
+        out = self(batch.x, batch.edge_index, *_hops(batch))
+        y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # trimmed: fewer rows
+        loss = (F.cross_entropy(out.float(), y, reduction="none") * weight).sum()
         self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
         return loss
 
@@ -67,7 +89,7 @@ class NodeClassifier(L.LightningModule):
             if batch.mask is not None:
                 out, y = out[batch.mask], y[batch.mask]
             return out.to(self.device), y.to(self.device)
-        out, y = self(batch.x, batch.edge_index), batch.y
+        out, y = self(batch.x, batch.edge_index, *_hops(batch)), batch.y
         if "batch_size" in batch:  # sampled: the evaluated seed nodes come first
             return out[: batch.batch_size], y[: batch.batch_size]
         mask = batch.get("eval_mask")  # the whole graph

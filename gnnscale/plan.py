@@ -28,7 +28,6 @@ import psutil
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch_geometric.data import Data
 
 from gnnscale.data import LayerwiseBatch, NeighborDataModule, _GraphDataModule
 from gnnscale.models import NodeClassifier
@@ -45,7 +44,7 @@ class BatchStats:
     Args:
         nodes: Nodes in the batch (seeds and sampled neighbours, or the subgraph's nodes).
         edges: Edges in the batch.
-        hop_nodes: New nodes per hop from the seeds (neighbour sampling only).
+        hop_nodes: Seeds, then the new nodes of each hop (neighbour sampling only).
         feature_mb: Bytes of the gathered feature rows.
         saved_mb: Bytes autograd saved for backward (activations), parameters excluded.
     """
@@ -118,25 +117,6 @@ def _tensor_mb(*tensors: Tensor) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / MiB
 
 
-def _hop_nodes(batch: Data) -> list[int]:
-    """New nodes reached at each hop from the seeds, following edges from source to target."""
-    src, dst = batch.edge_index
-    reached = torch.zeros(batch.num_nodes, dtype=torch.bool)
-    frontier = torch.zeros_like(reached)
-    frontier[: batch.batch_size] = True
-    reached |= frontier
-    hops = [int(batch.batch_size)]
-    while True:
-        nxt = torch.zeros_like(reached)
-        nxt[src[frontier[dst]]] = True
-        nxt &= ~reached
-        if not bool(nxt.any()):
-            return hops
-        hops.append(int(nxt.sum()))
-        reached |= nxt
-        frontier = nxt
-
-
 class _Probe(L.Callback):
     """Records each training batch and samples resident memory over the training steps."""
 
@@ -168,7 +148,7 @@ class _Probe(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         self._hooks.__exit__(None, None, None)
-        hops = _hop_nodes(batch) if "batch_size" in batch else []
+        hops = list(batch.get("num_sampled_nodes", []))  # neighbour batches only
         self.batches.append(
             BatchStats(
                 batch.num_nodes,

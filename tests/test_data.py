@@ -254,3 +254,33 @@ def test_pymetis_partition_is_balanced(tmp_path):
 def test_root_for_synthetic_may_be_absent(tmp_path):
     dm = FullBatchDataModule(root=Path(tmp_path / "later"), synthetic=TINY)
     assert dm.num_classes == 5
+
+
+@requires_sampler
+@pytest.mark.parametrize("model_cls", ["GraphSAGE", "GATv2"])
+def test_per_hop_trimming_keeps_seed_logits(tmp_path, model_cls):
+    import gnnscale
+
+    dm = NeighborDataModule(
+        root=tmp_path,
+        synthetic=TINY,
+        num_neighbors=[5, 4, 3],
+        batch_size=64,
+        preprocess=Preprocess(),
+    )
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    nodes, edges = batch.num_sampled_nodes, batch.num_sampled_edges
+    assert nodes[0] == 64 and len(nodes) == 4 and len(edges) == 3
+    assert sum(nodes) == batch.num_nodes and sum(edges) == batch.num_edges
+    # trim_to_layer slices by position: nodes and edges must come hop by hop.
+    hop_of_node = torch.repeat_interleave(torch.arange(4), torch.tensor(nodes))
+    dst_hop = hop_of_node[batch.edge_index[1]]
+    assert torch.equal(dst_hop, torch.repeat_interleave(torch.arange(3), torch.tensor(edges)))
+    model = getattr(gnnscale, model_cls)(in_channels=TINY.num_features, num_classes=5, num_layers=3)
+    model.eval()
+    with torch.no_grad():
+        full = model(batch.x, batch.edge_index)[:64]
+        trimmed = model(batch.x, batch.edge_index, nodes, edges)
+    assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs only
+    torch.testing.assert_close(trimmed[:64], full, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,111 @@
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TINY_ARGS
+
+from gnnscale.cli import main
+from gnnscale.testing import requires_sampler
+
+ROOT = Path(__file__).resolve().parent.parent
+NEIGHBOR = ["--config", str(ROOT / "recipes/neighbor_sage/config.yaml")]
+
+
+def _plan(tmp_path, *extra):
+    args = ["plan", *NEIGHBOR, *TINY_ARGS, f"--data.root={tmp_path}", "--num_batches=3", *extra]
+    return main([*args, "--data.loader.num_workers=0", "--data.loader.persistent_workers=false"])
+
+
+@requires_sampler
+def test_plan_counts_each_hop_and_adds_up(tmp_path):
+    plan = _plan(tmp_path, "--data.batch_size=64")
+    assert len(plan.batches) == 3
+    for batch in plan.batches:
+        # seeds, then the new nodes of each of the two hops; together every node of the batch
+        assert len(batch.hop_nodes) == 3
+        assert batch.hop_nodes[0] == 64
+        assert batch.hop_nodes[1] <= 64 * 15
+        assert sum(batch.hop_nodes) == batch.nodes
+        assert batch.saved_mb > batch.feature_mb > 0
+    assert plan.base_mb > plan.graph_mb > 0
+    assert plan.peak_mb == pytest.approx(plan.base_mb + max(plan.train_mb, plan.eval_mb))
+    assert not plan.suggestions  # no budget given
+
+
+def _plan_in_new_process(tmp_path, *extra):
+    """The printed report of ``gnnscale plan``, run as a user would: RSS starts afresh."""
+    args = [*NEIGHBOR, *TINY_ARGS, f"--data.root={tmp_path}", "--num_batches=3", *extra]
+    args += ["--data.loader.num_workers=0", "--data.loader.persistent_workers=false"]
+    done = subprocess.run(
+        [sys.executable, "-m", "gnnscale.cli", "plan", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = done.stdout + done.stderr
+
+    def mib(label):
+        return float(re.search(label + r"\s+([\d,]+) MiB", report).group(1).replace(",", ""))
+
+    tips = re.findall(r"to fit the budget: (.*)", report)
+    return {"base": mib("base after setup"), "train": mib("training step"), "tips": tips}
+
+
+@requires_sampler
+def test_budget_suggestion_fits_when_planned_again(tmp_path):
+    big = ("--data.batch_size=256", "--model.init_args.hidden_channels=1024")
+    sampled = "--data.eval.mode=sampled"
+    plan = _plan_in_new_process(tmp_path, *big, sampled)
+    budget_mb = plan["base"] + plan["train"] / 3
+    tight = _plan_in_new_process(tmp_path, *big, sampled, f"--budget_gb={budget_mb / 1024}")
+    (tip,) = [t for t in tight["tips"] if t.startswith("--data.batch_size")]
+    assert int(re.search(r"batch_size=(\d+)", tip).group(1)) < 256
+    # The suggested settings, planned again in a new process, fit the budget.
+    args = [a for a in tip.replace(", ", ",").split(" ")]
+    smaller = _plan_in_new_process(tmp_path, *big, sampled, *args)
+    assert smaller["base"] + smaller["train"] <= budget_mb * 1.1
+
+
+def test_plan_refuses_an_unknown_option(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["plan", *NEIGHBOR, "--data.batch_sise=64"])
+    assert "batch_sise" in capsys.readouterr().err
+
+
+@requires_sampler
+def test_plan_predicts_the_measured_peak_within_25_percent(tmp_path):
+    # Large enough that the training step, not the Python process, makes up most of the peak.
+    args = [
+        *NEIGHBOR,
+        *TINY_ARGS,
+        "--data.synthetic.num_nodes=40000",
+        "--data.synthetic.train_fraction=0.3",
+        "--data.batch_size=2048",
+        "--data.num_neighbors=[25, 15]",
+        "--model.init_args.hidden_channels=1024",
+        "--data.eval.mode=sampled",
+        f"--data.root={tmp_path}",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+        "--trainer.max_epochs=1",
+    ]
+    runner = (
+        "import resource, sys; from gnnscale.cli import main; main(sys.argv[1:]); "
+        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+    )
+    out = {}
+    for command in ("plan", "fit"):
+        done = subprocess.run(
+            [sys.executable, "-c", runner, command, *args],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=tmp_path,
+        )
+        out[command] = done.stdout + done.stderr
+    planned = float(re.search(r"expected peak\s+([\d,]+)", out["plan"]).group(1).replace(",", ""))
+    base = float(re.search(r"base after setup\s+([\d,]+)", out["plan"]).group(1).replace(",", ""))
+    measured = float(re.search(r"PEAK ([\d.]+)", out["fit"]).group(1))
+    assert planned - base > 0.3 * measured, "the test graph should make the step matter"
+    assert abs(planned / measured - 1) <= 0.25, (planned, measured)
