@@ -1,6 +1,6 @@
 """gnnscale: PyTorch Geometric scaling recipes on a small, tested core."""
 
-from gnnscale.callbacks import ThroughputMonitor
+from gnnscale.callbacks import GradActivationMonitor, ThroughputMonitor
 from gnnscale.data import (
     DATASETS,
     ClusterDataModule,
@@ -22,6 +22,7 @@ __all__ = [
     "EvalArgs",
     "FullBatchDataModule",
     "GATv2",
+    "GradActivationMonitor",
     "GraphSAGE",
     "LoaderArgs",
     "NeighborDataModule",

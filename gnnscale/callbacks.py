@@ -5,13 +5,19 @@ from __future__ import annotations
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import grad_norm, rank_zero_info
+from torch import Tensor
+from torch.nn import Module
+from torch.optim import Optimizer
+from torch.utils.hooks import RemovableHandle
+from torch_geometric.nn import MessagePassing
 
-__all__ = ["ThroughputMonitor", "peak_rss_mb"]
+__all__ = ["GradActivationMonitor", "ThroughputMonitor", "peak_rss_mb"]
 
 
 def peak_rss_mb() -> float:
@@ -78,3 +84,93 @@ class ThroughputMonitor(L.Callback):
         if "perf/peak_cuda_mb" in self._peak:
             lines.append(f"peak CUDA alloc    {self._peak['perf/peak_cuda_mb']:,.0f} MiB")
         rank_zero_info("\n".join(["gnnscale throughput", *lines]))
+
+
+class GradActivationMonitor(L.Callback):
+    """Gradient norms and message-passing activation statistics, every few optimizer steps.
+
+    Gradient norms are read in ``on_before_optimizer_step``, after gradient accumulation and
+    after Lightning has unscaled fp16 gradients, so they are the gradients the optimizer applies.
+    Activations are the outputs of every ``MessagePassing`` layer, seen by forward hooks during
+    training batches only (the last micro-batch of a logged step). Logs, with the optimizer step
+    as x-axis, ``monitor/grad_norm_total``, ``monitor/grad_norm/<layer>`` (one per conv layer,
+    plus ``other`` for the remaining parameters), and per conv layer ``monitor/act_mean/<layer>``,
+    ``monitor/act_std/<layer>``, ``monitor/act_zero/<layer>`` (the fraction of outputs <= 0, which
+    a ReLU right after the layer sets to zero) and ``monitor/act_dead/<layer>`` (the fraction of
+    channels <= 0 for every node of the batch: dead ReLUs, which pass no gradient). With a norm
+    layer between conv and ReLU, the last two describe the conv, not what the ReLU sees.
+
+    Args:
+        log_every_n_steps: Log every this many optimizer steps (step 0 included). Independent
+            of ``trainer.log_every_n_steps``.
+    """
+
+    def __init__(self, log_every_n_steps: int = 10) -> None:
+        if log_every_n_steps < 1:
+            raise ValueError(f"log_every_n_steps must be >= 1 (got {log_every_n_steps})")
+        self.log_every_n_steps = log_every_n_steps
+        self._convs: list[str] = []
+        self._handles: list[RemovableHandle] = []
+        self._acts: dict[str, Tensor] = {}
+        self._armed = False
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Attach a forward hook to every message-passing layer."""
+        convs = [(n, m) for n, m in pl_module.named_modules() if isinstance(m, MessagePassing)]
+        self._convs = [name for name, _ in convs]
+        self._handles = [m.register_forward_hook(self._hook(name)) for name, m in convs]
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Remove the hooks, so that later predict or test calls run untouched."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles, self._acts = [], {}
+
+    def _hook(self, name: str) -> Callable[[Module, Any, Any], None]:
+        def hook(module: Module, inputs: Any, output: Any) -> None:
+            if not (self._armed and module.training):
+                return
+            out = (output[0] if isinstance(output, tuple) else output).detach().float()
+            off = out <= 0
+            stats = [out.mean(), out.std(), off.float().mean(), off.all(0).float().mean()]
+            self._acts[name] = torch.stack(stats)
+
+        return hook
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
+    ) -> None:
+        """Measure activations only in batches whose optimizer step is logged."""
+        self._armed = trainer.global_step % self.log_every_n_steps == 0
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
+    ) -> None:
+        """Stop measuring before validation runs."""
+        self._armed = False
+
+    def on_before_optimizer_step(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer
+    ) -> None:
+        """Log the gradient norms and the activation statistics of this step."""
+        if trainer.global_step % self.log_every_n_steps or not trainer.loggers:
+            return
+        # Lightning annotates the values as float; they are 0-d tensors.
+        norms: dict[str, Tensor] = dict(grad_norm(pl_module, norm_type=2))  # type: ignore[arg-type]
+        if not norms:
+            return
+        metrics = {"monitor/grad_norm_total": norms.pop("grad_2.0_norm_total")}
+        layers: dict[str, list[Tensor]] = {}
+        for key, norm in norms.items():
+            param = key.split("/", 1)[1]
+            layer = next((c for c in self._convs if param.startswith(f"{c}.")), "other")
+            layers.setdefault(layer, []).append(norm)
+        for layer, parts in layers.items():
+            metrics[f"monitor/grad_norm/{layer}"] = torch.stack(parts).norm()
+        for name, stats in self._acts.items():
+            for stat, value in zip(("mean", "std", "zero", "dead"), stats, strict=True):
+                metrics[f"monitor/act_{stat}/{name}"] = value
+        self._acts = {}
+        values = torch.stack([v.to(pl_module.device) for v in metrics.values()]).tolist()
+        for logger in trainer.loggers:
+            logger.log_metrics(dict(zip(metrics, values, strict=True)), step=trainer.global_step)

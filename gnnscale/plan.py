@@ -71,6 +71,7 @@ class MemoryPlan:
         batches_per_epoch: Training batches in one epoch.
         eval_mode: How evaluation runs (``layerwise``, ``sampled`` or ``full``).
         suggestions: Settings that fit the budget, if one was given and the run does not fit.
+        cuda_peak_mb: Expected peak of CUDA memory allocated by tensors, on a GPU run.
     """
 
     base_mb: float
@@ -83,6 +84,7 @@ class MemoryPlan:
     batches_per_epoch: int
     eval_mode: str
     suggestions: list[str] = field(default_factory=list)
+    cuda_peak_mb: float | None = None
 
 
 def _rss_mb() -> float:
@@ -127,6 +129,10 @@ class _Probe(L.Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.base_mb = _rss_mb()
+        self.cuda_mb: tuple[float, float] | None = None
+        if pl_module.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(pl_module.device)
+            self.cuda_mb = (torch.cuda.memory_allocated(pl_module.device) / MiB, 0.0)
         self._params = {p.untyped_storage().data_ptr() for p in pl_module.parameters()}
         self._peak = _PeakRSS().__enter__()
 
@@ -162,6 +168,9 @@ class _Probe(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._peak.__exit__()
         self.peak_mb = self._peak.peak_mb
+        if self.cuda_mb is not None:
+            peak = torch.cuda.max_memory_allocated(pl_module.device) / MiB
+            self.cuda_mb = (self.cuda_mb[0], peak)
         state = [t for o in trainer.optimizers for s in o.state.values() for t in s.values()]
         params = list(pl_module.parameters())
         grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
@@ -253,6 +262,9 @@ def plan(
         batches_per_epoch=per_epoch,
         eval_mode=eval_mode,
     )
+    if probe.cuda_mb is not None:  # layer-wise inference keeps its whole-graph buffers on the host
+        before, peak = probe.cuda_mb
+        result.cuda_peak_mb = before + (peak - before) * scale
     if budget_gb is not None and result.peak_mb > budget_gb * 1024:
         result.suggestions = _suggest(dm, result, budget_gb * 1024)
     return result
@@ -319,8 +331,10 @@ def format_plan(result: MemoryPlan) -> str:
         f"{result.batches_per_epoch} batches per epoch)",
         f"  evaluation           {result.eval_mb:10,.0f} MiB  ({result.eval_mode})",
         f"  expected peak        {result.peak_mb:10,.0f} MiB",
-        "  sampled batches (nodes / edges / features MiB / saved activations MiB):",
     ]
+    if result.cuda_peak_mb is not None:
+        lines.append(f"  expected CUDA peak   {result.cuda_peak_mb:10,.0f} MiB  (allocated)")
+    lines.append("  sampled batches (nodes / edges / features MiB / saved activations MiB):")
     for b in result.batches:
         lines.append(f"    {b.nodes:9,} {b.edges:11,} {b.feature_mb:9.1f} {b.saved_mb:9.1f}")
     if hops:

@@ -1,0 +1,111 @@
+import csv
+import math
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import TINY, TINY_ARGS
+from lightning.pytorch.loggers import CSVLogger
+
+from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE
+from gnnscale.cli import main
+from gnnscale.testing import requires_sampler
+
+
+def _rows(log_dir: Path, key: str) -> list[dict[str, str]]:
+    (path,) = log_dir.rglob("metrics.csv")
+    with path.open() as f:
+        return [r for r in csv.DictReader(f) if r.get(key)]
+
+
+def _fit(tmp_path: Path, model: GraphSAGE, max_steps: int, every: int) -> GradActivationMonitor:
+    monitor = GradActivationMonitor(log_every_n_steps=every)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=max_steps,
+        logger=CSVLogger(tmp_path / "runs"),
+        callbacks=[monitor],
+        limit_val_batches=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, FullBatchDataModule(root=tmp_path / "data", synthetic=TINY))
+    return monitor
+
+
+def _model() -> GraphSAGE:
+    torch.manual_seed(0)
+    return GraphSAGE(TINY.num_features, TINY.num_classes, hidden_channels=16, dropout=0.0)
+
+
+def test_logged_grad_norms_match_a_manual_backward(tmp_path):
+    model = _model()
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    _fit(tmp_path, model, max_steps=1, every=1)
+    (row,) = _rows(tmp_path / "runs", "monitor/grad_norm_total")
+
+    # The same first step by hand: mean cross-entropy over the training nodes of the full graph.
+    model.load_state_dict(initial)
+    model.zero_grad()
+    data = FullBatchDataModule(synthetic=TINY).data
+    out = model(data.x, data.edge_index)
+    F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
+    for layer in ("gnn.convs.0", "gnn.convs.1"):
+        grads = [p.grad for n, p in model.named_parameters() if n.startswith(f"{layer}.")]
+        expected = torch.linalg.vector_norm(torch.cat([g.flatten() for g in grads])).item()
+        assert float(row[f"monitor/grad_norm/{layer}"]) == pytest.approx(expected, rel=1e-4)
+    total = torch.nn.utils.get_total_norm([p.grad for p in model.parameters()]).item()
+    assert total > 0
+    assert float(row["monitor/grad_norm_total"]) == pytest.approx(total, rel=1e-4)
+    # Hooks are gone after fit: a later forward pass runs untouched.
+    assert all(not conv._forward_hooks for conv in model.gnn.convs)
+
+
+def test_dead_fraction_flags_a_broken_layer(tmp_path):
+    healthy = _model()
+    _fit(tmp_path / "healthy", healthy, max_steps=4, every=2)
+    broken = _model()
+    with torch.no_grad():  # every output of the first layer <= 0: its ReLU passes nothing
+        broken.gnn.convs[0].lin_l.bias.fill_(-1e3)
+    _fit(tmp_path / "broken", broken, max_steps=4, every=2)
+
+    zero, dead = "monitor/act_zero/gnn.convs.0", "monitor/act_dead/gnn.convs.0"
+    ok, bad = _rows(tmp_path / "healthy", dead), _rows(tmp_path / "broken", dead)
+    assert [int(r["step"]) for r in ok] == [0, 2]  # every 2nd optimizer step, step 0 included
+    assert all(0.2 < float(r[zero]) < 0.8 and float(r[dead]) < 0.2 for r in ok)
+    assert all(float(r[zero]) == 1.0 and float(r[dead]) == 1.0 for r in bad)
+    for r in ok + bad:
+        assert math.isfinite(float(r["monitor/act_std/gnn.convs.1"]))
+
+
+@requires_sampler
+def test_counts_optimizer_steps_through_yaml_with_accumulation(tmp_path):
+    cli = main(
+        [
+            "fit",
+            "--data=gnnscale.NeighborDataModule",
+            "--model=gnnscale.GraphSAGE",
+            f"--data.root={tmp_path / 'data'}",
+            "--data.batch_size=256",  # 900 training nodes: 4 micro-batches, 2 steps per epoch
+            "--data.num_neighbors=[5, 5]",
+            "--trainer.accelerator=cpu",
+            "--trainer.max_epochs=2",
+            "--trainer.accumulate_grad_batches=2",
+            "--trainer.precision=bf16-mixed",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+            "--trainer.callbacks+=gnnscale.GradActivationMonitor",
+            "--trainer.callbacks.log_every_n_steps=2",
+            *TINY_ARGS,
+        ]
+    )
+    assert cli.trainer.global_step == 4
+    rows = _rows(tmp_path / "runs", "monitor/grad_norm_total")
+    assert [int(r["step"]) for r in rows] == [0, 2]  # optimizer steps, not micro-batches
+    assert all(math.isfinite(float(r["monitor/grad_norm_total"])) for r in rows)
+    assert all(float(r["monitor/act_std/gnn.convs.0"]) > 0 for r in rows)
