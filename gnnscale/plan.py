@@ -189,23 +189,33 @@ def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
     """Whole-graph buffers of PyG's layer-wise inference, plus its largest one-hop batch.
 
     Per layer, PyG keeps the layer's input for all nodes, the outputs of each batch and their
-    concatenation (two ``N x out`` copies); a batch gathers its one-hop neighbourhood's input
-    rows and one message per edge.
+    concatenation (two ``N x out`` copies): exact sizes, computed. A one-hop batch's own cost
+    (its gathered rows, one message per edge, the layer's temporaries) is measured by running
+    each layer on the largest of a few batches.
     """
+    start = _rss_mb()
     batch = next(iter(dm._eval_loader("val_mask")))
     assert isinstance(batch, LayerwiseBatch)
-    sizes = [(b.num_nodes, b.num_edges) for _, b in zip(range(8), batch.loader, strict=False)]
-    nodes = max(n for n, _ in sizes)
-    edges = max(e for _, e in sizes)
+    biggest = max(
+        (b for _, b in zip(range(8), batch.loader, strict=False)), key=lambda b: b.num_edges
+    )
+    loader_mb = _rss_mb() - start  # the loader's own sampler structures (a CSC copy)
     gnn = model.gnn
-    num = dm.data.num_nodes
     widths = [gnn.in_channels] + [gnn.hidden_channels] * (gnn.num_layers - 1) + [gnn.out_channels]
-    layers = []
-    for i, (d_in, d_out) in enumerate(zip(widths, widths[1:], strict=False)):
-        whole = (num * d_in if i else 0) + 2 * num * d_out
-        step = nodes * d_in + 2 * edges * d_in + 2 * nodes * d_out
-        layers.append((whole + step) * 4 / MiB)
-    return max(layers)
+    gnn.eval()
+    with torch.no_grad(), _PeakRSS() as peak:
+        before = _rss_mb()
+        for i, d_in in enumerate(widths[:-1]):
+            x = biggest.x.float() if i == 0 else torch.randn(biggest.num_nodes, d_in)
+            gnn.inference_per_layer(i, x, biggest.edge_index, biggest.batch_size)
+            del x
+    step_mb = peak.peak_mb - before + _tensor_mb(*[v for _, v in biggest if torch.is_tensor(v)])
+    num = dm.data.num_nodes
+    whole = [
+        ((num * d_in if i else 0) + 2 * num * d_out) * 4 / MiB
+        for i, (d_in, d_out) in enumerate(zip(widths, widths[1:], strict=False))
+    ]
+    return loader_mb + max(whole) + step_mb
 
 
 def plan(
@@ -245,10 +255,7 @@ def plan(
     train_mb = (probe.peak_mb - probe.base_mb) * scale
     eval_mode = dm.eval.mode
     if eval_mode == "layerwise":
-        with _PeakRSS() as loader_peak:  # the evaluation loader's own sampler structures
-            before = _rss_mb()
-            eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
-        eval_mb += loader_peak.peak_mb - before
+        eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
     else:  # a forward pass without autograd keeps less than a training step
         eval_mb = train_mb
     result = MemoryPlan(
