@@ -66,7 +66,8 @@ class MemoryPlan:
         model_mb: Parameters, gradients and optimizer state.
         train_mb: Largest training step of an epoch, above ``base_mb``.
         eval_mb: Evaluation, above ``base_mb``.
-        peak_mb: ``base_mb + max(train_mb, eval_mb)``.
+        growth_mb: Memory retained batch after batch, extrapolated over the run's epochs.
+        peak_mb: ``base_mb + growth_mb + max(train_mb, eval_mb)``.
         batches: The sampled training batches.
         batches_per_epoch: Training batches in one epoch.
         eval_mode: How evaluation runs (``layerwise``, ``sampled`` or ``full``).
@@ -80,6 +81,7 @@ class MemoryPlan:
     train_mb: float
     eval_mb: float
     peak_mb: float
+    growth_mb: float
     batches: list[BatchStats]
     batches_per_epoch: int
     eval_mode: str
@@ -124,6 +126,7 @@ class _Probe(L.Callback):
 
     def __init__(self) -> None:
         self.batches: list[BatchStats] = []
+        self.after_mb: list[float] = []  # resident memory after each batch
         self.base_mb = 0.0
         self.model_mb = 0.0
 
@@ -164,6 +167,7 @@ class _Probe(L.Callback):
                 sum(self._saved.values()) / MiB,
             )
         )
+        self.after_mb.append(_rss_mb())
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._peak.__exit__()
@@ -224,6 +228,7 @@ def plan(
     trainer_kwargs: dict[str, Any],
     num_batches: int = 6,
     budget_gb: float | None = None,
+    run_epochs: int = 1,
 ) -> MemoryPlan:
     """Train on ``num_batches`` batches and predict the run's peak resident memory.
 
@@ -233,6 +238,7 @@ def plan(
         trainer_kwargs: ``accelerator``, ``precision`` and ``accumulate_grad_batches`` of the run.
         num_batches: Training batches to sample and train on.
         budget_gb: Memory budget; if the run exceeds it, suggest settings that fit.
+        run_epochs: Epochs of the planned run, over which memory retained per batch adds up.
     """
     probe = _Probe()
     trainer = L.Trainer(
@@ -253,6 +259,10 @@ def plan(
     nodes = [b.nodes for b in probe.batches]
     scale = _expected_max(nodes, per_epoch) / max(nodes)
     train_mb = (probe.peak_mb - probe.base_mb) * scale
+    # What each batch leaves behind (allocator and library caches), from the second batch on.
+    after = probe.after_mb
+    per_batch = max(0.0, (after[-1] - after[1]) / (len(after) - 2)) if len(after) > 3 else 0.0
+    growth_mb = per_batch * run_epochs * per_epoch
     eval_mode = dm.eval.mode
     if eval_mode == "layerwise":
         eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
@@ -264,7 +274,8 @@ def plan(
         model_mb=probe.model_mb,
         train_mb=train_mb,
         eval_mb=eval_mb,
-        peak_mb=probe.base_mb + max(train_mb, eval_mb),
+        peak_mb=probe.base_mb + growth_mb + max(train_mb, eval_mb),
+        growth_mb=growth_mb,
         batches=probe.batches,
         batches_per_epoch=per_epoch,
         eval_mode=eval_mode,
@@ -279,7 +290,7 @@ def plan(
 
 def _suggest(dm: _GraphDataModule, result: MemoryPlan, budget_mb: float) -> list[str]:
     """Batch sizes (and fan-outs) whose sampled batches scale the measured step under budget."""
-    room = budget_mb - result.base_mb
+    room = budget_mb - result.base_mb - result.growth_mb
     if room <= 0:
         return [
             f"the graph and process alone take {result.base_mb:,.0f} MiB: prune it "
@@ -337,6 +348,7 @@ def format_plan(result: MemoryPlan) -> str:
         f"  training step        {result.train_mb:10,.0f} MiB  (largest of "
         f"{result.batches_per_epoch} batches per epoch)",
         f"  evaluation           {result.eval_mb:10,.0f} MiB  ({result.eval_mode})",
+        f"  retained over run    {result.growth_mb:10,.0f} MiB  (growth per batch x batches)",
         f"  expected peak        {result.peak_mb:10,.0f} MiB",
     ]
     if result.cuda_peak_mb is not None:
@@ -381,6 +393,7 @@ def plan_main(args: list[str]) -> MemoryPlan:
         },
         num_batches=known.num_batches,
         budget_gb=known.budget_gb,
+        run_epochs=config.max_epochs or 1,
     )
     rank_zero_info(format_plan(result))
     return result
