@@ -1,0 +1,442 @@
+"""What runs inside each measured process: one configuration per process, so its peak is its own.
+
+``run.py`` starts every job in a new process forked from a server that has already imported
+torch, PyG, Lightning and gnnscale (``multiprocessing`` "forkserver" with this module
+preloaded). Each job therefore has its own address space and its own ``ru_maxrss``, like a fresh
+``python`` process, without paying ~10 s of imports per configuration on a 2-core machine.
+
+Jobs:
+
+* ``gnnscale``: the real CLI (``gnnscale.cli.main``, what the ``gnnscale`` command runs) on a
+  recipe's ``config.yaml`` plus command-line overrides; figures from its CSV log.
+* ``hand``: a plain PyG loop from :mod:`handwritten`.
+* ``gat_memory``: activation memory of one GATv2 training step, gnnscale against PyG by hand.
+* ``bandwidth``: random row-gather and sequential copy bandwidth of the feature matrix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import ctypes
+import gc
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import handwritten
+import lightning
+import torch
+import torch.nn.functional as F
+import torch_geometric
+from torch import Tensor
+
+import gnnscale
+from gnnscale.cli import main as gnnscale_main
+
+MIB = 2**20
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def machine_info() -> dict[str, Any]:
+    """CPU, memory and library versions of the machine the jobs run on."""
+    cpu = platform.processor()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    import psutil
+
+    info: dict[str, Any] = {
+        "cpu_count": os.cpu_count(),
+        "cpu_model": cpu,
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_geometric": torch_geometric.__version__,
+        "lightning": lightning.__version__,
+        "sampling_backend": gnnscale.sampling_backend(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    with contextlib.suppress(ImportError):
+        import torch_sparse
+
+        info["torch_sparse"] = torch_sparse.__version__
+    return info
+
+
+# --- gnnscale through its CLI ------------------------------------------------------------------
+
+
+def _csv_columns(path: Path) -> dict[str, list[float]]:
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    keys = {k for r in rows for k, v in r.items() if v}
+    return {k: [float(r[k]) for r in rows if r.get(k)] for k in sorted(keys)}
+
+
+def run_gnnscale(spec: dict[str, Any]) -> dict[str, Any]:
+    """``gnnscale fit --config <recipe>/config.yaml <overrides>`` in this process."""
+    save_dir = Path(spec["workdir"]) / "runs" / spec["name"]
+    args = [
+        "fit",
+        "--config",
+        spec["config"],
+        f"--seed_everything={spec['seed']}",
+        "--trainer.enable_progress_bar=false",  # a bar on a pipe is noise; the hand loop has none
+        f"--trainer.logger.init_args.save_dir={save_dir}",
+        f"--data.init_args.root={Path(spec['workdir']) / 'data'}",
+        *spec["args"],
+    ]
+    cli = gnnscale_main(args)
+    cols = _csv_columns(Path(cli.trainer.logger.log_dir) / "metrics.csv")
+    out: dict[str, Any] = {
+        "epoch_s": cols.get("perf/epoch_s", []),
+        "nodes_per_s": cols.get("perf/nodes_per_s", []),
+        "logged_peak_rss_mb": max(cols.get("perf/peak_rss_mb", [0.0])),
+        "val_acc": cols.get("val/acc", []),
+        "loss": cols.get("train/loss_epoch", []),
+        "acc": (cols.get("test/acc") or [None])[-1],
+        "device": str(cli.model.device),
+    }
+    if "perf/peak_cuda_mb" in cols:
+        out["peak_cuda_mb"] = max(cols["perf/peak_cuda_mb"])
+    cluster = getattr(cli.datamodule, "_cluster_data", None)
+    if cluster is not None:
+        p = cluster.partition
+        out["partition"] = handwritten.partition_fingerprint(p.node_perm, p.partptr)
+    return out
+
+
+def run_hand(spec: dict[str, Any]) -> dict[str, Any]:
+    """A plain PyG loop from :mod:`handwritten`."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out = handwritten.TRAINERS[spec["sampler"]](spec)
+    if device.type == "cuda":
+        out["peak_cuda_mb"] = torch.cuda.max_memory_allocated(device) / MIB
+    return out
+
+
+# --- GATv2 activation memory -------------------------------------------------------------------
+
+
+class HandGATv2(torch.nn.Module):
+    """Two ``GATv2Conv`` layers written by hand, as PyG's ``examples/gat.py`` does.
+
+    Same shapes as ``gnnscale.GATv2(num_layers=2)``: ``heads`` concatenated hidden heads of
+    ``hidden // heads`` channels, ``out_heads`` averaged output heads, attention dropout.
+    gat.py's extra dropout on the input features is left out so the two nets are the same.
+
+    Args:
+        in_channels: Node feature dimension.
+        hidden_channels: Hidden width, all heads together.
+        out_channels: Number of classes.
+        heads: Hidden attention heads.
+        out_heads: Output attention heads (averaged).
+        dropout: Feature and attention dropout.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        hidden_channels: int,
+        out_channels: int,
+        heads: int,
+        out_heads: int,
+        dropout: float,
+    ) -> None:
+        super().__init__()
+        from torch_geometric.nn import GATv2Conv
+
+        self.conv1 = GATv2Conv(in_channels, hidden_channels // heads, heads=heads, dropout=dropout)
+        self.conv2 = GATv2Conv(
+            hidden_channels, out_channels, heads=out_heads, concat=False, dropout=dropout
+        )
+        self.dropout = dropout
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        """Class logits of every node."""
+        x = F.elu(self.conv1(x, edge_index))
+        x = F.dropout(x, p=self.dropout, training=self.training)
+        return self.conv2(x, edge_index)
+
+
+def _force_mmap() -> None:
+    """glibc: serve allocations >= 64 KiB by mmap, so freed tensors leave the resident set."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+
+
+def run_gat_memory(spec: dict[str, Any]) -> dict[str, Any]:
+    """Activation memory of one fp32 training step of a 2-layer GATv2 on the recipe graph.
+
+    Two figures: bytes autograd saves for backward (deterministic), and the rise of the resident
+    set during the step over the resident set before it (VmHWM reset just before the step, with
+    large allocations forced to mmap so freed memory is not silently reused).
+    """
+    _force_mmap()
+    torch.manual_seed(0)
+    data = gnnscale.make_synthetic_graph(gnnscale.SyntheticGraph(**spec["graph"]))
+    m = spec["model"]
+    classes = int(data.y.max()) + 1
+    if spec["impl"] == "gnnscale":
+        model: torch.nn.Module = gnnscale.GATv2(
+            data.num_features,
+            classes,
+            hidden_channels=m["hidden_channels"],
+            num_layers=2,
+            heads=m["heads"],
+            out_heads=m["out_heads"],
+            dropout=m["dropout"],
+        )
+    else:
+        model = HandGATv2(
+            data.num_features,
+            m["hidden_channels"],
+            classes,
+            m["heads"],
+            m["out_heads"],
+            m["dropout"],
+        )
+    model.train()
+
+    def step() -> Tensor:
+        return F.cross_entropy(model(data.x, data.edge_index), data.y)
+
+    step().backward()  # warm-up: lazy initialisation, thread pools
+    model.zero_grad(set_to_none=True)
+    saved = handwritten.saved_tensor_bytes(step)
+    rises = []
+    for _ in range(spec.get("repeats", 3)):
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        base = _status_kib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
+        step().backward()
+        rises.append((_status_kib("VmHWM") - base) / 1024)
+    return {
+        "saved_mb": saved / MIB,
+        "step_rss_rise_mb": statistics.median(rises),
+        "step_rss_rises_mb": rises,
+        "num_nodes": data.num_nodes,
+        "num_edges": data.num_edges,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+# --- memory bandwidth --------------------------------------------------------------------------
+
+
+def _median_s(fn: Any, repeats: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def run_bandwidth(spec: dict[str, Any]) -> dict[str, Any]:
+    """Random row-gather and sequential copy bandwidth of a feature matrix of the recipe's shape.
+
+    GB/s counts the bytes delivered (gathered rows, or the matrix copied), 1 GB = 10^9 bytes.
+    Measured with 1 thread (what a DataLoader worker, which gathers in PyG's loaders, uses) and
+    with one thread per CPU.
+    """
+    n, f, rows = spec["num_nodes"], spec["num_features"], spec["rows"]
+    torch.manual_seed(0)
+    x = torch.randn(n, f)
+    idx = torch.randperm(n)[:rows]  # unique rows in random order, like a sampler's n_id
+    dst = torch.empty_like(x)
+    out: dict[str, Any] = {"num_nodes": n, "num_features": f, "rows": rows, "by_threads": {}}
+    default_threads = torch.get_num_threads()
+    for threads in sorted({1, os.cpu_count() or 1}):
+        torch.set_num_threads(threads)
+        gather_s = _median_s(lambda: x.index_select(0, idx), spec["repeats"])
+        copy_s = _median_s(lambda: dst.copy_(x), spec["repeats"])
+        out["by_threads"][threads] = {
+            "gather_GBps": rows * f * x.element_size() / gather_s / 1e9,
+            "copy_GBps": x.nbytes / copy_s / 1e9,
+        }
+    torch.set_num_threads(default_threads)
+    out["gather_GBps"] = max(v["gather_GBps"] for v in out["by_threads"].values())
+    out["copy_GBps"] = max(v["copy_GBps"] for v in out["by_threads"].values())
+    return out
+
+
+# --- where gnnscale's time goes -----------------------------------------------------------------
+
+
+def _identity(item: Any) -> Any:
+    return item
+
+
+def run_overhead(spec: dict[str, Any]) -> dict[str, Any]:
+    """Per-step cost of the plain loop, gnnscale's loss, and gnnscale's Lightning loop.
+
+    All three train the same GraphSAGE shape in fp32 on the same pre-sampled neighbour batches
+    (sampling is timed separately), so their differences are the costs gnnscale adds:
+
+    * ``plain``: the hand loop's step, loss on ``out[:batch_size]``;
+    * ``weighted_loss``: the same step with gnnscale's loss, ``sum(loss_weight * cross_entropy)``
+      over every node of the batch, the weight built per batch as the DataModule does;
+    * ``lightning``: ``gnnscale.GraphSAGE`` in a Lightning ``Trainer`` with the recipe's
+      callbacks (ThroughputMonitor, ModelCheckpoint, CSV logger), weights attached beforehand.
+    """
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import CSVLogger
+    from torch.utils.data import DataLoader
+    from torch_geometric.loader import NeighborLoader
+    from torch_geometric.nn import GraphSAGE
+
+    torch.manual_seed(0)
+    data = gnnscale.make_synthetic_graph(gnnscale.SyntheticGraph(**spec["graph"]))
+    m, bs, passes = spec["model"], spec["batch_size"], spec["passes"]
+    loader = NeighborLoader(
+        data,
+        num_neighbors=spec["num_neighbors"],
+        input_nodes=data.train_mask,
+        batch_size=bs,
+        shuffle=True,
+    )
+    start = time.perf_counter()
+    batches = [b for b, _ in zip(loader, range(spec["batches"]), strict=False)]
+    sample_ms = (time.perf_counter() - start) / len(batches) * 1e3
+    classes = int(data.y.max()) + 1
+
+    def plain(weighted: bool) -> Any:
+        net = GraphSAGE(
+            data.num_features, m["hidden_channels"], m["num_layers"], classes, dropout=m["dropout"]
+        )
+        opt = torch.optim.Adam(net.parameters(), lr=m["lr"])
+
+        def one_pass() -> float:
+            start = time.perf_counter()
+            for batch in batches:
+                opt.zero_grad()
+                out = net(batch.x, batch.edge_index)
+                if weighted:
+                    weight = torch.zeros(batch.num_nodes)
+                    weight[: batch.batch_size] = 1.0 / bs
+                    loss = (F.cross_entropy(out, batch.y, reduction="none") * weight).sum()
+                else:
+                    loss = F.cross_entropy(out[: batch.batch_size], batch.y[: batch.batch_size])
+                loss.backward()
+                opt.step()
+                loss.item()
+            return (time.perf_counter() - start) / len(batches) * 1e3
+
+        return one_pass
+
+    runs: dict[str, list[float]] = {"plain": [], "weighted_loss": []}
+    steps = {"plain": plain(False), "weighted_loss": plain(True)}
+    for step in steps.values():
+        step()  # warm-up pass
+    for _ in range(passes):  # interleaved
+        for name, step in steps.items():
+            runs[name].append(step())
+
+    for batch in batches:  # what NeighborDataModule.on_before_batch_transfer attaches
+        batch.loss_weight = torch.zeros(batch.num_nodes)
+        batch.loss_weight[: batch.batch_size] = 1.0 / bs
+        batch.num_loss_nodes = batch.batch_size
+    model = gnnscale.GraphSAGE(
+        data.num_features,
+        classes,
+        hidden_channels=m["hidden_channels"],
+        num_layers=m["num_layers"],
+        dropout=m["dropout"],
+        optimizer=lambda params: torch.optim.Adam(params, lr=m["lr"]),
+    )
+    monitor = gnnscale.ThroughputMonitor()
+    trainer = lightning.Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=1 + passes,
+        precision="32-true",
+        logger=CSVLogger(Path(spec["workdir"]) / "runs" / spec["name"]),
+        callbacks=[monitor, ModelCheckpoint(monitor="val/acc", mode="max")],
+        enable_progress_bar=False,
+        limit_val_batches=0,
+    )
+    train = DataLoader(batches, batch_size=None, collate_fn=_identity)  # type: ignore[arg-type]
+    trainer.fit(model, train_dataloaders=train)
+    runs["lightning"] = [s / len(batches) * 1e3 for s in monitor.epoch_s]
+    step_ms = {k: statistics.median(v) for k, v in runs.items()}
+    return {
+        "batches": len(batches),
+        "mean_batch_nodes": statistics.mean(b.num_nodes for b in batches),
+        "sample_ms": sample_ms,
+        "step_ms": step_ms,
+        "runs_ms": runs,
+        "weighted_loss_ms": step_ms["weighted_loss"] - step_ms["plain"],
+        "lightning_loop_ms": step_ms["lightning"] - step_ms["weighted_loss"],
+    }
+
+
+RUNNERS = {
+    "overhead": run_overhead,
+    "gnnscale": run_gnnscale,
+    "hand": run_hand,
+    "gat_memory": run_gat_memory,
+    "bandwidth": run_bandwidth,
+    "machine": lambda spec: machine_info(),
+}
+
+
+def run_job(spec: dict[str, Any], result_path: str, log_path: str) -> None:
+    """Run one job and write its result (or its error) as JSON to ``result_path``.
+
+    Output goes to ``log_path`` so that Lightning's logging stays out of the benchmark's own.
+    """
+    # A process started by a forkserver inherits "forkserver" as its default start method, so
+    # DataLoader workers would be started by the server and be sent the whole graph by pickle.
+    # A plain `python` process on Linux forks them, sharing the graph copy-on-write.
+    multiprocessing.set_start_method("fork", force=True)
+    with open(log_path, "w") as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        if spec.get("threads"):
+            torch.set_num_threads(spec["threads"])
+        start = time.perf_counter()
+        result: dict[str, Any] = {
+            "preloaded": spec.get("preloaded"),
+            "load_avg_start": os.getloadavg()[0],
+            "start_rss_mb": _status_kib("VmRSS") / 1024,
+        }
+        try:
+            result.update(RUNNERS[spec["kind"]](spec))
+        except Exception:  # a failed configuration is reported in the results, not fatal
+            result["error"] = traceback.format_exc()
+            traceback.print_exc()
+        result["job_s"] = time.perf_counter() - start
+        result["peak_rss_mb"] = peak_rss_mb()
+        result["end_rss_mb"] = _status_kib("VmRSS") / 1024
+        result["load_avg_end"] = os.getloadavg()[0]
+        sys.stdout.flush()
+        sys.stderr.flush()
+    Path(result_path).write_text(json.dumps(result))

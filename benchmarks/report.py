@@ -1,0 +1,246 @@
+"""Markdown tables and matplotlib plots of ``results.json`` (see ``run.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+SAMPLERS = {"neighbor": "neighbour", "cluster": "Cluster-GCN", "saint": "GraphSAINT"}
+
+
+def _num(value: float | None, digits: int = 2) -> str:
+    return "–" if value is None else f"{value:,.{digits}f}"
+
+
+def _ratio(entry: dict[str, Any], key: str) -> str:
+    ratio = entry.get("ratio_vs_hand", {}).get(key)
+    return "" if ratio is None else f"{ratio:.2f}×"
+
+
+def comparison_table(table: dict[str, Any]) -> list[str]:
+    """One line per measured configuration, medians over repetitions."""
+    train_only = any("peak_rss_train_mb" in e.get("median", {}) for e in table.values())
+    head = "| sampler | run | s/epoch | ÷ hand | seed nodes/s | peak RSS (MiB) | ÷ hand "
+    rule = "|---|---|---:|---:|---:|---:|---:|"
+    if train_only:
+        head += "| peak RSS, training only (MiB) | ÷ hand "
+        rule += "---:|---:|"
+    lines = [head + "| test acc | feature gather GB/s (% of limit) |", rule + "---:|---:|"]
+    for entry in table.values():
+        med = entry.get("median", {})
+        cells = [SAMPLERS[entry["sampler"]], entry["label"]]
+        if "epoch_s" not in med:
+            lines.append("| " + " | ".join(cells + ["failed"]) + " |")
+            continue
+        gather = ""
+        if "gather_GBps" in med:
+            gather = f"{med['gather_GBps']:.3f}"
+            if "gather_fraction" in med:
+                gather += f" ({100 * med['gather_fraction']:.1f}%)"
+        cuda = f" (CUDA {med['peak_cuda_mb']:,.0f})" if "peak_cuda_mb" in med else ""
+        cells += [
+            _num(med["epoch_s"]),
+            _ratio(entry, "epoch_s"),
+            _num(med["nodes_per_s"], 0),
+            _num(med.get("peak_rss_mb"), 0) + cuda,
+            _ratio(entry, "peak_rss_mb"),
+        ]
+        if train_only:
+            cells += [_num(med.get("peak_rss_train_mb"), 0), _ratio(entry, "peak_rss_train_mb")]
+        cells += [_num(med.get("acc"), 3), gather]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def bandwidth_lines(bw: dict[str, Any]) -> list[str]:
+    """The random-gather and copy bandwidth, by thread count."""
+    if "error" in bw:
+        return ["Bandwidth measurement failed."]
+    per = ", ".join(
+        f"{t} thread(s): gather {v['gather_GBps']:.2f}, copy {v['copy_GBps']:.2f}"
+        for t, v in bw["by_threads"].items()
+    )
+    return [
+        f"Random row gather `x.index_select(0, idx)` of {bw['rows']:,} random rows of a "
+        f"{bw['num_nodes']:,} × {bw['num_features']} fp32 feature matrix: "
+        f"**{bw['gather_GBps']:.2f} GB/s** of gathered bytes; sequential copy `dst.copy_(x)`: "
+        f"**{bw['copy_GBps']:.2f} GB/s** ({per}; GB/s). The last column above is each epoch's "
+        "feature bytes gathered by the sampler (Σ batch nodes × F × 4 bytes, counted in the hand "
+        "loop, which runs the same loader) over its seconds, as a share of the random-gather "
+        "bandwidth.",
+    ]
+
+
+def overhead_lines(o: dict[str, Any]) -> list[str]:
+    """Milliseconds per neighbour batch: sampling, the plain step, and what gnnscale adds."""
+    if "error" in o:
+        return ["The overhead measurement failed."]
+    step = o["step_ms"]
+    return [
+        f"Neighbour recipe, fp32, {o['batches']} identical pre-sampled batches "
+        f"(mean {o['mean_batch_nodes']:,.0f} nodes), median ms per batch:",
+        "",
+        "| part | ms per batch |",
+        "|---|---:|",
+        f"| sampling one batch (NeighborLoader, main process) | {o['sample_ms']:,.1f} |",
+        f"| plain PyG step (loss on `out[:batch_size]`) | {step['plain']:,.1f} |",
+        f"| + gnnscale's loss (weighted cross-entropy over all batch nodes) "
+        f"| {o['weighted_loss_ms']:+,.1f} |",
+        f"| + Lightning loop (gnnscale.GraphSAGE in a Trainer, recipe callbacks) "
+        f"| {o['lightning_loop_ms']:+,.1f} |",
+        f"| = gnnscale step | {step['lightning']:,.1f} |",
+    ]
+
+
+def gat_lines(gat: dict[str, Any]) -> list[str]:
+    """Activation memory of gnnscale.GATv2 against PyG's GATv2Conv by hand."""
+    s = gat["settings"]
+    g, m = s["graph"], s["model"]
+    lines = [
+        f"One fp32 training step (forward and backward), full graph of {g['num_nodes']:,} nodes "
+        f"(the GAT recipe's graph), hidden {m['hidden_channels']} = {m['heads']} heads, "
+        f"{m['out_heads']} output head(s), each in a fresh process; medians over repetitions.",
+        "",
+        "| model | saved for backward (MiB) | step RSS rise (MiB) |",
+        "|---|---:|---:|",
+    ]
+    names = {"gnnscale": "gnnscale.GATv2", "pyg": "2 × torch_geometric.nn.GATv2Conv by hand"}
+    for impl, name in names.items():
+        med = gat.get(f"{impl}_median")
+        if med:
+            lines.append(f"| {name} | {med['saved_mb']:,.1f} | {med['step_rss_rise_mb']:,.1f} |")
+    return lines
+
+
+def scaling_lines(points: list[dict[str, Any]]) -> list[str]:
+    """Seconds per epoch and peak memory by graph size."""
+    lines = [
+        "| nodes | features | s/batch | s/epoch | batches/epoch | peak RSS (MiB) "
+        "| RSS at end (MiB) |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in points:
+        head = f"| {p['num_nodes']:,} | {p['num_features']} "
+        if "epoch_s" not in p:
+            why = (
+                p.get("skipped") or p.get("run", {}).get("error", "failed").strip().splitlines()[-1]
+            )
+            lines.append(head + f"| {why} | | | | |")
+            continue
+        how = f"{p['epoch_s']:,.1f}" + (
+            f" (extrapolated from {p['batches_timed']} batches)" if p["extrapolated"] else ""
+        )
+        lines.append(
+            head + f"| {p['s_per_batch']:.3f} | {how} | {p['batches_per_epoch']:,} "
+            f"| {p['peak_rss_mb']:,.0f} | {p['end_rss_mb']:,.0f} |"
+        )
+    return lines
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """Every table of the results, ready to paste between README markers."""
+    m = results["machine"]
+    hardware = m.get("cuda") or f"{m.get('cpu_model')}, {m.get('cpu_count')} CPUs"
+    out: list[str] = []
+    if "comparison" in results:
+        out += [
+            "#### gnnscale against a hand-written PyG loop",
+            "",
+            *comparison_table(results["comparison"]),
+            "",
+            "Same generated graph, same model, loader and epochs (taken from each recipe's "
+            f"config.yaml), {results['settings']['threads'] or 'default'} torch thread(s) per "
+            "process. s/epoch and seed nodes/s: median "
+            f"over epochs after {results['settings']['warmup_epochs']} warm-up epoch, then over "
+            f"{results['settings']['reps']} interleaved repetitions. Peak RSS: the main "
+            "process's peak over the whole run (data, sampler, training, one layer-wise exact "
+            "evaluation), from the first "
+            f"{results['settings']['eval_reps']} repetition(s), which also give the test "
+            "accuracy after the last epoch; the other repetitions train only. "
+            "÷ hand: gnnscale / hand-written. "
+            "The hand-written GraphSAINT loop is PyG's graph_saint.py (GraphConv with "
+            "edge_norm); gnnscale's is GraphSAGE with node_norm only. The Cluster-GCN runs train "
+            "on one identical pymetis partition.",
+            "",
+        ]
+    if "bandwidth" in results:
+        out += ["#### Physical limit: memory bandwidth", "", *bandwidth_lines(results["bandwidth"])]
+        out.append("")
+    if "overhead" in results:
+        out += ["#### Where gnnscale's time goes", "", *overhead_lines(results["overhead"]), ""]
+    if "gat_memory" in results:
+        out += ["#### GATv2 activation memory", "", *gat_lines(results["gat_memory"]), ""]
+    if "scaling" in results:
+        points = results["scaling"]
+        out += [
+            "#### Scaling: neighbour sampling, GraphSAGE (recipe fan-out and batch size)",
+            "",
+            *scaling_lines(points),
+            "",
+            f"Average degree {points[0]['avg_degree'] if points else '–'}; features reduced to "
+            f"{results['settings']['scale_features']} so that 10^7 nodes fit in memory. s/epoch is "
+            "s/batch (one timed epoch of that many batches after a warm-up one) × batches per "
+            "epoch: **extrapolated** where marked. No evaluation. Peak RSS includes generating "
+            "the graph, which dominates it at large sizes; RSS at end is what training holds.",
+            "",
+        ]
+    out += ["#### Targets", "", "| target | ratio | limit | result |", "|---|---:|---:|---|"]
+    for t in results["targets"]:
+        ratio = "–" if t["ratio"] is None else f"{t['ratio']:.3f}"
+        out.append(f"| {t['target']} | {ratio} | {t['limit']} | {t['result']} |")
+    out += [
+        "",
+        *[f"- {t['target'].split(' ')[0]} {t['measured']}" for t in results["targets"]],
+        "",
+        f"Measured by `{results['command']}` on {hardware}, torch {m.get('torch')}, PyG "
+        f"{m.get('torch_geometric')}, Lightning {m.get('lightning')}, sampling backend "
+        f"{m.get('sampling_backend')}; {results['wall_s'] / 60:.1f} min wall time; load "
+        f"average {results['load_avg_start'][0]:.1f} at start, {results['load_avg_end'][0]:.1f} "
+        "at end (a shared machine: other work adds noise).",
+    ]
+    return "\n".join(out) + "\n"
+
+
+def plots(results: dict[str, Any], out: Path) -> None:
+    """``comparison.png`` (s/epoch and peak RSS per run) and ``scaling.png`` (log-log)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    table = results.get("comparison", {})
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    entries = [e for e in table.values() if e.get("median")]
+    labels = [f"{SAMPLERS[e['sampler']]}\n{e['label']}" for e in entries]
+    colours = ["tab:orange" if e["impl"] == "hand" else "tab:blue" for e in entries]
+    for ax, key, title in (
+        (axes[0], "epoch_s", "seconds per epoch (median)"),
+        (axes[1], "peak_rss_mb", "peak RSS of the run (MiB)"),
+    ):
+        ax.barh(range(len(entries)), [e["median"][key] for e in entries], color=colours)
+        ax.set_yticks(range(len(entries)), labels if ax is axes[0] else [""] * len(entries))
+        ax.invert_yaxis()
+        ax.set_title(title)
+    axes[0].tick_params(axis="y", labelsize=7)
+    fig.suptitle("gnnscale (blue) against hand-written PyG (orange)")
+    fig.tight_layout()
+    fig.savefig(out / "comparison.png", dpi=120)
+    plt.close(fig)
+
+    points = [p for p in results.get("scaling", []) if "epoch_s" in p]
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    if points:
+        n = [p["num_nodes"] for p in points]
+        ax.loglog(n, [p["epoch_s"] for p in points], "o-", color="tab:blue", label="s/epoch")
+        for p in points:
+            if p["extrapolated"]:
+                ax.annotate("extrapolated", (p["num_nodes"], p["epoch_s"]), fontsize=7)
+        ax.set_xlabel("nodes (average degree 20)")
+        ax.set_ylabel("seconds per epoch", color="tab:blue")
+        ax2 = ax.twinx()
+        ax2.loglog(n, [p["peak_rss_mb"] for p in points], "s--", color="tab:red", label="peak RSS")
+        ax2.set_ylabel("peak RSS (MiB)", color="tab:red")
+    ax.set_title("neighbour sampling: time and memory by graph size")
+    fig.tight_layout()
+    fig.savefig(out / "scaling.png", dpi=120)
+    plt.close(fig)
