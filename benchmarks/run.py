@@ -622,6 +622,21 @@ def check_targets(table: dict[str, Any], gat: dict[str, Any] | None) -> list[dic
 # --- main --------------------------------------------------------------------------------------
 
 
+def write_readme(markdown: str, out: Path) -> None:
+    """Put the tables and plots between the README's ``<!-- benchmarks:begin/end -->`` markers."""
+    readme = HERE.parent / "README.md"
+    begin, end = "<!-- benchmarks:begin -->", "<!-- benchmarks:end -->"
+    text = readme.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{readme} has no {begin} ... {end} block to fill")
+    plots = "\n".join(
+        f"![{name}]({(out / f'{name}.png').resolve().relative_to(HERE.parent)})"
+        for name in ("comparison", "scaling")
+    )
+    head, rest = text.split(begin, 1)
+    readme.write_text(f"{head}{begin}\n{markdown.strip()}\n\n{plots}\n{end}{rest.split(end, 1)[1]}")
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the benchmark and write its outputs; return the results."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -651,6 +666,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="samplers that also run gnnscale with the hand loop's settings: neighbor or all",
     )
     parser.add_argument("--workdir", type=Path, help="keep job logs and caches here")
+    parser.add_argument(
+        "--readme",
+        action="store_true",
+        help="also rewrite the <!-- benchmarks:begin/end --> block of the top-level README.md",
+    )
     args = parser.parse_args(argv)
     size = SIZES[args.size]
     if args.reps or args.epochs:
@@ -709,6 +729,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for t in results["targets"]:
         print(f"{t['result']:4s}  {t['target']}: {t['measured']}")
     print(f"\nwrote {args.out}/results.json, results.md, comparison.png, scaling.png")
+    if args.readme:
+        write_readme(markdown, args.out)
     print(f"wall time {results['wall_s']:.0f} s")
     return results
 
