@@ -296,16 +296,24 @@ def _identity(item: Any) -> Any:
 
 
 def run_overhead(spec: dict[str, Any]) -> dict[str, Any]:
-    """Per-step cost of the plain loop, gnnscale's loss, and gnnscale's Lightning loop.
+    """Per-step cost of the plain loop and of each thing gnnscale changes, on identical batches.
 
-    All three train the same GraphSAGE shape in fp32 on the same pre-sampled neighbour batches
-    (sampling is timed separately), so their differences are the costs gnnscale adds:
+    Every variant trains the same GraphSAGE shape in fp32 on the same pre-sampled neighbour
+    batches (sampling is timed separately), repetitions interleaved, so consecutive differences
+    are what each change costs or saves:
 
-    * ``plain``: the hand loop's step, loss on ``out[:batch_size]``;
-    * ``weighted_loss``: the same step with gnnscale's loss, ``sum(loss_weight * cross_entropy)``
-      over every node of the batch, the weight built per batch as the DataModule does;
+    * ``plain``: the hand loop's step (PyG's ``reddit.py``), loss on ``out[:batch_size]``;
+    * ``trimmed``: the same with PyG's ``trim_to_layer`` (``num_sampled_nodes_per_hop``), which
+      gnnscale passes from ``gnnscale.data.count_hops``: layer *k* skips nodes only earlier
+      layers read;
+    * ``weighted_loss``: trimmed, with gnnscale's loss ``sum(loss_weight * cross_entropy)``, the
+      weight built per batch as the DataModule does;
     * ``lightning``: ``gnnscale.GraphSAGE`` in a Lightning ``Trainer`` with the recipe's
-      callbacks (ThroughputMonitor, ModelCheckpoint, CSV logger), weights attached beforehand.
+      callbacks (ThroughputMonitor, ModelCheckpoint, CSV logger); weights and hop counts are
+      attached beforehand (the DataModule's transform and hook). A new Trainer each pass, its
+      second epoch timed.
+
+    No ``gnnscale.cli.main`` here, so glibc's default mmap threshold holds for all four.
     """
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.loggers import CSVLogger
@@ -313,22 +321,25 @@ def run_overhead(spec: dict[str, Any]) -> dict[str, Any]:
     from torch_geometric.loader import NeighborLoader
     from torch_geometric.nn import GraphSAGE
 
+    from gnnscale.data import count_hops
+
     torch.manual_seed(0)
     data = gnnscale.make_synthetic_graph(gnnscale.SyntheticGraph(**spec["graph"]))
     m, bs, passes = spec["model"], spec["batch_size"], spec["passes"]
+    fanout = spec["num_neighbors"]
     loader = NeighborLoader(
-        data,
-        num_neighbors=spec["num_neighbors"],
-        input_nodes=data.train_mask,
-        batch_size=bs,
-        shuffle=True,
+        data, num_neighbors=fanout, input_nodes=data.train_mask, batch_size=bs, shuffle=True
     )
     start = time.perf_counter()
     batches = [b for b, _ in zip(loader, range(spec["batches"]), strict=False)]
     sample_ms = (time.perf_counter() - start) / len(batches) * 1e3
+    start = time.perf_counter()
+    for batch in batches:
+        count_hops(batch, len(fanout))
+    count_hops_ms = (time.perf_counter() - start) / len(batches) * 1e3
     classes = int(data.y.max()) + 1
 
-    def plain(weighted: bool) -> Any:
+    def plain(trim: bool, weighted: bool) -> Any:
         net = GraphSAGE(
             data.num_features, m["hidden_channels"], m["num_layers"], classes, dropout=m["dropout"]
         )
@@ -338,11 +349,20 @@ def run_overhead(spec: dict[str, Any]) -> dict[str, Any]:
             start = time.perf_counter()
             for batch in batches:
                 opt.zero_grad()
-                out = net(batch.x, batch.edge_index)
+                if trim:
+                    out = net(
+                        batch.x,
+                        batch.edge_index,
+                        num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                        num_sampled_edges_per_hop=batch.num_sampled_edges,
+                    )
+                else:
+                    out = net(batch.x, batch.edge_index)
                 if weighted:
                     weight = torch.zeros(batch.num_nodes)
                     weight[: batch.batch_size] = 1.0 / bs
-                    loss = (F.cross_entropy(out, batch.y, reduction="none") * weight).sum()
+                    n = out.size(0)
+                    loss = (F.cross_entropy(out, batch.y[:n], reduction="none") * weight[:n]).sum()
                 else:
                     loss = F.cross_entropy(out[: batch.batch_size], batch.y[: batch.batch_size])
                 loss.backward()
@@ -351,14 +371,6 @@ def run_overhead(spec: dict[str, Any]) -> dict[str, Any]:
             return (time.perf_counter() - start) / len(batches) * 1e3
 
         return one_pass
-
-    runs: dict[str, list[float]] = {"plain": [], "weighted_loss": []}
-    steps = {"plain": plain(False), "weighted_loss": plain(True)}
-    for step in steps.values():
-        step()  # warm-up pass
-    for _ in range(passes):  # interleaved
-        for name, step in steps.items():
-            runs[name].append(step())
 
     for batch in batches:  # what NeighborDataModule.on_before_batch_transfer attaches
         batch.loss_weight = torch.zeros(batch.num_nodes)
@@ -372,28 +384,50 @@ def run_overhead(spec: dict[str, Any]) -> dict[str, Any]:
         dropout=m["dropout"],
         optimizer=lambda params: torch.optim.Adam(params, lr=m["lr"]),
     )
-    monitor = gnnscale.ThroughputMonitor()
-    trainer = lightning.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=1 + passes,
-        precision="32-true",
-        logger=CSVLogger(Path(spec["workdir"]) / "runs" / spec["name"]),
-        callbacks=[monitor, ModelCheckpoint(monitor="val/acc", mode="max")],
-        enable_progress_bar=False,
-        limit_val_batches=0,
-    )
     train = DataLoader(batches, batch_size=None, collate_fn=_identity)  # type: ignore[arg-type]
-    trainer.fit(model, train_dataloaders=train)
-    runs["lightning"] = [s / len(batches) * 1e3 for s in monitor.epoch_s]
+
+    def lightning_pass() -> float:
+        # A Trainer per pass, so that it interleaves with the others; ThroughputMonitor drops
+        # the first (warm-up) epoch and times the second, as in the recipes.
+        monitor = gnnscale.ThroughputMonitor()
+        trainer = lightning.Trainer(
+            accelerator="cpu",
+            devices=1,
+            max_epochs=2,
+            precision="32-true",
+            logger=CSVLogger(Path(spec["workdir"]) / "runs" / spec["name"]),
+            callbacks=[monitor, ModelCheckpoint(monitor="val/acc", mode="max")],
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            limit_val_batches=0,
+        )
+        trainer.fit(model, train_dataloaders=train)
+        return monitor.epoch_s[-1] / len(batches) * 1e3
+
+    steps = {
+        "plain": plain(trim=False, weighted=False),
+        "trimmed": plain(trim=True, weighted=False),
+        "weighted_loss": plain(trim=True, weighted=True),
+        "lightning": lightning_pass,
+    }
+    runs: dict[str, list[float]] = {name: [] for name in steps}
+    for name, step in steps.items():
+        if name != "lightning":  # its own first epoch is its warm-up
+            step()
+    for _ in range(passes):  # interleaved
+        for name, step in steps.items():
+            runs[name].append(step())
     step_ms = {k: statistics.median(v) for k, v in runs.items()}
     return {
         "batches": len(batches),
         "mean_batch_nodes": statistics.mean(b.num_nodes for b in batches),
+        "mean_last_layer_nodes": statistics.mean(sum(b.num_sampled_nodes[:-1]) for b in batches),
         "sample_ms": sample_ms,
+        "count_hops_ms": count_hops_ms,
         "step_ms": step_ms,
         "runs_ms": runs,
-        "weighted_loss_ms": step_ms["weighted_loss"] - step_ms["plain"],
+        "trim_ms": step_ms["trimmed"] - step_ms["plain"],
+        "weighted_loss_ms": step_ms["weighted_loss"] - step_ms["trimmed"],
         "lightning_loop_ms": step_ms["lightning"] - step_ms["weighted_loss"],
     }
 

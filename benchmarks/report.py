@@ -72,23 +72,29 @@ def bandwidth_lines(bw: dict[str, Any]) -> list[str]:
 
 
 def overhead_lines(o: dict[str, Any]) -> list[str]:
-    """Milliseconds per neighbour batch: sampling, the plain step, and what gnnscale adds."""
+    """Milliseconds per neighbour batch: sampling, the plain step, and what gnnscale changes."""
     if "error" in o:
         return ["The overhead measurement failed."]
     step = o["step_ms"]
     return [
-        f"Neighbour recipe, fp32, {o['batches']} identical pre-sampled batches "
-        f"(mean {o['mean_batch_nodes']:,.0f} nodes), median ms per batch:",
+        f"Neighbour recipe, fp32, the same {o['batches']} pre-sampled batches for every variant "
+        f"(mean {o['mean_batch_nodes']:,.0f} nodes, of which the last layer needs "
+        f"{o['mean_last_layer_nodes']:,.0f}), median ms per batch, one process:",
         "",
         "| part | ms per batch |",
         "|---|---:|",
-        f"| sampling one batch (NeighborLoader, main process) | {o['sample_ms']:,.1f} |",
-        f"| plain PyG step (loss on `out[:batch_size]`) | {step['plain']:,.1f} |",
-        f"| + gnnscale's loss (weighted cross-entropy over all batch nodes) "
+        f"| sampling one batch (NeighborLoader; in the recipes a worker does this) "
+        f"| {o['sample_ms']:,.1f} |",
+        f"| counting nodes and edges per hop (`count_hops`, also in the worker) "
+        f"| {o['count_hops_ms']:,.1f} |",
+        f"| plain PyG step (`reddit.py`: loss on `out[:batch_size]`) | {step['plain']:,.1f} |",
+        f"| + PyG's `trim_to_layer` (what gnnscale passes per hop) | {o['trim_ms']:+,.1f} |",
+        f"| + gnnscale's loss (weighted cross-entropy, weights built per batch) "
         f"| {o['weighted_loss_ms']:+,.1f} |",
         f"| + Lightning loop (gnnscale.GraphSAGE in a Trainer, recipe callbacks) "
         f"| {o['lightning_loop_ms']:+,.1f} |",
         f"| = gnnscale step | {step['lightning']:,.1f} |",
+        *(["", o["note"]] if o.get("note") else []),
     ]
 
 
@@ -158,9 +164,12 @@ def markdown(results: dict[str, Any]) -> str:
             f"{results['settings']['eval_reps']} repetition(s), which also give the test "
             "accuracy after the last epoch; the other repetitions train only. "
             "÷ hand: gnnscale / hand-written. "
-            "The hand-written GraphSAINT loop is PyG's graph_saint.py (GraphConv with "
-            "edge_norm); gnnscale's is GraphSAGE with node_norm only. The Cluster-GCN runs train "
-            "on one identical pymetis partition.",
+            "The hand loops are written as PyG's examples are (reddit.py, cluster_gcn_reddit.py, "
+            "graph_saint.py): gnnscale's neighbour batches are trimmed per hop (trim_to_layer), "
+            "the hand loop's are not, as in reddit.py. The Cluster-GCN runs train on one identical "
+            "pymetis partition. GraphSAINT by hand: GraphSAGE with node_norm, as gnnscale "
+            "(the ÷ hand reference), and graph_saint.py's --use_normalization network "
+            "(GraphConv, edge_norm × 1/in-degree).",
             "",
         ]
     if "bandwidth" in results:
@@ -239,7 +248,10 @@ def plots(results: dict[str, Any], out: Path) -> None:
         ax.set_ylabel("seconds per epoch", color="tab:blue")
         ax2 = ax.twinx()
         ax2.loglog(n, [p["peak_rss_mb"] for p in points], "s--", color="tab:red", label="peak RSS")
-        ax2.set_ylabel("peak RSS (MiB)", color="tab:red")
+        ax2.loglog(n, [p["end_rss_mb"] for p in points], "^:", color="tab:red", label="RSS at end")
+        ax2.set_ylabel("resident memory (MiB)", color="tab:red")
+        handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+        ax.legend(handles=handles, loc="upper left")
     ax.set_title("neighbour sampling: time and memory by graph size")
     fig.tight_layout()
     fig.savefig(out / "scaling.png", dpi=120)

@@ -22,6 +22,7 @@ ROWS = [
     "cluster/shipped_4_layers",
     "saint/shipped",
     "saint/hand",
+    "saint/hand_example",
 ]
 SAMPLERS = {"neighbor": "neighbour", "cluster": "Cluster-GCN", "saint": "GraphSAINT"}
 MEDIAN_KEYS = ["epoch_s", "nodes_per_s", "peak_rss_mb", "acc", "gather_GBps", "gather_fraction"]
@@ -83,6 +84,7 @@ def test_benchmark_command_writes_complete_outputs(tmp_path):
     for target in targets:
         assert f"| {target['target']} |" in markdown
     overhead = results["overhead"]
+    assert set(overhead["step_ms"]) == {"plain", "trimmed", "weighted_loss", "lightning"}
     assert all(_positive(v) for v in [overhead["sample_ms"], *overhead["step_ms"].values()])
     sections = ["#### Physical limit", "#### Where gnnscale's time goes", "#### GATv2 activation"]
     for line in [*sections, "| 10,000 | 16 |"]:
