@@ -266,7 +266,7 @@ def plan(
     eval_mode = dm.eval.mode
     if eval_mode == "layerwise":
         eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
-    else:  # a forward pass without autograd keeps less than a training step
+    else:  # no autograd: at most a training step, if evaluation batches are no larger
         eval_mb = train_mb
     result = MemoryPlan(
         base_mb=probe.base_mb,

@@ -86,6 +86,7 @@ def test_plan_predicts_the_measured_peak_within_25_percent(tmp_path):
         "--data.num_neighbors=[25, 15]",
         "--model.init_args.hidden_channels=1024",
         "--data.eval.mode=sampled",
+        "--data.eval.batch_size=2048",  # the planner scales evaluation from training batches
         f"--data.root={tmp_path}",
         f"--trainer.logger.init_args.save_dir={tmp_path}",
         "--trainer.max_epochs=1",
