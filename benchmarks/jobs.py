@@ -2,8 +2,8 @@
 
 ``run.py`` starts every job in a new process forked from a server that has already imported
 torch, PyG, Lightning and gnnscale (``multiprocessing`` "forkserver" with this module
-preloaded). Each job therefore has its own address space and its own ``ru_maxrss``, like a fresh
-``python`` process, without paying ~10 s of imports per configuration on a 2-core machine.
+preloaded). Each job therefore has its own address space and its own peak resident memory, like
+a fresh ``python`` process, without paying ~10 s of imports per configuration on a 2-core machine.
 
 Jobs:
 
@@ -24,7 +24,6 @@ import json
 import multiprocessing
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -40,14 +39,10 @@ import torch_geometric
 from torch import Tensor
 
 import gnnscale
+from gnnscale.callbacks import peak_rss_mb
 from gnnscale.cli import main as gnnscale_main
 
 MIB = 2**20
-
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _status_kib(field: str) -> int:

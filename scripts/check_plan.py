@@ -28,14 +28,15 @@ RECIPES = [
 # Runs the command as its recipe would (train.py where the recipe has one) and prints the
 # process's peak resident memory at the end.
 RUNNER = """
-import resource, runpy, sys
+import runpy, sys
+from gnnscale.callbacks import peak_rss_mb
 script, *sys.argv[1:] = sys.argv[1:]
 sys.argv[0] = script
 if script.endswith(".py"):
     runpy.run_path(script, run_name="__main__")
 else:
     runpy.run_module(script, run_name="__main__")
-print("PEAK_RSS_MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, flush=True)
+print("PEAK_RSS_MB", peak_rss_mb(), flush=True)
 """
 
 

@@ -1,5 +1,7 @@
 import csv
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -10,6 +12,7 @@ from conftest import TINY, TINY_ARGS
 from lightning.pytorch.loggers import CSVLogger
 
 from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE
+from gnnscale.callbacks import peak_rss_mb
 from gnnscale.cli import main
 from gnnscale.testing import requires_sampler
 
@@ -109,3 +112,15 @@ def test_counts_optimizer_steps_through_yaml_with_accumulation(tmp_path):
     assert [int(r["step"]) for r in rows] == [0, 2]  # optimizer steps, not micro-batches
     assert all(math.isfinite(float(r["monitor/grad_norm_total"])) for r in rows)
     assert all(float(r["monitor/act_std/gnn.convs.0"]) > 0 for r in rows)
+
+
+def test_peak_rss_of_a_child_process_is_its_own():
+    # ru_maxrss would report this (parent) process's peak in the child: the kernel carries the
+    # high-water mark across exec. peak_rss_mb reads VmHWM, which starts afresh.
+    ballast = bytearray(2 * 2**30)
+    ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))  # touch every page
+    child = "from gnnscale.callbacks import peak_rss_mb; print(peak_rss_mb())"
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
+    assert peak_rss_mb() > 2048
+    assert float(done.stdout) < 1024  # the interpreter, torch and Lightning, not the ballast
+    del ballast

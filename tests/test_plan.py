@@ -92,8 +92,8 @@ def test_plan_predicts_the_measured_peak_within_25_percent(tmp_path):
         "--trainer.max_epochs=1",
     ]
     runner = (
-        "import resource, sys; from gnnscale.cli import main; main(sys.argv[1:]); "
-        "print('PEAK', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)"
+        "import sys; from gnnscale.callbacks import peak_rss_mb; from gnnscale.cli import main; "
+        "main(sys.argv[1:]); print('PEAK', peak_rss_mb())"
     )
     out = {}
     for command in ("plan", "fit"):
