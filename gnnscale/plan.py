@@ -181,6 +181,62 @@ class _Probe(L.Callback):
         self.model_mb = _tensor_mb(*params, *grads, *[t for t in state if torch.is_tensor(t)])
 
 
+class _EvalProbe(L.Callback):
+    """Samples resident memory over validation batches and records their sizes."""
+
+    def __init__(self) -> None:
+        self.nodes: list[int] = []
+
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.before_mb = _rss_mb()
+        self._peak = _PeakRSS().__enter__()
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        self.nodes.append(int(batch.num_nodes))
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._peak.__exit__()
+        self.peak_mb = self._peak.peak_mb
+
+
+def _validate_mb(
+    dm: _GraphDataModule,
+    model: L.LightningModule,
+    trainer_kwargs: dict[str, Any],
+    num_batches: int,
+    world_size: int,
+) -> float:
+    """Sampled or full-graph evaluation, measured: a few validation batches through a Trainer.
+
+    Evaluation batches have their own size and fan-out (``--data.eval.*``; full neighbourhoods
+    by default for samplers other than neighbour sampling), so they are measured rather than
+    scaled from training batches, then scaled to the largest of the run's validation and test
+    batches.
+    """
+    probe = _EvalProbe()
+    trainer = L.Trainer(
+        **trainer_kwargs,
+        devices=1,
+        limit_val_batches=num_batches,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[probe],
+    )
+    trainer.validate(model, datamodule=dm, verbose=False)
+    draws = sum(math.ceil(len(dm._eval_loader(m)) / world_size) for m in ("val_mask", "test_mask"))
+    scale = _expected_max(probe.nodes, draws) / max(probe.nodes)
+    return (probe.peak_mb - probe.before_mb) * scale
+
+
 def _expected_max(values: list[int], draws: int) -> float:
     """Largest of ``draws`` batches, from the mean and spread of a few (a normal tail)."""
     if len(values) < 2 or draws <= len(values):
@@ -229,6 +285,7 @@ def plan(
     num_batches: int = 6,
     budget_gb: float | None = None,
     run_epochs: int = 1,
+    world_size: int = 1,
 ) -> MemoryPlan:
     """Train on ``num_batches`` batches and predict the run's peak resident memory.
 
@@ -239,6 +296,8 @@ def plan(
         num_batches: Training batches to sample and train on.
         budget_gb: Memory budget; if the run exceeds it, suggest settings that fit.
         run_epochs: Epochs of the planned run, over which memory retained per batch adds up.
+        world_size: Processes of a data-parallel run; each draws its share of the batches, and
+            the plan is that of one of them.
     """
     probe = _Probe()
     trainer = L.Trainer(
@@ -255,7 +314,7 @@ def plan(
         callbacks=[probe],
     )
     trainer.fit(model, datamodule=dm)
-    per_epoch = len(dm.train_dataloader())
+    per_epoch = math.ceil(len(dm.train_dataloader()) / world_size)
     nodes = [b.nodes for b in probe.batches]
     scale = _expected_max(nodes, per_epoch) / max(nodes)
     train_mb = (probe.peak_mb - probe.base_mb) * scale
@@ -266,8 +325,8 @@ def plan(
     eval_mode = dm.eval.mode
     if eval_mode == "layerwise":
         eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
-    else:  # no autograd: at most a training step, if evaluation batches are no larger
-        eval_mb = train_mb
+    else:
+        eval_mb = _validate_mb(dm, model, trainer_kwargs, num_batches, world_size)
     result = MemoryPlan(
         base_mb=probe.base_mb,
         graph_mb=_tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")]),
@@ -364,6 +423,16 @@ def format_plan(result: MemoryPlan) -> str:
     return "\n".join(lines)
 
 
+def _world_size(devices: Any, num_nodes: int | None) -> int:
+    """Processes of the run: ``devices`` per machine (a count or a list) times machines."""
+    if isinstance(devices, str):
+        devices = -1 if devices == "auto" else (devices.split(",") if "," in devices else devices)
+    count = len(devices) if isinstance(devices, list | tuple) else int(devices)
+    if count == -1:  # every visible GPU
+        count = torch.cuda.device_count()
+    return max(count, 1) * (num_nodes or 1)
+
+
 def plan_main(args: list[str]) -> MemoryPlan:
     """``gnnscale plan --config <yaml> [--budget_gb B] [--num_batches K] [overrides...]``."""
     from gnnscale.cli import TRAINER_DEFAULTS, GnnscaleCLI
@@ -394,6 +463,7 @@ def plan_main(args: list[str]) -> MemoryPlan:
         num_batches=known.num_batches,
         budget_gb=known.budget_gb,
         run_epochs=config.max_epochs or 1,
+        world_size=_world_size(config.devices, config.num_nodes),
     )
     rank_zero_info(format_plan(result))
     return result

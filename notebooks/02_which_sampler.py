@@ -105,11 +105,12 @@ RUNS_TO_DO = {
 # ## Measuring peak memory honestly
 #
 # `ThroughputMonitor` logs `perf/peak_rss_mb`, the process's peak resident memory
-# (`ru_maxrss`). That is a lifetime maximum: run four trainings in one process and every run
-# after the largest reports the largest. So each configuration runs in a **fresh process**, and
-# its figure is the peak of that whole run: interpreter and libraries, the graph, the sampler,
-# training and evaluation. With `num_workers=0` the sampling happens in that process too;
-# with a worker, the worker's memory would be missing from the figure.
+# (`VmHWM` on Linux). That is a lifetime maximum: run four trainings in one process and every
+# run after the largest reports the largest. (Not `ru_maxrss`: a process started from this
+# notebook would inherit in it the notebook kernel's own peak.) So each configuration runs in a
+# **fresh process**, and its figure is the peak of that whole run: interpreter and libraries,
+# the graph, the sampler, training and evaluation. With `num_workers=0` the sampling happens in
+# that process too; with a worker, the worker's memory would be missing from the figure.
 #
 # The floor that every run pays is measured the same way: a process that imports gnnscale and
 # generates the graph, and nothing else. The same process then draws one neighbour-sampling
@@ -117,13 +118,13 @@ RUNS_TO_DO = {
 
 # %%
 FLOOR = f"""
-import resource
 from gnnscale import NeighborDataModule, SyntheticGraph
+from gnnscale.callbacks import peak_rss_mb
 graph = SyntheticGraph(num_nodes={NUM_NODES}, avg_degree={AVG_DEGREE}, num_features=64,
                        num_classes=10, train_fraction=0.3)
 dm = NeighborDataModule(synthetic=graph, num_neighbors={FANOUT}, batch_size={SEEDS})
 data = dm.data
-floor_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+floor_mb = peak_rss_mb()
 batch = next(iter(dm.train_dataloader()))
 print(data.num_nodes, data.num_edges, floor_mb, batch.num_nodes)
 """

@@ -25,10 +25,11 @@ RECIPES = [
     "sparse_embeddings",
     "multi_gpu_ddp",
 ]
-# Runs the command as its recipe would (train.py where the recipe has one) and prints the
-# process's peak resident memory at the end.
+# Runs the command as its recipe would (train.py where the recipe has one) and prints the peak
+# resident memory of the largest process: this one, or a child that trained in it (the ranks of
+# a DDP run started with fork; DataLoader workers count too). Both figures are printed.
 RUNNER = """
-import runpy, sys
+import resource, runpy, sys
 from gnnscale.callbacks import peak_rss_mb
 script, *sys.argv[1:] = sys.argv[1:]
 sys.argv[0] = script
@@ -36,7 +37,9 @@ if script.endswith(".py"):
     runpy.run_path(script, run_name="__main__")
 else:
     runpy.run_module(script, run_name="__main__")
-print("PEAK_RSS_MB", peak_rss_mb(), flush=True)
+children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print("PEAK_SELF_MB", peak_rss_mb(), "PEAK_CHILDREN_MB", children)
+print("PEAK_RSS_MB", max(peak_rss_mb(), children), flush=True)
 """
 
 
