@@ -7,10 +7,13 @@ The planner loads the graph and builds the loaders exactly as ``fit`` would, tra
 batches through a real Trainer (same precision and accumulation) while a thread samples the
 process's resident memory, and counts what each batch holds: nodes and edges per hop, feature
 bytes and the bytes autograd saves for backward. It then scales the measured step to the
-largest batch an epoch is expected to draw and adds evaluation, whose whole-graph buffers
-(layer-wise inference keeps ``N x hidden`` per layer) it computes from the model's widths. The
-prediction is the peak resident memory of the training process (the figure that
-``ThroughputMonitor`` logs as ``perf/peak_rss_mb``); DataLoader workers are separate processes.
+largest batch an epoch is expected to draw and adds evaluation: for layer-wise inference, its
+whole-graph buffers (``N x hidden`` per layer) computed from the model's widths plus its largest
+one-hop batch measured; for sampled or full-graph evaluation, a few validation batches run
+through a Trainer with their own batch size and fan-out. The prediction is the peak resident
+memory of one training process (the figure that ``ThroughputMonitor`` logs as
+``perf/peak_rss_mb``); DataLoader workers are separate processes, and in a data-parallel run
+each rank draws its share of the batches.
 """
 
 from __future__ import annotations
@@ -286,6 +289,7 @@ def plan(
     budget_gb: float | None = None,
     run_epochs: int = 1,
     world_size: int = 1,
+    limit_train_batches: int | float | None = None,
 ) -> MemoryPlan:
     """Train on ``num_batches`` batches and predict the run's peak resident memory.
 
@@ -298,6 +302,8 @@ def plan(
         run_epochs: Epochs of the planned run, over which memory retained per batch adds up.
         world_size: Processes of a data-parallel run; each draws its share of the batches, and
             the plan is that of one of them.
+        limit_train_batches: The run's ``Trainer(limit_train_batches=...)``: a count, or a
+            fraction of each epoch.
     """
     probe = _Probe()
     trainer = L.Trainer(
@@ -315,6 +321,10 @@ def plan(
     )
     trainer.fit(model, datamodule=dm)
     per_epoch = math.ceil(len(dm.train_dataloader()) / world_size)
+    if isinstance(limit_train_batches, int):
+        per_epoch = min(per_epoch, limit_train_batches)
+    elif limit_train_batches is not None:
+        per_epoch = max(1, int(per_epoch * limit_train_batches))
     nodes = [b.nodes for b in probe.batches]
     scale = _expected_max(nodes, per_epoch) / max(nodes)
     train_mb = (probe.peak_mb - probe.base_mb) * scale
@@ -464,6 +474,7 @@ def plan_main(args: list[str]) -> MemoryPlan:
         budget_gb=known.budget_gb,
         run_epochs=config.max_epochs or 1,
         world_size=_world_size(config.devices, config.num_nodes),
+        limit_train_batches=config.limit_train_batches,
     )
     rank_zero_info(format_plan(result))
     return result

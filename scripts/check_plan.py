@@ -77,23 +77,33 @@ def main() -> None:
     parser.add_argument("--no-readme", action="store_true", help="print only")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
+    rows = {}
+    for recipe in args.recipes:
+        r = check(recipe, extra)
+        rows[recipe] = (
+            f"| {recipe} | {r['predicted_mb']:,.0f} | {r['measured_mb']:,.0f} | {r['ratio']:.2f} |"
+        )
+        print(rows[recipe], flush=True)
+    if not args.no_readme:
+        write_readme(rows)
+
+
+def write_readme(rows: dict[str, str]) -> None:
+    """Replace the given recipes' rows of the README's plan table; keep the others."""
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    begin, end = "<!-- plan:begin -->\n", "\n<!-- plan:end -->"
+    old = text[text.index(begin) + len(begin) : text.index(end)].splitlines()
+    kept = {line.split("|")[1].strip(): line for line in old[2:] if line.startswith("| ")}
+    kept.update(rows)
     lines = [
         "| recipe | planned peak (MiB) | measured peak (MiB) | planned / measured |",
         "|---|---|---|---|",
+        *(kept[r] for r in RECIPES if r in kept),
     ]
-    for recipe in args.recipes:
-        r = check(recipe, extra)
-        row = (
-            f"| {recipe} | {r['predicted_mb']:,.0f} | {r['measured_mb']:,.0f} | {r['ratio']:.2f} |"
-        )
-        print(row, flush=True)
-        lines.append(row)
-    if not args.no_readme:
-        readme = ROOT / "README.md"
-        text = readme.read_text()
-        block = "<!-- plan:begin -->\n" + "\n".join(lines) + "\n<!-- plan:end -->"
-        text = re.sub(r"<!-- plan:begin -->.*<!-- plan:end -->", block, text, flags=re.S)
-        readme.write_text(text)
+    block = begin + "\n".join(lines) + end
+    text = text[: text.index(begin)] + block + text[text.index(end) + len(end) :]
+    readme.write_text(text)
 
 
 if __name__ == "__main__":

@@ -1,3 +1,4 @@
+import math
 import re
 import subprocess
 import sys
@@ -32,6 +33,17 @@ def test_plan_counts_each_hop_and_adds_up(tmp_path):
     assert plan.base_mb > plan.graph_mb > 0
     assert plan.peak_mb == pytest.approx(plan.base_mb + max(plan.train_mb, plan.eval_mb))
     assert not plan.suggestions  # no budget given
+
+
+@requires_sampler
+def test_plan_counts_the_batches_each_process_draws(tmp_path):
+    whole = _plan(tmp_path, "--data.batch_size=64").batches_per_epoch
+    assert whole > 4
+    # Data-parallel: each of the two processes draws half of the epoch's batches.
+    ddp = _plan(tmp_path, "--data.batch_size=64", "--trainer.devices=2")
+    assert ddp.batches_per_epoch == math.ceil(whole / 2)
+    limited = _plan(tmp_path, "--data.batch_size=64", "--trainer.limit_train_batches=3")
+    assert limited.batches_per_epoch == 3
 
 
 def _plan_in_new_process(tmp_path, *extra):
