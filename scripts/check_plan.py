@@ -75,8 +75,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("recipes", nargs="*", default=RECIPES)
     parser.add_argument("--no-readme", action="store_true", help="print only")
-    args, extra = parser.parse_known_args()
-    extra = [a for a in extra if a != "--"]
+    argv = sys.argv[1:]
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args, extra = parser.parse_args(argv[:cut]), argv[cut + 1 :]  # after "--": for plan and fit
     rows = {}
     for recipe in args.recipes:
         r = check(recipe, extra)
