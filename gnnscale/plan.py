@@ -184,6 +184,20 @@ class _Probe(L.Callback):
         self.model_mb = _tensor_mb(*params, *grads, *[t for t in state if torch.is_tensor(t)])
 
 
+def _quiet_trainer(trainer_kwargs: dict[str, Any], probe: L.Callback, **limits: Any) -> L.Trainer:
+    """One process with the run's precision and accumulation: no logs, checkpoints or bars."""
+    return L.Trainer(
+        **trainer_kwargs,
+        **limits,
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[probe],
+    )
+
+
 class _EvalProbe(L.Callback):
     """Samples resident memory over validation batches and records their sizes."""
 
@@ -225,15 +239,7 @@ def _validate_mb(
     batches.
     """
     probe = _EvalProbe()
-    trainer = L.Trainer(
-        **trainer_kwargs,
-        devices=1,
-        limit_val_batches=num_batches,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[probe],
-    )
+    trainer = _quiet_trainer(trainer_kwargs, probe, limit_val_batches=num_batches)
     trainer.validate(model, datamodule=dm, verbose=False)
     draws = sum(math.ceil(len(dm._eval_loader(m)) / world_size) for m in ("val_mask", "test_mask"))
     scale = _expected_max(probe.nodes, draws) / max(probe.nodes)
@@ -306,18 +312,13 @@ def plan(
             fraction of each epoch.
     """
     probe = _Probe()
-    trainer = L.Trainer(
-        **trainer_kwargs,
-        devices=1,
+    trainer = _quiet_trainer(
+        trainer_kwargs,
+        probe,
         max_epochs=1,
         limit_train_batches=num_batches,
         limit_val_batches=0,
         num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[probe],
     )
     trainer.fit(model, datamodule=dm)
     per_epoch = math.ceil(len(dm.train_dataloader()) / world_size)
