@@ -32,25 +32,29 @@ TRAINER_DEFAULTS = {
 
 
 def _steady_cpu_memory() -> None:
-    """Keep resident memory flat across batches of varying size, on Linux CPUs.
+    """Keep resident memory flat and predictable across batches of varying size, on Linux CPUs.
 
-    oneDNN, which runs bf16 matrix products on CPUs, caches a primitive per shape (1024 by
-    default), and sampled batches all differ in shape: bf16 runs grew by 75 MB per epoch of 20
-    batches; fp32 stayed flat. A cache of 8 keeps the growth at 33 MB, at no cost in speed
-    (neighbor_sage: 8.4 s per epoch with 8, 9.1 s with 1024).
+    Two caches grow with every new batch shape, and sampled batches all differ in size:
 
-    ``GNNSCALE_MMAP_THRESHOLD=131072`` (bytes; off by default) also fixes glibc's mmap
-    threshold, so that every large tensor gets its own mapping, returned to the system when
-    freed, instead of heap that only smaller tensors reuse. That lowers the peak (neighbor_sage
-    1,392 MiB instead of 1,777, Cluster-GCN 1,505 instead of 1,708-1,888) but costs the page
-    faults of every fresh mapping: 1.46x the seconds per epoch for neighbor_sage, about 2x for
-    Cluster-GCN. Use it when memory, not time, is what runs out.
+    - glibc raises its mmap threshold each time a large block is freed, so later tensors of a
+      few MB come from the heap, whose holes only smaller ones reuse. A fixed threshold (128 KiB)
+      gives every large tensor its own mapping, returned to the system when freed, as
+      ``MALLOC_MMAP_THRESHOLD_`` would. Measured over 3-4 epochs: neighbor_sage peaks at 1,392
+      MiB instead of 1,777, Cluster-GCN at 1,505 instead of 1,708-1,888, and ``gnnscale plan``
+      stays within 25% (with glibc's default it overestimated Cluster-GCN by 1.41x, taking
+      early heap growth for a steady one). The price is the page faults of every fresh mapping:
+      12.4 s per epoch instead of 8.4 for neighbor_sage, 4.5-4.9 instead of 2.2-2.4 for
+      Cluster-GCN. ``GNNSCALE_MMAP_THRESHOLD=0`` keeps glibc's default, for speed when memory
+      is plentiful.
+    - oneDNN, which runs bf16 matrix products on CPUs, caches a primitive per shape (1024 by
+      default): bf16 runs grew by 75 MB per epoch of 20 batches; fp32 stayed flat. A cache of 8
+      keeps the growth at 33 MB, at no cost in speed (8.4 s per epoch with 8, 9.1 s with 1024).
 
     Settings the user made in the environment win (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
     ``MALLOC_MMAP_THRESHOLD_``).
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
-    threshold = int(os.environ.get("GNNSCALE_MMAP_THRESHOLD", 0))
+    threshold = int(os.environ.get("GNNSCALE_MMAP_THRESHOLD", 128 * 1024))
     if threshold <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ or sys.platform != "linux":
         return
     try:
