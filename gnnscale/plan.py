@@ -29,6 +29,7 @@ from typing import Any, cast
 import lightning as L
 import psutil
 import torch
+from lightning.pytorch.trainer.setup import _determine_batch_limits
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
@@ -322,10 +323,13 @@ def plan(
     )
     trainer.fit(model, datamodule=dm)
     per_epoch = math.ceil(len(dm.train_dataloader()) / world_size)
-    if isinstance(limit_train_batches, int):
-        per_epoch = min(per_epoch, limit_train_batches)
-    elif limit_train_batches is not None:
-        per_epoch = max(1, int(per_epoch * limit_train_batches))
+    # As the Trainer reads it: an int (or a whole float above 1, as the CLI may parse "3") is a
+    # count of batches, a float up to 1 a fraction of the epoch.
+    limit = _determine_batch_limits(limit_train_batches, "limit_train_batches")
+    if isinstance(limit, int):
+        per_epoch = min(per_epoch, limit)
+    else:
+        per_epoch = max(1, int(per_epoch * limit))
     nodes = [b.nodes for b in probe.batches]
     scale = _expected_max(nodes, per_epoch) / max(nodes)
     train_mb = (probe.peak_mb - probe.base_mb) * scale

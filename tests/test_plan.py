@@ -44,6 +44,8 @@ def test_plan_counts_the_batches_each_process_draws(tmp_path):
     assert ddp.batches_per_epoch == math.ceil(whole / 2)
     limited = _plan(tmp_path, "--data.batch_size=64", "--trainer.limit_train_batches=3")
     assert limited.batches_per_epoch == 3
+    half = _plan(tmp_path, "--data.batch_size=64", "--trainer.limit_train_batches=0.5")
+    assert half.batches_per_epoch == whole // 2
 
 
 def _plan_in_new_process(tmp_path, *extra):
