@@ -1,6 +1,7 @@
 """gnnscale: PyTorch Geometric scaling recipes on a small, tested core."""
 
 from gnnscale.callbacks import GradActivationMonitor, ThroughputMonitor
+from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import (
     DATASETS,
     ClusterDataModule,
@@ -29,6 +30,7 @@ __all__ = [
     "NodeClassifier",
     "Preprocess",
     "SAINTDataModule",
+    "StreamingCheckpointIO",
     "SyntheticGraph",
     "ThroughputMonitor",
     "load_dataset",

@@ -10,11 +10,14 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import _GraphDataModule
 from gnnscale.models import NodeClassifier
 
@@ -96,6 +99,19 @@ class GnnscaleCLI(LightningCLI):
         """Refuse a precision the device cannot run, before any data is loaded."""
         trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
         _check_precision(str(trainer.precision), str(trainer.accelerator))
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        """The Trainer, saving and loading checkpoints with ``StreamingCheckpointIO``.
+
+        Unless ``--trainer.plugins`` names another ``CheckpointIO``: Lightning's own holds a
+        second copy of every checkpoint in memory while it saves (see ``gnnscale.checkpoint``).
+        """
+        trainer = self._get(self.config_init, "trainer", default={})
+        plugins = kwargs.get("plugins", trainer.get("plugins")) or []
+        plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
+        if not any(isinstance(p, CheckpointIO) for p in plugins):
+            kwargs["plugins"] = [*plugins, StreamingCheckpointIO()]
+        return super().instantiate_trainer(**kwargs)
 
     def after_fit(self) -> None:
         """Report test accuracy of the best checkpoint (the last weights if none was saved)."""

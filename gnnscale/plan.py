@@ -10,7 +10,11 @@ bytes and the bytes autograd saves for backward. It then scales the measured ste
 largest batch an epoch is expected to draw and adds evaluation: for layer-wise inference, its
 whole-graph buffers (``N x hidden`` per layer) computed from the model's widths plus its largest
 one-hop batch measured; for sampled or full-graph evaluation, a few validation batches run
-through a Trainer with their own batch size and fan-out. The prediction is the peak resident
+through a Trainer with their own batch size and fan-out. If the run keeps checkpoints, saving
+one and loading it back (as the test after ``fit`` does) is measured with the run's
+``CheckpointIO``: for a large embedding table this, not a batch, can set the peak. Evaluation
+and checkpoints come on top of what training left resident (optimizer state, the allocator's
+cache). The prediction is the peak resident
 memory of one training process (the figure that ``ThroughputMonitor`` logs as
 ``perf/peak_rss_mb``); DataLoader workers are separate processes, and in a data-parallel run
 each rank draws its share of the batches.
@@ -21,9 +25,11 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 import lightning as L
@@ -69,9 +75,14 @@ class MemoryPlan:
         graph_mb: Bytes of the graph's tensors (part of ``base_mb``).
         model_mb: Parameters, gradients and optimizer state.
         train_mb: Largest training step of an epoch, above ``base_mb``.
-        eval_mb: Evaluation, above ``base_mb``.
+        resident_mb: Resident once training has run a few steps: ``base_mb`` plus optimizer
+            state (allocated at the first step) and what the allocator keeps.
+        eval_mb: Evaluation, above ``resident_mb``.
+        checkpoint_mb: Saving a checkpoint and loading it back, above ``resident_mb`` (0 if the
+            run keeps no checkpoints).
         growth_mb: Memory retained batch after batch, extrapolated over the run's epochs.
-        peak_mb: ``base_mb + growth_mb + max(train_mb, eval_mb)``.
+        peak_mb: ``growth_mb + max(base_mb + train_mb, resident_mb + max(eval_mb,
+            checkpoint_mb))``.
         batches: The sampled training batches.
         batches_per_epoch: Training batches in one epoch.
         eval_mode: How evaluation runs (``layerwise``, ``sampled`` or ``full``).
@@ -83,7 +94,9 @@ class MemoryPlan:
     graph_mb: float
     model_mb: float
     train_mb: float
+    resident_mb: float
     eval_mb: float
+    checkpoint_mb: float
     peak_mb: float
     growth_mb: float
     batches: list[BatchStats]
@@ -255,6 +268,18 @@ def _expected_max(values: list[int], draws: int) -> float:
     return max(tail, float(max(values)))
 
 
+def _checkpoint_mb(trainer: L.Trainer, model: L.LightningModule) -> float:
+    """Saving a checkpoint, then loading it into the model as a test of the best one does."""
+    with tempfile.TemporaryDirectory() as folder, _PeakRSS() as peak:
+        before = _rss_mb()
+        path = Path(folder) / "plan.ckpt"
+        trainer.save_checkpoint(path)
+        checkpoint = trainer.strategy.load_checkpoint(path)
+        model.load_state_dict(checkpoint["state_dict"])
+        del checkpoint
+    return peak.peak_mb - before
+
+
 def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
     """Whole-graph buffers of PyG's layer-wise inference, plus its largest one-hop batch.
 
@@ -297,6 +322,7 @@ def plan(
     run_epochs: int = 1,
     world_size: int = 1,
     limit_train_batches: int | float | None = None,
+    checkpoint: bool = False,
 ) -> MemoryPlan:
     """Train on ``num_batches`` batches and predict the run's peak resident memory.
 
@@ -311,6 +337,8 @@ def plan(
             the plan is that of one of them.
         limit_train_batches: The run's ``Trainer(limit_train_batches=...)``: a count, or a
             fraction of each epoch.
+        checkpoint: Whether the run saves checkpoints (and tests the best one after ``fit``).
+            ``trainer_kwargs["plugins"]`` may carry its ``CheckpointIO``.
     """
     probe = _Probe()
     trainer = _quiet_trainer(
@@ -337,6 +365,8 @@ def plan(
     after = probe.after_mb
     per_batch = max(0.0, (after[-1] - after[1]) / (len(after) - 2)) if len(after) > 3 else 0.0
     growth_mb = per_batch * run_epochs * per_epoch
+    resident_mb = after[-1]
+    checkpoint_mb = _checkpoint_mb(trainer, model) if checkpoint else 0.0
     eval_mode = dm.eval.mode
     if eval_mode == "layerwise":
         eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
@@ -347,8 +377,11 @@ def plan(
         graph_mb=_tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")]),
         model_mb=probe.model_mb,
         train_mb=train_mb,
+        resident_mb=resident_mb,
         eval_mb=eval_mb,
-        peak_mb=probe.base_mb + growth_mb + max(train_mb, eval_mb),
+        checkpoint_mb=checkpoint_mb,
+        peak_mb=growth_mb
+        + max(probe.base_mb + train_mb, resident_mb + max(eval_mb, checkpoint_mb)),
         growth_mb=growth_mb,
         batches=probe.batches,
         batches_per_epoch=per_epoch,
@@ -365,6 +398,7 @@ def plan(
 def _suggest(dm: _GraphDataModule, result: MemoryPlan, budget_mb: float) -> list[str]:
     """Batch sizes (and fan-outs) whose sampled batches scale the measured step under budget."""
     room = budget_mb - result.base_mb - result.growth_mb
+    after_training = budget_mb - result.resident_mb - result.growth_mb
     if room <= 0:
         return [
             f"the graph and process alone take {result.base_mb:,.0f} MiB: prune it "
@@ -372,10 +406,16 @@ def _suggest(dm: _GraphDataModule, result: MemoryPlan, budget_mb: float) -> list
             "(--data.preprocess.feature_dtype=bfloat16) or use a larger machine"
         ]
     tips = []
-    if result.eval_mb > room:
+    if result.eval_mb > after_training:
         tips.append(
             f"evaluation ({result.eval_mode}) needs {result.eval_mb:,.0f} MiB: use "
             "--data.eval.mode=sampled (memory of a training batch, without gradients)"
+        )
+    if result.checkpoint_mb > after_training:
+        tips.append(
+            f"saving and loading a checkpoint needs {result.checkpoint_mb:,.0f} MiB: keep "
+            "gnnscale's StreamingCheckpointIO (no CheckpointIO in --trainer.plugins) or "
+            "--trainer.enable_checkpointing=false"
         )
     if result.train_mb <= room:
         return tips
@@ -421,7 +461,10 @@ def format_plan(result: MemoryPlan) -> str:
         f"  model + optimizer    {result.model_mb:10,.0f} MiB",
         f"  training step        {result.train_mb:10,.0f} MiB  (largest of "
         f"{result.batches_per_epoch} batches per epoch)",
-        f"  evaluation           {result.eval_mb:10,.0f} MiB  ({result.eval_mode})",
+        f"  resident after steps {result.resident_mb:10,.0f} MiB  (base + optimizer state + "
+        "allocator cache)",
+        f"  evaluation           {result.eval_mb:10,.0f} MiB  ({result.eval_mode}, above resident)",
+        f"  checkpoint save+load {result.checkpoint_mb:10,.0f} MiB  (above resident)",
         f"  retained over run    {result.growth_mb:10,.0f} MiB  (growth per batch x batches)",
         f"  expected peak        {result.peak_mb:10,.0f} MiB",
     ]
@@ -474,12 +517,14 @@ def plan_main(args: list[str]) -> MemoryPlan:
             "accelerator": config.accelerator,
             "precision": config.precision,
             "accumulate_grad_batches": config.accumulate_grad_batches,
+            "plugins": [cli.trainer.strategy.checkpoint_io],
         },
         num_batches=known.num_batches,
         budget_gb=known.budget_gb,
         run_epochs=config.max_epochs or 1,
         world_size=_world_size(config.devices, config.num_nodes),
         limit_train_batches=config.limit_train_batches,
+        checkpoint=cli.trainer.checkpoint_callback is not None,
     )
     rank_zero_info(format_plan(result))
     return result

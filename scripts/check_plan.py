@@ -63,11 +63,24 @@ def _number(pattern: str, text: str) -> float:
     return float(match.group(1).replace(",", ""))
 
 
+# The figures of a plan report, by the label they are printed under.
+PARTS = {
+    "predicted_mb": "expected peak",
+    "base_mb": "base after setup",
+    "train_mb": "training step",
+    "resident_mb": "resident after steps",
+    "eval_mb": "evaluation",
+    "checkpoint_mb": "checkpoint save\\+load",
+}
+
+
 def check(recipe: str, extra: list[str]) -> dict[str, float]:
-    """Predicted and measured peak (MiB) of one recipe."""
-    predicted = _number(r"expected peak\s+([\d,.]+) MiB", _run(recipe, "plan", extra))
-    measured = _number(r"PEAK_RSS_MB ([\d.]+)", _run(recipe, "fit", extra))
-    return {"predicted_mb": predicted, "measured_mb": measured, "ratio": predicted / measured}
+    """Predicted and measured peak (MiB) of one recipe, with the parts of the plan."""
+    report = _run(recipe, "plan", extra)
+    result = {key: _number(label + r"\s+([\d,.]+) MiB", report) for key, label in PARTS.items()}
+    result["measured_mb"] = _number(r"PEAK_RSS_MB ([\d.]+)", _run(recipe, "fit", extra))
+    result["ratio"] = result["predicted_mb"] / result["measured_mb"]
+    return result
 
 
 def main() -> None:

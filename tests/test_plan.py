@@ -11,6 +11,9 @@ from gnnscale.cli import main
 from gnnscale.testing import requires_sampler
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from check_plan import check  # noqa: E402
+
 NEIGHBOR = ["--config", str(ROOT / "recipes/neighbor_sage/config.yaml")]
 
 
@@ -31,7 +34,10 @@ def test_plan_counts_each_hop_and_adds_up(tmp_path):
         assert sum(batch.hop_nodes) == batch.nodes
         assert batch.saved_mb > batch.feature_mb > 0
     assert plan.base_mb > plan.graph_mb > 0
-    assert plan.peak_mb == pytest.approx(plan.base_mb + max(plan.train_mb, plan.eval_mb))
+    after_training = plan.resident_mb + max(plan.eval_mb, plan.checkpoint_mb)
+    assert plan.peak_mb == pytest.approx(
+        plan.growth_mb + max(plan.base_mb + plan.train_mb, after_training)
+    )
     assert not plan.suggestions  # no budget given
 
 
@@ -137,3 +143,39 @@ def test_plan_predicts_the_measured_peak_within_25_percent(tmp_path, dominant):
     assert (train > evaluation) == (dominant == "training"), (train, evaluation)
     assert planned - base > 0.3 * measured, "the test graph should make the step matter"
     assert abs(planned / measured - 1) <= 0.25, (planned, measured)
+
+
+@requires_sampler
+@pytest.mark.parametrize("checkpoint_io", ["streaming", "lightning"])
+def test_plan_counts_saving_and_loading_a_large_embedding_table(tmp_path, checkpoint_io):
+    # sparse_embeddings with a 500k x 128 table: 244 MiB, 732 MiB with its SparseAdam moments.
+    # Lightning's own CheckpointIO holds a second copy of all of it while it saves; gnnscale's
+    # streams it to disk and, loading the best checkpoint for the test, reads only the table.
+    extra = [
+        "--data.synthetic.num_nodes=500000",
+        "--model.init_args.embedding_dim=128",
+        "--data.batch_size=512",
+        "--data.num_neighbors=[5, 5]",
+        "--data.eval.batch_size=1024",
+        "--trainer.precision=32",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=20",
+        "--trainer.limit_val_batches=3",
+        "--trainer.limit_test_batches=3",
+        "--data.loader.num_workers=0",
+        "--data.loader.persistent_workers=false",
+        f"--data.root={tmp_path / 'data'}",
+        f"--trainer.default_root_dir={tmp_path}",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+    ]
+    if checkpoint_io == "lightning":
+        extra.append("--trainer.plugins=lightning.fabric.plugins.TorchCheckpointIO")
+    result = check("sparse_embeddings", extra)
+    table_mb = 500_000 * 128 * 4 / 2**20
+    if checkpoint_io == "lightning":
+        assert result["checkpoint_mb"] > 2.5 * table_mb, result
+        after_training = result["resident_mb"] + result["checkpoint_mb"]
+        assert after_training > result["base_mb"] + result["train_mb"], "the save sets the peak"
+    else:
+        assert result["checkpoint_mb"] < 1.5 * table_mb, result
+    assert abs(result["ratio"] - 1) <= 0.25, result
