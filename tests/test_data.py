@@ -284,3 +284,28 @@ def test_per_hop_trimming_keeps_seed_logits(tmp_path, model_cls):
         trimmed = model(batch.x, batch.edge_index, nodes, edges)
     assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs only
     torch.testing.assert_close(trimmed[:64], full, rtol=1e-4, atol=1e-5)
+
+
+@requires_sampler
+@pytest.mark.parametrize("mode", ["sampled", "layerwise"])
+def test_loaders_share_one_copy_of_the_graph_and_keep_their_fanouts(tmp_path, mode):
+    eval_args = EvalArgs(
+        mode=mode, batch_size=512, num_neighbors=[4, 2] if mode == "sampled" else None
+    )
+    dm = NeighborDataModule(
+        root=tmp_path, batch_size=64, num_neighbors=[10, 5], synthetic=TINY, eval=eval_args
+    )
+    dm.setup("fit")
+    train = dm.train_dataloader()
+    val, test = dm.val_dataloader(), dm.test_dataloader()
+    if mode == "layerwise":  # each yields one LayerwiseBatch wrapping a one-hop loader
+        val, test = (next(iter(loader)).loader for loader in (val, test))
+    samplers = [loader.node_sampler for loader in (train, val, test)]
+    for name in ("colptr", "row", "perm"):
+        tensors = [getattr(s, name) for s in samplers if getattr(s, name) is not None]
+        assert len({t.untyped_storage().data_ptr() for t in tensors}) == 1, name
+    fanouts = [s.num_neighbors.values for s in samplers]
+    assert fanouts == [[10, 5], *([[4, 2]] * 2 if mode == "sampled" else [[-1]] * 2)]
+    # Each loader still samples with its own fan-out: at most 10 then 50 new nodes per seed.
+    batch = next(iter(train))
+    assert batch.num_sampled_nodes[1] <= 64 * 10
