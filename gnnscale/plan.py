@@ -284,10 +284,11 @@ def _checkpoint_mb(trainer: L.Trainer, model: L.LightningModule) -> float:
 def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
     """Whole-graph buffers of PyG's layer-wise inference, plus its largest one-hop batch.
 
-    Per layer, PyG keeps the layer's input for all nodes, the outputs of each batch and their
-    concatenation (two ``N x out`` copies): exact sizes, computed. A one-hop batch's own cost
-    (its gathered rows, one message per edge, the layer's temporaries) is measured by running
-    each layer on the largest of a few batches.
+    Per layer, PyG keeps the layer's input for all nodes and the outputs of the batches so far,
+    and after the last batch concatenates them (a second ``N x out`` copy): exact sizes,
+    computed. A one-hop batch's own cost (its gathered rows, one message per edge, the layer's
+    temporaries) is measured by running each layer on the largest of a few batches; it runs
+    beside at most all the layer's outputs, never beside their concatenation.
     """
     start = _rss_mb()
     batch = next(iter(dm._eval_loader("val_mask")))
@@ -307,11 +308,12 @@ def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
             del x
     step_mb = peak.peak_mb - before + _tensor_mb(*[v for _, v in biggest if torch.is_tensor(v)])
     num = dm.data.num_nodes
-    whole = [
-        ((num * d_in if i else 0) + 2 * num * d_out) * 4 / MiB
+    layers = [
+        (num * d_in if i else 0) * 4 / MiB
+        + max(num * d_out * 4 / MiB + step_mb, 2 * num * d_out * 4 / MiB)
         for i, (d_in, d_out) in enumerate(zip(widths, widths[1:], strict=False))
     ]
-    return loader_mb + max(whole) + step_mb
+    return loader_mb + max(layers)
 
 
 def plan(
