@@ -13,7 +13,6 @@ carries it yet (2.6.6 does not). Remove this module once the oldest supported Li
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,13 +47,15 @@ class StreamingCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        # Beside the target, so the rename stays on one filesystem; opened as any file is, so
+        # the checkpoint gets the usual permissions (``mkstemp`` would make it private).
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
-            with os.fdopen(fd, "wb") as f:
+            with tmp.open("wb") as f:
                 torch.save(checkpoint, f)
             os.replace(tmp, target)
         except BaseException:
-            Path(tmp).unlink(missing_ok=True)
+            tmp.unlink(missing_ok=True)
             raise
 
     def load_checkpoint(

@@ -52,6 +52,9 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     with pytest.raises(Exception, match="pickle"):
         io.save_checkpoint({"step": 2, "w": torch.arange(3), "bad": lambda: 0}, path)
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
+    plain = tmp_path / "plain"
+    plain.write_bytes(b"")
+    assert path.stat().st_mode == plain.stat().st_mode  # not private, as a mkstemp file is
     assert io.load_checkpoint(path)["step"] == 1
     with pytest.raises(FileNotFoundError, match="missing.ckpt"):
         io.load_checkpoint(tmp_path / "missing.ckpt")
