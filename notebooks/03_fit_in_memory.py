@@ -84,7 +84,9 @@ logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)  # the cells pr
 # - labels `y`: N × 8 bytes (int64 class ids) and three boolean split masks, N bytes each;
 # - the sampler's compressed copy of the edges: `NeighborLoader` sorts the edges by target into
 #   CSC form, `colptr` (N + 1), `row` (E) and a permutation back to `edge_index` order (E),
-#   all int64. Cluster-GCN and GraphSAINT build copies of their own.
+#   all int64. Cluster-GCN and GraphSAINT build copies of their own, and so does every
+#   `NeighborLoader` (training, validation and test loaders: three copies) unless they are
+#   given one sampler to share, as gnnscale's DataModules do.
 #
 # Per sampled batch, a layer works on every sampled node: the seeds, plus up to `fanout₁`
 # neighbours each, plus up to `fanout₂` of theirs, and so on. That gives an upper bound on the
@@ -531,3 +533,9 @@ path.unlink()
 #    not fit; the batch's bytes then scale with batch size × fan-outs, not with N.
 # 8. **Memory-map the features** once they do not fit in RAM; keep `edge_index` and the sampler's
 #    copy in memory.
+# 9. **One sampler copy for all loaders**: pass the same `NeighborSampler` (`neighbor_sampler=`)
+#    to the training and evaluation loaders, each with its own fan-out.
+# 10. **Count the checkpoint**: it holds the parameters and the optimizer state (3× the table
+#     for an embedding trained with Adam or SparseAdam). Lightning 2.6 serialises it in memory
+#     before writing, which briefly needs all of it again; `gnnscale fit` streams it to disk
+#     (`StreamingCheckpointIO`) and `gnnscale plan` measures a save and a load.
