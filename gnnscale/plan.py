@@ -14,10 +14,9 @@ through a Trainer with their own batch size and fan-out. If the run keeps checkp
 one and loading it back (as the test after ``fit`` does) is measured with the run's
 ``CheckpointIO``: for a large embedding table this, not a batch, can set the peak. Evaluation
 and checkpoints come on top of what training left resident (optimizer state, the allocator's
-cache). The prediction is the peak resident
-memory of one training process (the figure that ``ThroughputMonitor`` logs as
-``perf/peak_rss_mb``); DataLoader workers are separate processes, and in a data-parallel run
-each rank draws its share of the batches.
+cache). The prediction is the peak resident memory of one training process (the figure that
+``ThroughputMonitor`` logs as ``perf/peak_rss_mb``); DataLoader workers are separate processes,
+and in a data-parallel run each rank draws its share of the batches.
 """
 
 from __future__ import annotations
