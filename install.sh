@@ -36,4 +36,10 @@ if ! has torch_sparse || ! has torch_scatter; then
 fi
 
 pip install -e ".[dev]"
-python -c "import gnnscale; print('gnnscale ready; sampling backend:', gnnscale.sampling_backend())"
+backend=$(python -c "import gnnscale; print(gnnscale.sampling_backend())")
+if [ "$backend" = "none" ]; then
+  echo "install.sh: neither pyg-lib nor torch-sparse imports; neighbour sampling, Cluster-GCN and" >&2
+  echo "GraphSAINT cannot run. See the errors above (python -c 'import torch_sparse' shows why)." >&2
+  exit 1
+fi
+echo "gnnscale ready; sampling backend: $backend"

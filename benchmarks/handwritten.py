@@ -4,12 +4,12 @@ Each ``train_*`` function is the loop a PyG user would write without gnnscale: a
 from ``torch_geometric.nn``, Adam, a ``for`` loop, fp32. They follow PyG's examples
 (``examples/reddit.py`` for neighbour sampling, ``examples/cluster_gcn_reddit.py`` and
 ``examples/graph_saint.py``) and take every setting (width, depth, dropout, learning rate, fan-out,
-batch size, loader workers, epochs) from the spec that ``benchmarks/run.py`` derives from the
+batch size, loader workers, epochs) from the spec that ``benchmarks/compare.py`` derives from the
 recipe's ``config.yaml``, on the same generated graph (``gnnscale.make_synthetic_graph``).
 
 Evaluation (when ``spec["evaluate"]``) is layer-wise exact inference over full neighbourhoods
 after the last epoch (the recipes' ``eval.mode: layerwise``, batch size ``eval_batch_size``), as
-``gnnscale fit``'s final ``test`` is when ``run.py`` turns per-epoch validation off: one pass over
+``gnnscale fit``'s final ``test`` is when ``compare.py`` turns per-epoch validation off: one pass over
 the graph costs about as much as an epoch here, so both sides evaluate once. An epoch's time runs
 from the start of the loader loop to the end of its last optimizer step, like
 ``gnnscale.ThroughputMonitor``: sampling included, evaluation not.
@@ -33,8 +33,9 @@ from torch_geometric.nn import GraphConv, GraphSAGE
 from torch_geometric.utils import degree
 
 from gnnscale import SyntheticGraph, make_synthetic_graph
+from gnnscale.measure import saved_tensor_bytes
 
-__all__ = ["saved_tensor_bytes", "train_cluster", "train_neighbor", "train_saint"]
+__all__ = ["train_cluster", "train_neighbor", "train_saint"]
 
 
 def _device() -> torch.device:
@@ -158,32 +159,13 @@ def partition_fingerprint(node_perm: Tensor, partptr: Tensor) -> str:
     return h.hexdigest()
 
 
-def saved_tensor_bytes(step: Callable[[], Tensor]) -> int:
-    """Bytes that autograd saves for backward in ``step()`` (each storage counted once).
-
-    Deterministic, unlike a resident-memory peak: it is the activation memory a training step
-    holds between forward and backward, whatever the allocator does.
-    """
-    storages: dict[int, int] = {}
-
-    def pack(t: Tensor) -> Tensor:
-        s = t.untyped_storage()
-        storages[s.data_ptr()] = s.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = step()
-    loss.backward()
-    return sum(storages.values())
-
-
 def train_cluster(spec: dict[str, Any]) -> dict[str, Any]:
     """Cluster-GCN with GraphSAGE, as PyG's ``examples/cluster_gcn_reddit.py``.
 
     torch-sparse built from PyPI has no METIS, so PyG's ``ClusterData`` cannot partition here.
     The loop uses ``gnnscale.data._ClusterData``: PyG's ``ClusterData`` whose only change is
     the pymetis fallback for METIS. pymetis is deterministic, so this loop trains on exactly
-    the clusters gnnscale's ``ClusterDataModule`` trains on (``run.py`` compares fingerprints).
+    the clusters gnnscale's ``ClusterDataModule`` trains on (``compare.py`` compares fingerprints).
     """
     from gnnscale.data import _ClusterData  # the partitioner only; see the docstring
 

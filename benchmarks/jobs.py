@@ -1,6 +1,6 @@
 """What runs inside each measured process: one configuration per process, so its peak is its own.
 
-``run.py`` starts every job in a new process forked from a server that has already imported
+``compare.py`` starts every job in a new process forked from a server that has already imported
 torch, PyG, Lightning and gnnscale (``multiprocessing`` "forkserver" with this module
 preloaded). Each job therefore has its own address space and its own peak resident memory, like
 a fresh ``python`` process, without paying ~10 s of imports per configuration on a 2-core machine.
@@ -10,16 +10,13 @@ Jobs:
 * ``gnnscale``: the real CLI (``gnnscale.cli.main``, what the ``gnnscale`` command runs) on a
   recipe's ``config.yaml`` plus command-line overrides; figures from its CSV log.
 * ``hand``: a plain PyG loop from :mod:`handwritten`.
-* ``gat_memory``: activation memory of one GATv2 training step, gnnscale against PyG by hand.
+* ``gat_memory``: what one GATv2 training step saves for backward, against an O(E) bound.
 * ``bandwidth``: random row-gather and sequential copy bandwidth of the feature matrix.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
-import ctypes
-import gc
 import json
 import multiprocessing
 import os
@@ -39,17 +36,10 @@ import torch_geometric
 from torch import Tensor
 
 import gnnscale
-from gnnscale.callbacks import peak_rss_mb
+from gnnscale.measure import peak_rss_mb, read_metrics, rss_mb, saved_tensor_bytes
 from gnnscale.cli import main as gnnscale_main
 
 MIB = 2**20
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def machine_info() -> dict[str, Any]:
@@ -85,15 +75,9 @@ def machine_info() -> dict[str, Any]:
 # --- gnnscale through its CLI ------------------------------------------------------------------
 
 
-def _csv_columns(path: Path) -> dict[str, list[float]]:
-    with path.open() as f:
-        rows = list(csv.DictReader(f))
-    keys = {k for r in rows for k, v in r.items() if v}
-    return {k: [float(r[k]) for r in rows if r.get(k)] for k in sorted(keys)}
-
-
 def run_gnnscale(spec: dict[str, Any]) -> dict[str, Any]:
     """``gnnscale fit --config <recipe>/config.yaml <overrides>`` in this process."""
+    os.environ.update(spec.get("env", {}))  # read by gnnscale.cli.main, as in a shell
     save_dir = Path(spec["workdir"]) / "runs" / spec["name"]
     args = [
         "fit",
@@ -106,7 +90,7 @@ def run_gnnscale(spec: dict[str, Any]) -> dict[str, Any]:
         *spec["args"],
     ]
     cli = gnnscale_main(args)
-    cols = _csv_columns(Path(cli.trainer.logger.log_dir) / "metrics.csv")
+    cols = read_metrics(Path(cli.trainer.logger.log_dir) / "metrics.csv")
     out: dict[str, Any] = {
         "epoch_s": cols.get("perf/epoch_s", []),
         "nodes_per_s": cols.get("perf/nodes_per_s", []),
@@ -137,104 +121,63 @@ def run_hand(spec: dict[str, Any]) -> dict[str, Any]:
 # --- GATv2 activation memory -------------------------------------------------------------------
 
 
-class HandGATv2(torch.nn.Module):
-    """Two ``GATv2Conv`` layers written by hand, as PyG's ``examples/gat.py`` does.
+def gat_bound_bytes(num_nodes: int, num_edges: int, widths: list[tuple[int, int, int]]) -> int:
+    """An O(E * heads * F) bound on what a GATv2 step saves for backward (fp32 bytes).
 
-    Same shapes as ``gnnscale.GATv2(num_layers=2)``: ``heads`` concatenated hidden heads of
-    ``hidden // heads`` channels, ``out_heads`` averaged output heads, attention dropout.
-    gat.py's extra dropout on the input features is left out so the two nets are the same.
-
-    Args:
-        in_channels: Node feature dimension.
-        hidden_channels: Hidden width, all heads together.
-        out_channels: Number of classes.
-        heads: Hidden attention heads.
-        out_heads: Output attention heads (averaged).
-        dropout: Feature and attention dropout.
+    Per layer of ``(in_channels, heads, channels per head)``: six tensors of one value per edge
+    (self-loops included), head and channel (the source and target rows gathered per edge, their
+    sum, its activation, the weighted message and the attention dropout's output) and four node
+    tensors of the larger of the input and output widths. A dense formulation's pair tensor
+    alone, ``[N, N, 2C]`` per head, is far above it on any graph with ``E << N^2``.
     """
-
-    def __init__(
-        self,
-        in_channels: int,
-        hidden_channels: int,
-        out_channels: int,
-        heads: int,
-        out_heads: int,
-        dropout: float,
-    ) -> None:
-        super().__init__()
-        from torch_geometric.nn import GATv2Conv
-
-        self.conv1 = GATv2Conv(in_channels, hidden_channels // heads, heads=heads, dropout=dropout)
-        self.conv2 = GATv2Conv(
-            hidden_channels, out_channels, heads=out_heads, concat=False, dropout=dropout
-        )
-        self.dropout = dropout
-
-    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        """Class logits of every node."""
-        x = F.elu(self.conv1(x, edge_index))
-        x = F.dropout(x, p=self.dropout, training=self.training)
-        return self.conv2(x, edge_index)
+    edges = num_edges + num_nodes
+    per_layer = [6 * edges * h * c + 4 * num_nodes * max(i, h * c) for i, h, c in widths]
+    return 4 * sum(per_layer)
 
 
-def _force_mmap() -> None:
-    """glibc: serve allocations >= 64 KiB by mmap, so freed tensors leave the resident set."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+def dense_pair_bytes(num_nodes: int, widths: list[tuple[int, int, int]]) -> int:
+    """The ``[N, N, 2C]`` pair tensor per head and layer of the dense GAT formulation (fp32)."""
+    return 4 * sum(num_nodes * num_nodes * 2 * c * h for _, h, c in widths)
 
 
 def run_gat_memory(spec: dict[str, Any]) -> dict[str, Any]:
-    """Activation memory of one fp32 training step of a 2-layer GATv2 on the recipe graph.
+    """Bytes one fp32 GATv2 training step saves for backward, against the O(E) bound and dense.
 
-    Two figures: bytes autograd saves for backward (deterministic), and the rise of the resident
-    set during the step over the resident set before it (VmHWM reset just before the step, with
-    large allocations forced to mmap so freed memory is not silently reused).
+    gnnscale.GATv2 on the GAT recipe's graph and model: its saved bytes (deterministic) must
+    stay under :func:`gat_bound_bytes` and far below :func:`dense_pair_bytes`; an attention
+    that materialised all N^2 pairs would break both.
     """
-    _force_mmap()
     torch.manual_seed(0)
     data = gnnscale.make_synthetic_graph(gnnscale.SyntheticGraph(**spec["graph"]))
     m = spec["model"]
     classes = int(data.y.max()) + 1
-    if spec["impl"] == "gnnscale":
-        model: torch.nn.Module = gnnscale.GATv2(
-            data.num_features,
-            classes,
-            hidden_channels=m["hidden_channels"],
-            num_layers=2,
-            heads=m["heads"],
-            out_heads=m["out_heads"],
-            dropout=m["dropout"],
-        )
-    else:
-        model = HandGATv2(
-            data.num_features,
-            m["hidden_channels"],
-            classes,
-            m["heads"],
-            m["out_heads"],
-            m["dropout"],
-        )
+    model = gnnscale.GATv2(
+        data.num_features,
+        classes,
+        hidden_channels=m["hidden_channels"],
+        num_layers=2,
+        heads=m["heads"],
+        out_heads=m["out_heads"],
+        dropout=m["dropout"],
+    )
     model.train()
 
     def step() -> Tensor:
         return F.cross_entropy(model(data.x, data.edge_index), data.y)
 
-    step().backward()  # warm-up: lazy initialisation, thread pools
+    step().backward()  # warm-up: lazy initialisation
     model.zero_grad(set_to_none=True)
-    saved = handwritten.saved_tensor_bytes(step)
-    rises = []
-    for _ in range(spec.get("repeats", 3)):
-        model.zero_grad(set_to_none=True)
-        gc.collect()
-        base = _status_kib("VmRSS")
-        Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM to the current RSS
-        step().backward()
-        rises.append((_status_kib("VmHWM") - base) / 1024)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    saved = saved_tensor_bytes(step) - params  # parameters are saved too; they are not activations
+    per_head = m["hidden_channels"] // m["heads"]
+    widths = [
+        (data.num_features, m["heads"], per_head),
+        (m["hidden_channels"], m["out_heads"], classes),
+    ]
     return {
         "saved_mb": saved / MIB,
-        "step_rss_rise_mb": statistics.median(rises),
-        "step_rss_rises_mb": rises,
+        "bound_mb": gat_bound_bytes(data.num_nodes, data.num_edges, widths) / MIB,
+        "dense_pairs_mb": dense_pair_bytes(data.num_nodes, widths) / MIB,
         "num_nodes": data.num_nodes,
         "num_edges": data.num_edges,
         "params": sum(p.numel() for p in model.parameters()),
@@ -455,7 +398,7 @@ def run_job(spec: dict[str, Any], result_path: str, log_path: str) -> None:
         result: dict[str, Any] = {
             "preloaded": spec.get("preloaded"),
             "load_avg_start": os.getloadavg()[0],
-            "start_rss_mb": _status_kib("VmRSS") / 1024,
+            "start_rss_mb": rss_mb(),
         }
         try:
             result.update(RUNNERS[spec["kind"]](spec))
@@ -464,7 +407,7 @@ def run_job(spec: dict[str, Any], result_path: str, log_path: str) -> None:
             traceback.print_exc()
         result["job_s"] = time.perf_counter() - start
         result["peak_rss_mb"] = peak_rss_mb()
-        result["end_rss_mb"] = _status_kib("VmRSS") / 1024
+        result["end_rss_mb"] = rss_mb()
         result["load_avg_end"] = os.getloadavg()[0]
         sys.stdout.flush()
         sys.stderr.flush()

@@ -1,4 +1,4 @@
-"""Markdown tables and matplotlib plots of ``results.json`` (see ``run.py``)."""
+"""Markdown tables and matplotlib plots of ``results.json`` (see ``compare.py``)."""
 
 from __future__ import annotations
 
@@ -99,23 +99,25 @@ def overhead_lines(o: dict[str, Any]) -> list[str]:
 
 
 def gat_lines(gat: dict[str, Any]) -> list[str]:
-    """Activation memory of gnnscale.GATv2 against PyG's GATv2Conv by hand."""
+    """Bytes gnnscale.GATv2 saves for backward, the O(E) bound and the dense formulation."""
+    if "error" in gat:
+        return ["The GATv2 measurement failed."]
     s = gat["settings"]
-    g, m = s["graph"], s["model"]
-    lines = [
-        f"One fp32 training step (forward and backward), full graph of {g['num_nodes']:,} nodes "
-        f"(the GAT recipe's graph), hidden {m['hidden_channels']} = {m['heads']} heads, "
-        f"{m['out_heads']} output head(s), each in a fresh process; medians over repetitions.",
+    m = s["model"]
+    return [
+        f"One fp32 training step on the GAT recipe's graph ({gat['num_nodes']:,} nodes, "
+        f"{gat['num_edges']:,} edges), hidden {m['hidden_channels']} = {m['heads']} heads, "
+        f"{m['out_heads']} output head(s); bytes autograd saves for backward, parameters "
+        "excluded (exact, from `gnnscale.measure.saved_tensor_bytes`).",
         "",
-        "| model | saved for backward (MiB) | step RSS rise (MiB) |",
-        "|---|---:|---:|",
+        "| | MiB |",
+        "|---|---:|",
+        f"| gnnscale.GATv2, saved for backward | {gat['saved_mb']:,.1f} |",
+        f"| O(E · heads · F) bound: 6 tensors per edge, head and channel, 4 per node and "
+        f"width, per layer | {gat['bound_mb']:,.1f} |",
+        f"| dense formulation: the [N, N, 2C] pair tensor per head and layer alone "
+        f"| {gat['dense_pairs_mb']:,.0f} |",
     ]
-    names = {"gnnscale": "gnnscale.GATv2", "pyg": "2 × torch_geometric.nn.GATv2Conv by hand"}
-    for impl, name in names.items():
-        med = gat.get(f"{impl}_median")
-        if med:
-            lines.append(f"| {name} | {med['saved_mb']:,.1f} | {med['step_rss_rise_mb']:,.1f} |")
-    return lines
 
 
 def scaling_lines(points: list[dict[str, Any]]) -> list[str]:
@@ -154,8 +156,9 @@ def markdown(results: dict[str, Any]) -> str:
             "",
             *comparison_table(results["comparison"]),
             "",
-            "Same generated graph, same model, loader and epochs (taken from each recipe's "
-            f"config.yaml), {results['settings']['threads'] or 'default'} torch thread(s) per "
+            "Same generated graph, model and loader as each recipe's config.yaml, "
+            f"{results['settings']['epochs']} epochs on both sides (the configs ship 4), "
+            f"{results['settings']['threads'] or 'default'} torch thread(s) per "
             "process. s/epoch and seed nodes/s: median "
             f"over epochs after {results['settings']['warmup_epochs']} warm-up epoch, then over "
             f"{results['settings']['reps']} interleaved repetitions. Peak RSS: the main "
@@ -169,7 +172,11 @@ def markdown(results: dict[str, Any]) -> str:
             "the hand loop's are not, as in reddit.py. The Cluster-GCN runs train on one identical "
             "pymetis partition. GraphSAINT by hand: GraphSAGE with node_norm, as gnnscale "
             "(the ÷ hand reference), and graph_saint.py's --use_normalization network "
-            "(GraphConv, edge_norm × 1/in-degree).",
+            "(GraphConv, edge_norm × 1/in-degree). Rows marked (= hand loop) run gnnscale with "
+            "the hand loop's precision and optimizer steps: fp32, no gradient accumulation, so "
+            "twice the optimizer steps of config.yaml in the same epochs. "
+            "GNNSCALE_MMAP_THRESHOLD=0 turns off gnnscale's fixed glibc mmap threshold, which the "
+            "hand loops never set.",
             "",
         ]
     if "bandwidth" in results:
@@ -201,11 +208,9 @@ def markdown(results: dict[str, Any]) -> str:
         "",
         *[f"- {t['target'].split(' ')[0]} {t['measured']}" for t in results["targets"]],
         "",
-        f"Measured by `{results['command']}` on {hardware}, torch {m.get('torch')}, PyG "
-        f"{m.get('torch_geometric')}, Lightning {m.get('lightning')}, sampling backend "
-        f"{m.get('sampling_backend')}; {results['wall_s'] / 60:.1f} min wall time; load "
-        f"average {results['load_avg_start'][0]:.1f} at start, {results['load_avg_end'][0]:.1f} "
-        "at end (a shared machine: other work adds noise).",
+        f"{results['wall_s'] / 60:.1f} min wall time; load average "
+        f"{results['load_avg_start'][0]:.1f} at start, {results['load_avg_end'][0]:.1f} at end "
+        f"(a shared machine: other work adds noise). Hardware: {hardware}.",
     ]
     return "\n".join(out) + "\n"
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -19,24 +16,9 @@ from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 from torch_geometric.nn import MessagePassing
 
-__all__ = ["GradActivationMonitor", "ThroughputMonitor", "peak_rss_mb"]
+from gnnscale.measure import peak_rss_mb
 
-
-def peak_rss_mb() -> float:
-    """Peak resident memory of this process so far, in MiB.
-
-    On Linux this is ``VmHWM`` from ``/proc/self/status``, not ``ru_maxrss``: a process started
-    with ``subprocess`` inherits in ``ru_maxrss`` the peak of the process that started it (the
-    kernel carries the old address space's high-water mark across ``exec``), so a small run
-    launched from a large pytest or notebook process would report the parent's peak.
-    """
-    status = Path("/proc/self/status")
-    if status.exists():
-        for line in status.read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes on macOS, KiB else
+__all__ = ["GradActivationMonitor", "ThroughputMonitor"]
 
 
 class ThroughputMonitor(L.Callback):

@@ -1,30 +1,31 @@
 """The ``gnnscale`` command: LightningCLI with the data properties linked to the model.
 
-gnnscale fit --config recipes/neighbor_sage/config.yaml
-gnnscale fit --config recipes/neighbor_sage/config.yaml --print_config
-gnnscale plan --config recipes/neighbor_sage/config.yaml --budget_gb 2   # peak memory, before
+    gnnscale fit --config recipes/neighbor_sage/config.yaml
+    gnnscale fit --config recipes/neighbor_sage/config.yaml --print_config
+    gnnscale plan --config recipes/neighbor_sage/config.yaml --budget_gb 2   # peak memory, before
+
+``plan`` is a subcommand like ``fit``: :class:`Trainer` adds the method it runs, so LightningCLI
+builds its parser (``gnnscale plan --help``) from the method's signature.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import lightning as L
 import torch
 from lightning.fabric.plugins import CheckpointIO
-from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import _GraphDataModule
+from gnnscale.measure import set_mmap_threshold
 from gnnscale.models import NodeClassifier
+from gnnscale.plan import MemoryPlan, format_plan, plan
 
-if TYPE_CHECKING:
-    from gnnscale.plan import MemoryPlan
-
-__all__ = ["GnnscaleCLI", "main", "run"]
+__all__ = ["GnnscaleCLI", "Trainer", "main", "run"]
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -58,14 +59,8 @@ def _steady_cpu_memory() -> None:
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     threshold = int(os.environ.get("GNNSCALE_MMAP_THRESHOLD", 128 * 1024))
-    if threshold <= 0 or "MALLOC_MMAP_THRESHOLD_" in os.environ or sys.platform != "linux":
-        return
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:  # not glibc (musl, for one)
-        return
-    m_mmap_threshold = -3  # from malloc.h
-    libc.mallopt(m_mmap_threshold, threshold)
+    if threshold > 0 and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
+        set_mmap_threshold(threshold)
 
 
 def _check_precision(precision: str, accelerator: str) -> None:
@@ -83,8 +78,61 @@ def _check_precision(precision: str, accelerator: str) -> None:
         )
 
 
+class Trainer(L.Trainer):
+    """Lightning's Trainer with one more entry point, :meth:`plan`, which ``gnnscale plan`` runs."""
+
+    memory_plan: MemoryPlan | None = None
+
+    def plan(
+        self,
+        model: L.LightningModule,
+        datamodule: L.LightningDataModule,
+        budget_gb: float | None = None,
+        num_batches: int = 6,
+    ) -> MemoryPlan:
+        """Predict the run's peak memory from a few batches, before the run (see gnnscale.plan).
+
+        Trains ``num_batches`` batches with this Trainer's precision and accumulation, then
+        prints the expected peak resident memory of one training process and what it is made
+        of. Nothing is logged or checkpointed.
+
+        Args:
+            model: The run's model.
+            datamodule: The run's DataModule.
+            budget_gb: Memory budget in GiB; if the run needs more, suggest a batch size and
+                fan-out that fit.
+            num_batches: Training batches to sample and train on (more: a steadier estimate).
+        """
+        if not isinstance(datamodule, _GraphDataModule):
+            raise TypeError("gnnscale plan needs one of gnnscale's DataModules as --data")
+        on_gpu = self.strategy.root_device.type == "cuda"
+        self.memory_plan = plan(
+            datamodule,
+            model,
+            {
+                "accelerator": "gpu" if on_gpu else "cpu",
+                "precision": self.precision,
+                "accumulate_grad_batches": self.accumulate_grad_batches,
+                "plugins": [self.strategy.checkpoint_io],
+            },
+            num_batches=num_batches,
+            budget_gb=budget_gb,
+            run_epochs=self.max_epochs or 1,
+            world_size=self.num_devices * self.num_nodes,
+            limit_train_batches=self.limit_train_batches,
+            checkpoint=self.checkpoint_callback is not None,
+        )
+        rank_zero_info(format_plan(self.memory_plan))
+        return self.memory_plan
+
+
 class GnnscaleCLI(LightningCLI):
     """LightningCLI that links ``num_features``/``num_classes`` and tests after ``fit``."""
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands, and ``plan`` (peak memory before a run)."""
+        return {**LightningCLI.subcommands(), "plan": {"model", "datamodule"}}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Never type the feature or class count twice: they come from the data."""
@@ -99,6 +147,12 @@ class GnnscaleCLI(LightningCLI):
         """Refuse a precision the device cannot run, before any data is loaded."""
         trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
         _check_precision(str(trainer.precision), str(trainer.accelerator))
+
+    def instantiate_classes(self) -> None:
+        """Build model, data and Trainer; refuse a model the loaders cannot feed, before loading."""
+        super().instantiate_classes()
+        if isinstance(self.datamodule, _GraphDataModule):
+            self.datamodule.check_model(self.model)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         """The Trainer, saving and loading checkpoints with ``StreamingCheckpointIO``.
@@ -122,25 +176,22 @@ class GnnscaleCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
 
 
-def main(args: list[str] | None = None) -> GnnscaleCLI | MemoryPlan:
-    """Run the CLI (``args`` as on the command line; ``None`` reads ``sys.argv``).
+def main(args: list[str] | None = None) -> GnnscaleCLI:
+    """Build the CLI and run its subcommand: every entry point (command, recipe script) does.
 
-    ``plan`` is gnnscale's own subcommand (see ``gnnscale.plan``); the rest are LightningCLI's.
+    Args:
+        args: Command-line arguments, subcommand first; ``None`` reads ``sys.argv``.
     """
     _steady_cpu_memory()
-    argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] == ["plan"]:
-        from gnnscale.plan import plan_main
-
-        return plan_main(argv[1:])
     return GnnscaleCLI(
         NodeClassifier,
         _GraphDataModule,
+        trainer_class=Trainer,
         subclass_mode_model=True,
         subclass_mode_data=True,
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
-        args=argv,
+        args=args,
     )
 
 

@@ -353,16 +353,25 @@ class _GraphDataModule(L.LightningDataModule):
         """Download (if needed) and load the dataset."""
         _ = self.data
 
-    def setup(self, stage: str) -> None:
-        """Check the model agrees with the loaders, then build the training loader."""
-        _log_backend_once()
-        num_layers = self._model_num_layers()
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose depth does not match the loaders' fan-outs (before any data loads).
+
+        Args:
+            model: The LightningModule (its ``num_layers``, if it has one, is checked).
+        """
+        num_layers = int(getattr(model, "num_layers", 0))
         fanout = self.eval.num_neighbors
         if fanout is not None and num_layers and len(fanout) != num_layers:
             raise ValueError(
                 f"--data.eval.num_neighbors has {len(fanout)} entries but --model.num_layers is "
                 f"{num_layers}: give one fan-out per layer"
             )
+
+    def setup(self, stage: str) -> None:
+        """Check the model agrees with the loaders, then build the training loader."""
+        _log_backend_once()
+        if self.trainer is not None:
+            self.check_model(self.trainer.lightning_module)
         if stage == "fit":
             self._setup_train()
 
@@ -509,16 +518,20 @@ class NeighborDataModule(_GraphDataModule):
         self.num_neighbors = list(num_neighbors)
         self.batch_size = batch_size
 
-    def setup(self, stage: str) -> None:
-        """Check the fan-out has one entry per model layer, then build the loaders."""
-        num_layers = self._model_num_layers()
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose depth differs from the fan-out's length (before any data loads).
+
+        Args:
+            model: The LightningModule (its ``num_layers``, if it has one, is checked).
+        """
+        num_layers = int(getattr(model, "num_layers", 0))
         if num_layers and len(self.num_neighbors) != num_layers:
             raise ValueError(
                 f"--data.num_neighbors has {len(self.num_neighbors)} entries "
                 f"({self.num_neighbors}) but --model.num_layers is {num_layers}: give one "
                 "fan-out per layer"
             )
-        super().setup(stage)
+        super().check_model(model)
 
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or self.num_neighbors

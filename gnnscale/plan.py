@@ -21,27 +21,23 @@ and in a data-parallel run each rank draws its share of the batches.
 
 from __future__ import annotations
 
-import argparse
 import math
 import statistics
 import tempfile
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import lightning as L
-import psutil
 import torch
 from lightning.pytorch.trainer.setup import _determine_batch_limits
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from gnnscale.data import LayerwiseBatch, NeighborDataModule, _GraphDataModule
+from gnnscale.measure import PeakRSS, SavedTensors, rss_mb
 from gnnscale.models import NodeClassifier
 
-__all__ = ["BatchStats", "MemoryPlan", "plan", "plan_main"]
+__all__ = ["BatchStats", "MemoryPlan", "format_plan", "plan"]
 
 MiB = 2**20
 
@@ -106,34 +102,6 @@ class MemoryPlan:
     cuda_peak_mb: float | None = None
 
 
-def _rss_mb() -> float:
-    return psutil.Process().memory_info().rss / MiB
-
-
-class _PeakRSS:
-    """Samples resident memory every few milliseconds; ``ru_maxrss`` cannot be reset."""
-
-    def __init__(self, interval_s: float = 0.002) -> None:
-        self.interval_s = interval_s
-        self.peak_mb = _rss_mb()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak_mb = max(self.peak_mb, _rss_mb())
-            time.sleep(self.interval_s)
-
-    def __enter__(self) -> _PeakRSS:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak_mb = max(self.peak_mb, _rss_mb())
-
-
 def _tensor_mb(*tensors: Tensor) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / MiB
 
@@ -148,32 +116,22 @@ class _Probe(L.Callback):
         self.model_mb = 0.0
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.base_mb = _rss_mb()
+        self.base_mb = rss_mb()
         self.cuda_mb: tuple[float, float] | None = None
         if pl_module.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(pl_module.device)
             self.cuda_mb = (torch.cuda.memory_allocated(pl_module.device) / MiB, 0.0)
-        self._params = {p.untyped_storage().data_ptr() for p in pl_module.parameters()}
-        self._peak = _PeakRSS().__enter__()
+        self._peak = PeakRSS().__enter__()
 
     def on_train_batch_start(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
-        self._saved: dict[int, int] = {}
-
-        def pack(t: Tensor) -> Tensor:
-            storage = t.untyped_storage()
-            if storage.data_ptr() not in self._params:
-                self._saved[storage.data_ptr()] = storage.nbytes()
-            return t
-
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
-        self._hooks.__enter__()
+        self._saved = SavedTensors(exclude=pl_module.parameters()).__enter__()
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
-        self._hooks.__exit__(None, None, None)
+        self._saved.__exit__()
         hops = list(batch.get("num_sampled_nodes", []))  # neighbour batches only
         self.batches.append(
             BatchStats(
@@ -181,10 +139,10 @@ class _Probe(L.Callback):
                 batch.num_edges,
                 hops,
                 _tensor_mb(batch.x),
-                sum(self._saved.values()) / MiB,
+                self._saved.nbytes / MiB,
             )
         )
-        self.after_mb.append(_rss_mb())
+        self.after_mb.append(rss_mb())
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._peak.__exit__()
@@ -219,8 +177,8 @@ class _EvalProbe(L.Callback):
         self.nodes: list[int] = []
 
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.before_mb = _rss_mb()
-        self._peak = _PeakRSS().__enter__()
+        self.before_mb = rss_mb()
+        self._peak = PeakRSS().__enter__()
 
     def on_validation_batch_end(
         self,
@@ -270,8 +228,8 @@ def _expected_max(values: list[int], draws: int) -> float:
 
 def _checkpoint_mb(trainer: L.Trainer, model: L.LightningModule) -> float:
     """Saving a checkpoint, then loading it into the model as a test of the best one does."""
-    with tempfile.TemporaryDirectory() as folder, _PeakRSS() as peak:
-        before = _rss_mb()
+    with tempfile.TemporaryDirectory() as folder, PeakRSS() as peak:
+        before = rss_mb()
         path = Path(folder) / "plan.ckpt"
         trainer.save_checkpoint(path)
         checkpoint = trainer.strategy.load_checkpoint(path)
@@ -289,18 +247,18 @@ def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
     temporaries) is measured by running each layer on the largest of a few batches; it runs
     beside at most all the layer's outputs, never beside their concatenation.
     """
-    start = _rss_mb()
+    start = rss_mb()
     batch = next(iter(dm._eval_loader("val_mask")))
     assert isinstance(batch, LayerwiseBatch)
     biggest = max(
         (b for _, b in zip(range(8), batch.loader, strict=False)), key=lambda b: b.num_edges
     )
-    loader_mb = _rss_mb() - start  # the loader's own sampler structures (a CSC copy)
+    loader_mb = rss_mb() - start  # the loader's own sampler structures (a CSC copy)
     gnn = model.gnn
     widths = [gnn.in_channels] + [gnn.hidden_channels] * (gnn.num_layers - 1) + [gnn.out_channels]
     gnn.eval()
-    with torch.no_grad(), _PeakRSS() as peak:
-        before = _rss_mb()
+    with torch.no_grad(), PeakRSS() as peak:
+        before = rss_mb()
         for i, d_in in enumerate(widths[:-1]):
             x = biggest.x.float() if i == 0 else torch.randn(biggest.num_nodes, d_in)
             gnn.inference_per_layer(i, x, biggest.edge_index, biggest.batch_size)
@@ -487,52 +445,3 @@ def format_plan(result: MemoryPlan) -> str:
     for tip in result.suggestions:
         lines.append(f"  to fit the budget: {tip}")
     return "\n".join(lines)
-
-
-def _world_size(devices: Any, num_nodes: int | None) -> int:
-    """Processes of the run: ``devices`` per machine (a count or a list) times machines."""
-    if isinstance(devices, str):
-        devices = -1 if devices == "auto" else (devices.split(",") if "," in devices else devices)
-    count = len(devices) if isinstance(devices, list | tuple) else int(devices)
-    if count == -1:  # every visible GPU
-        count = torch.cuda.device_count()
-    return max(count, 1) * (num_nodes or 1)
-
-
-def plan_main(args: list[str]) -> MemoryPlan:
-    """``gnnscale plan --config <yaml> [--budget_gb B] [--num_batches K] [overrides...]``."""
-    from gnnscale.cli import TRAINER_DEFAULTS, GnnscaleCLI
-
-    parser = argparse.ArgumentParser(prog="gnnscale plan", add_help=False)
-    parser.add_argument("--budget_gb", type=float, default=None)
-    parser.add_argument("--num_batches", type=int, default=6)
-    known, rest = parser.parse_known_args(args)
-    cli = GnnscaleCLI(
-        NodeClassifier,
-        _GraphDataModule,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults=TRAINER_DEFAULTS,
-        save_config_callback=None,
-        args=rest,
-        run=False,
-    )
-    config = cli.config.trainer
-    result = plan(
-        cli.datamodule,
-        cli.model,
-        {
-            "accelerator": config.accelerator,
-            "precision": config.precision,
-            "accumulate_grad_batches": config.accumulate_grad_batches,
-            "plugins": [cli.trainer.strategy.checkpoint_io],
-        },
-        num_batches=known.num_batches,
-        budget_gb=known.budget_gb,
-        run_epochs=config.max_epochs or 1,
-        world_size=_world_size(config.devices, config.num_nodes),
-        limit_train_batches=config.limit_train_batches,
-        checkpoint=cli.trainer.checkpoint_callback is not None,
-    )
-    rank_zero_info(format_plan(result))
-    return result

@@ -19,7 +19,7 @@
 # by side as N grows, on this machine, and extrapolates to an 80 GB GPU.
 #
 # The recipe that trains the edge-wise model is
-# [`recipes/gat_attention_memory`](../recipes/gat_attention_memory/README.md); its `measure.py`
+# [`recipes/gat_attention_memory`](../recipes/gat_attention_memory/README.md); `benchmarks/gat_memory.py`
 # measures full training steps at the recipe's sizes.
 #
 # All sizes are in the next cell, set for a CPU run of under a minute. On a GPU, set
@@ -329,7 +329,7 @@ plt.show()
 # - `NODES`: extend to `2**16`–`2**20`; `CAP_BYTES`: most of the GPU's memory.
 # - The table's "CUDA peak" column then reports `torch.cuda.max_memory_allocated` of the forward
 #   pass, which includes temporaries the saved-tensor count misses. For a training step, call
-#   `loss.backward()` inside the measured region; the recipe's `measure.py` does exactly that
+#   `loss.backward()` inside the measured region; `benchmarks/gat_memory.py` does exactly that
 #   (`--device cuda --dense-nodes 100 200 300 400 500`).
 # - On CUDA the memory-efficient kernel stands in for the CPU flash kernel above; the flash
 #   kernel needs fp16/bf16 inputs.

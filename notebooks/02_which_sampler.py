@@ -34,7 +34,6 @@
 # its number of cores.
 
 # %%
-import csv
 import importlib.util
 import os
 import shutil
@@ -119,7 +118,7 @@ RUNS_TO_DO = {
 # %%
 FLOOR = f"""
 from gnnscale import NeighborDataModule, SyntheticGraph
-from gnnscale.callbacks import peak_rss_mb
+from gnnscale.measure import peak_rss_mb, read_metrics
 graph = SyntheticGraph(num_nodes={NUM_NODES}, avg_degree={AVG_DEGREE}, num_features=64,
                        num_classes=10, train_fraction=0.3)
 dm = NeighborDataModule(synthetic=graph, num_neighbors={FANOUT}, batch_size={SEEDS})
@@ -154,21 +153,16 @@ def fit(name: str, recipe: str, extra: list[str]) -> dict[str, float]:
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(proc.stderr[-3000:])
-    (path,) = save_dir.rglob("metrics.csv")
-    rows = list(csv.DictReader(path.open()))
-
-    def col(key: str) -> list[float]:
-        return [float(r[key]) for r in rows if r.get(key)]
-
-    epoch_s = col("perf/epoch_s")
+    col = read_metrics(save_dir)
+    epoch_s = col["perf/epoch_s"]
     result = {
-        "test acc": col("test/acc")[-1],
+        "test acc": col["test/acc"][-1],
         "epochs": len(epoch_s),
         "s/epoch": statistics.median(epoch_s[1:] or epoch_s),  # after one warm-up epoch
         "train s": sum(epoch_s),  # all training epochs, warm-up included; no evaluation
-        "peak MiB": max(col("perf/peak_rss_mb")),
+        "peak MiB": max(col["perf/peak_rss_mb"]),
     }
-    if cuda := col("perf/peak_cuda_mb"):  # on a GPU, the peak that decides what fits
+    if cuda := col.get("perf/peak_cuda_mb"):  # on a GPU, the peak that decides what fits
         result["CUDA MiB"] = max(cuda)
     return result
 

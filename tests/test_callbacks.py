@@ -8,13 +8,13 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import TINY, TINY_ARGS
+
 from lightning.pytorch.loggers import CSVLogger
 
 from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE
-from gnnscale.callbacks import peak_rss_mb
+from gnnscale.measure import peak_rss_mb
 from gnnscale.cli import main
-from gnnscale.testing import requires_sampler
+from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
 
 
 def _rows(log_dir: Path, key: str) -> list[dict[str, str]]:
@@ -119,7 +119,7 @@ def test_peak_rss_of_a_child_process_is_its_own():
     # high-water mark across exec. peak_rss_mb reads VmHWM, which starts afresh.
     ballast = bytearray(2 * 2**30)
     ballast[::4096] = b"\x01" * len(range(0, len(ballast), 4096))  # touch every page
-    child = "from gnnscale.callbacks import peak_rss_mb; print(peak_rss_mb())"
+    child = "from gnnscale.measure import peak_rss_mb; print(peak_rss_mb())"
     done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=True)
     assert peak_rss_mb() > 2048
     assert float(done.stdout) < 1024  # the interpreter, torch and Lightning, not the ballast

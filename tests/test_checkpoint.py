@@ -4,16 +4,17 @@ import sys
 import pytest
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from test_cli import _fit
 
 from gnnscale.checkpoint import StreamingCheckpointIO
+from gnnscale.cli import main
+from gnnscale.testing import cli_args
 
 # Saves (or saves and loads back) a 768 MiB checkpoint in a fresh process and prints how far that
 # raised the process's peak resident memory above the live tensors, in MiB.
 SAVE = """
 import sys, torch
 from lightning.fabric.plugins import TorchCheckpointIO
-from gnnscale.callbacks import peak_rss_mb
+from gnnscale.measure import peak_rss_mb
 from gnnscale.checkpoint import StreamingCheckpointIO
 io = {"streaming": StreamingCheckpointIO, "lightning": TorchCheckpointIO}[sys.argv[1]]()
 state = {"table": torch.ones(2**20, 128), "exp_avg": torch.ones(2**20, 64)}
@@ -35,6 +36,7 @@ def _raise_mb(tmp_path, io: str, load: bool = False) -> float:
     return float(done.stdout)
 
 
+@pytest.mark.slow
 def test_saving_and_loading_a_checkpoint_holds_no_second_copy_in_memory(tmp_path):
     # A 512 MiB table and 256 MiB of optimizer state. Lightning 2.6 serialises into memory
     # first (+768 MiB) and loads the whole file (+768); streamed, a save costs the serialiser's
@@ -70,7 +72,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path):
 def test_fit_streams_checkpoints_unless_told_otherwise(tmp_path, plugin, expected):
     args = ["--data=gnnscale.FullBatchDataModule", "--model=gnnscale.GraphSAGE"]
     args += ["--trainer.max_epochs=2"]
-    cli = _fit(tmp_path, *args, *([f"--trainer.plugins={plugin}"] if plugin else []))
+    plugins = [f"--trainer.plugins={plugin}"] if plugin else []
+    cli = main(["fit", *cli_args(tmp_path), *args, *plugins])
     assert type(cli.trainer.strategy.checkpoint_io) is expected
     (ckpt,) = (tmp_path / "runs").rglob("*.ckpt")  # saved, and loaded back for the test
     assert cli.trainer.checkpoint_callback.best_model_path == str(ckpt)

@@ -5,10 +5,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_ARGS
+
 
 from gnnscale.cli import main
-from gnnscale.testing import requires_sampler, requires_torch_sparse
+from gnnscale.testing import cli_args, requires_sampler, requires_torch_sparse
 
 REPO = Path(__file__).resolve().parents[1]
 YAMLS = sorted(p for p in REPO.rglob("*.yaml") if ".venv" not in p.parts and "runs" not in p.parts)
@@ -25,18 +25,7 @@ def _column(rows, key) -> list[float]:
 
 
 def _fit(tmp_path: Path, *args: str):
-    return main(
-        [
-            "fit",
-            f"--data.root={tmp_path / 'data'}",
-            "--trainer.accelerator=cpu",
-            "--trainer.enable_progress_bar=false",
-            f"--trainer.default_root_dir={tmp_path}",
-            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
-            *TINY_ARGS,
-            *args,
-        ]
-    )
+    return main(["fit", *cli_args(tmp_path), *args])
 
 
 def test_repo_has_yaml_configs():
@@ -125,8 +114,7 @@ def test_fp16_on_cpu_is_refused_with_advice(tmp_path):
         )
 
 
-@requires_sampler
-def test_fanout_must_match_layers(tmp_path):
+def test_fanout_must_match_layers_and_is_refused_before_loading(tmp_path, cora_root):
     with pytest.raises(
         ValueError, match=r"--data.num_neighbors has 3 entries .* --model.num_layers is 2"
     ):
@@ -134,10 +122,13 @@ def test_fanout_must_match_layers(tmp_path):
             tmp_path,
             "--data=gnnscale.NeighborDataModule",
             "--model=gnnscale.GraphSAGE",
+            "--data.dataset=Cora",
+            f"--data.root={cora_root}",
             "--data.num_neighbors=[5, 5, 5]",
             "--trainer.max_epochs=1",
         )
-    assert not list((tmp_path / "data").rglob("*.pt"))  # nothing written
+    # Refused when the classes were built: Planetoid never processed (and wrote) the dataset.
+    assert not (cora_root / "Cora" / "processed").exists()
 
 
 def test_resumed_run_continues_where_it_stopped(tmp_path):

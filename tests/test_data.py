@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY
+
 from torch_geometric.data import Data
 from torch_geometric.utils import degree, homophily, is_undirected
 
@@ -20,7 +20,7 @@ from gnnscale import (
     load_dataset,
     make_synthetic_graph,
 )
-from gnnscale.testing import requires_sampler, requires_torch_sparse
+from gnnscale.testing import TINY, TINY_ARGS, requires_sampler, requires_torch_sparse
 
 
 def test_synthetic_is_deterministic_homophilous_and_skewed():

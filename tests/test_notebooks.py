@@ -1,9 +1,14 @@
-"""Every notebook executes top to bottom at its default (CPU) sizes; a failing cell fails CI."""
+"""Every notebook executes top to bottom at its default (CPU) sizes and draws its plots.
 
-import importlib.util
+nbclient raises on the first failing cell, so a notebook that runs has no error outputs; what is
+left to check is that each guide produced the figures it is for.
+"""
+
 from pathlib import Path
 
+import jupytext
 import pytest
+from nbclient import NotebookClient
 
 from gnnscale.testing import requires_sampler
 
@@ -11,25 +16,20 @@ ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 
 
-def _builder():
-    path = ROOT / "scripts" / "build_notebooks.py"
-    spec = importlib.util.spec_from_file_location("build_notebooks", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
+@pytest.mark.slow
 @requires_sampler
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_executes(source, tmp_path):
-    # Run in a temporary folder so the data and run folders a notebook writes leave the clone clean.
-    notebook = _builder().execute(source, cwd=tmp_path)
+def test_notebook_executes_and_plots(source, tmp_path):
+    # As scripts/build_notebooks.py runs them, in a temporary folder so the clone stays clean.
+    notebook = jupytext.read(source)
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(notebook, timeout=900, kernel_name="python3", resources=resources).execute()
     outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.outputs]
-    errors = [o for o in outputs if o.output_type == "error"]
-    assert not errors
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert images, f"{source.name} produced no plot"
 
 
-def test_all_four_guides_exist():
+def test_every_guide_has_a_source_and_a_built_notebook():
     assert [p.name[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04"], NOTEBOOKS
+    assert all(p.with_suffix(".ipynb").exists() for p in NOTEBOOKS)

@@ -1,30 +1,33 @@
-"""Regenerate the multi_gpu_ddp README figures: per-process memory under DDP, and accuracy.
+"""Per-process memory under DDP, and accuracy reduced across ranks (multi_gpu_ddp's ``memory``).
 
-Runs the recipe's config in-process with 2 CPU processes (fork) and records, in every rank, how
-much of its resident memory is its own (USS) and how much it shares with the others, next to
-the size of the graph the launching process built. Then tests the best checkpoint again in one
-process: the DDP test accuracy, reduced from per-rank counts, must match it.
+Written by ``python benchmarks/figures.py ddp``, which runs this file in a new process (its DDP
+ranks fork from it): the recipe's config with 2 CPU processes, recording in every rank how much
+of its resident memory is its own (USS) and how much it shares with the others, next to the
+size of the graph the launching process built. Then the best checkpoint is tested again in one
+process: the DDP test accuracy, reduced from per-rank counts, should match it.
 
-    python recipes/multi_gpu_ddp/measure.py --readme              # 200k nodes, ~5 min on 2 cores
-    python recipes/multi_gpu_ddp/measure.py --num-nodes 20000     # quick
-    python recipes/multi_gpu_ddp/measure.py --json --data.init_args.batch_size=128   # CLI overrides
+    python benchmarks/ddp_memory.py --num-nodes 20000 --json [CLI overrides]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 import lightning as L
 import psutil
+from blocks import Block
 
 from gnnscale.cli import main
+from gnnscale.measure import read_metrics
 
-CONFIG = Path(__file__).with_name("config.yaml")
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "multi_gpu_ddp"
+CONFIG = RECIPE / "config.yaml"
 
 
 class RankMemory(L.Callback):
@@ -41,8 +44,7 @@ class RankMemory(L.Callback):
 
 
 def _column(run_dir: Path, key: str) -> list[float]:
-    (path,) = run_dir.rglob("metrics.csv")
-    return [float(r[key]) for r in csv.DictReader(path.open()) if r.get(key)]
+    return read_metrics(run_dir).get(key, [])
 
 
 def measure(num_nodes: int, max_epochs: int, workdir: Path, extra: list[str]) -> dict:
@@ -83,22 +85,34 @@ def measure(num_nodes: int, max_epochs: int, workdir: Path, extra: list[str]) ->
 
 
 def main_cli() -> None:
-    """Print the README table."""
+    """Print the raw figures as JSON (the ranks fork from this process)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num-nodes", type=int, default=200_000)
     parser.add_argument("--max-epochs", type=int, default=3)
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
-    parser.add_argument("--readme", action="store_true", help="write the table into README.md")
     args, cli_overrides = parser.parse_known_args()  # the rest goes to `gnnscale fit`/`test`
     with tempfile.TemporaryDirectory() as tmp:
         r = measure(args.num_nodes, args.max_epochs, Path(tmp), cli_overrides)
-    if args.json:
-        print(json.dumps(r))
-        return
+    print(json.dumps(r))
+
+
+TINY = ["--num-nodes=3000", "--max-epochs=2", "--data.init_args.batch_size=128"]
+
+
+def blocks(tiny: bool) -> list[Block]:
+    """The recipe README's ``memory`` block (``tiny``: a check of the pipeline, in seconds)."""
+    argv = ["--num-nodes=200000", "--max-epochs=3"] if not tiny else TINY
+    done = subprocess.run(
+        [sys.executable, __file__, "--json", *argv], capture_output=True, text=True, check=False
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"ddp_memory.py failed:\n{done.stderr[-3000:]}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    nodes = argv[0].split("=")[1]
     lines = [
-        f"Measured by `python recipes/multi_gpu_ddp/measure.py --num-nodes {args.num_nodes}` "
-        f"(2 processes on CPU, fork, gloo; {os.cpu_count()} cores). The graph, built once in "
-        f"the launching process, holds {r['graph_mib']:,.0f} MiB of tensors.",
+        f"2 processes on CPU (fork, gloo), {int(nodes):,}-node graph, "
+        f"{argv[1].split('=')[1]} epochs. The graph, built once in the launching process, holds "
+        f"{r['graph_mib']:,.0f} MiB of tensors. Memory of each rank at the end of training:",
         "",
         "| rank | resident (MiB) | unique to the process, USS (MiB) | shared (MiB) |",
         "|---:|---:|---:|---:|",
@@ -114,13 +128,9 @@ def main_cli() -> None:
         f"checkpoint tested in 1 process: {r['single_test_acc']:.4f}.",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.readme:
-        readme = Path(__file__).with_name("README.md")
-        begin, end = "<!-- results:begin -->", "<!-- results:end -->"
-        content = readme.read_text()
-        head, rest = content.split(begin)
-        readme.write_text(f"{head}{begin}\n{text}\n{end}{rest.split(end)[1]}")
+    if tiny:
+        text = "**Tiny settings: a check of the pipeline, not figures.**\n\n" + text
+    return [Block(RECIPE / "README.md", "memory", text)]
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """Peak memory of GAT attention, dense [B, N, N, 2F] against edge-wise GATv2, and what it buys.
 
-Regenerates every figure of this recipe's README and prints them as markdown:
-
-    python recipes/gat_attention_memory/measure.py
+The figures of the ``gat_attention_memory`` recipe's README (its ``memory`` block), written by
+``python benchmarks/figures.py gat``.
 
 1. A dense GAT output layer (every node pair repeated and concatenated into [B, N, N, 2F]) at
    sizes that fit, fitted as a + b * N^2 and extrapolated to the case (N = 500).
@@ -22,7 +21,6 @@ On a GPU, raise the sizes: ``--device cuda --dense-nodes 100 200 300 400 500``.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -37,13 +35,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 import yaml
+from blocks import Block
 from torch import Tensor, nn
 from torch_geometric.data import Batch
 from torch_geometric.utils import to_dense_adj
 
 from gnnscale import GATv2, SyntheticGraph, make_synthetic_graph
+from gnnscale.measure import peak_rss_mb, reset_peak_rss, rss_mb, set_mmap_threshold
 
 HERE = Path(__file__).resolve().parent
+CONFIG = HERE.parent / "recipes" / "gat_attention_memory" / "config.yaml"
 MIB = 2**20
 
 # Variants of the edge-wise model: (label, model overrides, precision).
@@ -129,21 +130,6 @@ def _autocast(precision: str, device: torch.device):
     return nullcontext()
 
 
-def _rss_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def _force_mmap() -> None:
-    """glibc: serve allocations >= 64 KiB by mmap, so freed tensors leave the resident set."""
-    try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD; fixes it, too
-    except (OSError, AttributeError):
-        pass
-
-
 def peak_step_mib(spec: dict[str, Any], device: str = "cpu") -> float:
     """Peak memory (MiB) of one training step (forward + backward) above the built baseline.
 
@@ -151,7 +137,7 @@ def peak_step_mib(spec: dict[str, Any], device: str = "cpu") -> float:
     step's own. CUDA: ``max_memory_allocated``. Call :func:`measure` for a fresh process.
     """
     dev = torch.device(device)
-    _force_mmap()
+    set_mmap_threshold(64 * 1024)  # freed tensors leave the resident set at once
     model, loss_fn = _build(spec, dev)
     for _ in range(2):  # warm-up (lazy init, thread pools), then the measured step
         model.zero_grad(set_to_none=True)
@@ -161,8 +147,8 @@ def peak_step_mib(spec: dict[str, Any], device: str = "cpu") -> float:
             torch.cuda.reset_peak_memory_stats(dev)
             base = torch.cuda.memory_allocated(dev)
         else:
-            base = _rss_kib("VmRSS") * 1024
-            Path("/proc/self/clear_refs").write_text("5")  # reset the high-water mark
+            base = rss_mb() * MIB
+            reset_peak_rss()
         with _autocast(spec.get("precision", "32"), dev):
             loss = loss_fn()
         loss.backward()
@@ -170,7 +156,7 @@ def peak_step_mib(spec: dict[str, Any], device: str = "cpu") -> float:
             torch.cuda.synchronize(dev)
             peak = torch.cuda.max_memory_allocated(dev)
         else:
-            peak = _rss_kib("VmHWM") * 1024
+            peak = peak_rss_mb() * MIB
         del loss
     return (peak - base) / MIB
 
@@ -226,9 +212,21 @@ def train_accuracy(
     return test_at_best, (time.perf_counter() - start) / epochs
 
 
-def main(argv: list[str] | None = None) -> None:
+TINY = ["--nodes=60", "--classes=50", "--hidden=64", "--dense-nodes", "20", "30", "--epochs=2"]
+
+
+def blocks(tiny: bool) -> list[Block]:
+    """The recipe README's ``memory`` block (``tiny``: a check of the pipeline, in seconds)."""
+    text = main(TINY if tiny else [])
+    if tiny:
+        text = "**Tiny settings: a check of the pipeline, not figures.**\n\n" + text
+    return [Block(HERE.parent / "recipes" / "gat_attention_memory" / "README.md", "memory", text)]
+
+
+def main(argv: list[str] | None = None) -> str:
+    """Measure; return the markdown (or, as ``--worker``, print one worker's peaks)."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--config", type=Path, default=HERE / "config.yaml", help="recipe config")
+    p.add_argument("--config", type=Path, default=CONFIG, help="recipe config")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--graphs", type=int, default=4, help="B: graphs per batch")
     p.add_argument("--nodes", type=int, default=500, help="N: nodes per graph")
@@ -248,7 +246,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         torch.set_num_threads(args.threads)
         print(json.dumps([peak_step_mib(spec, args.device) for spec in json.loads(args.worker)]))
-        return
+        return ""
+    lines: list[str] = []
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
     config = yaml.safe_load(args.config.read_text())
@@ -260,18 +259,20 @@ def main(argv: list[str] | None = None) -> None:
     def pairs_mib(nodes: int) -> float:  # the [B, N, N, 2F] fp32 tensor alone
         return b * nodes * nodes * 2 * c * 4 / MIB
 
-    print(f"## Dense GAT output layer: [B, N, N, 2F] pairs, B={b}, F={c}, one training step\n")
-    print("| N per graph | [B, N, N, 2F] fp32 (arithmetic) | measured peak | peak / pairs |")
-    print("|---:|---:|---:|---:|")
+    lines.append(f"#### Dense GAT output layer: [B, N, N, 2F] pairs, B={b}, F={c}, one step\n")
+    lines.append("| N per graph | [B, N, N, 2F] fp32 (arithmetic) | measured peak | peak / pairs |")
+    lines.append("|---:|---:|---:|---:|")
     peaks = []
     for nodes in args.dense_nodes:
         spec = {"kind": "dense", "nodes": nodes, "avg_degree": args.avg_degree, **shape}
         peaks += measure([spec], where, args.threads)
         ratio = peaks[-1] / pairs_mib(nodes)
-        print(f"| {nodes} | {pairs_mib(nodes):,.0f} MiB | {peaks[-1]:,.0f} MiB | {ratio:.2f} |")
+        lines.append(
+            f"| {nodes} | {pairs_mib(nodes):,.0f} MiB | {peaks[-1]:,.0f} MiB | {ratio:.2f} |"
+        )
     a, slope = fit_quadratic(args.dense_nodes, peaks)
     fitted = a + slope * n * n
-    print(
+    lines.append(
         f"| **{n}** (fit {a:,.0f} + {slope:.4f}·N² MiB) | **{pairs_mib(n) / 1024:.1f} GiB** | "
         f"**{fitted / 1024:.1f} GiB** (extrapolated) | {fitted / pairs_mib(n):.2f} |\n"
     )
@@ -281,30 +282,31 @@ def main(argv: list[str] | None = None) -> None:
     train_classes = data_args["num_classes"]
     epochs = args.epochs or config["trainer"]["max_epochs"]
     num_edges = batch_of_graphs(b, n, args.avg_degree, args.features, c).num_edges
-    print(
-        f"## Edge-wise GATv2 (gnnscale.GATv2), hidden {args.hidden} = {args.heads} heads x "
+    lines.append(
+        f"#### Edge-wise GATv2 (gnnscale.GATv2), hidden {args.hidden} = {args.heads} heads x "
         f"{args.hidden // args.heads}\n\nMemory: one training step on {b} graphs x {n} nodes "
         f"({b * n} nodes, {num_edges:,} edges + self-loops), {args.features} features, {c} "
         f"classes. Accuracy: test accuracy at the best validation epoch after {epochs} "
         f"full-batch epochs on the recipe graph ({data_args['num_nodes']} nodes, "
         f"{train_classes} classes, chance {100 / train_classes:.0f}%).\n"
     )
-    print("| variant | peak step memory | vs. dense at N=500 | test acc | s/epoch |")
-    print("|---|---:|---:|---:|---:|")
+    lines.append("| variant | peak step memory | vs. dense at N=500 | test acc | s/epoch |")
+    lines.append("|---|---:|---:|---:|---:|")
     for label, overrides, precision in VARIANTS:
         spec = {**edge, "model": overrides, "precision": precision}
         (peak,) = measure([spec], where, args.threads)
         acc, s_epoch = train_accuracy(config, overrides, precision, epochs)
-        print(
+        lines.append(
             f"| {label} | {peak:,.0f} MiB | {fitted / peak:,.0f}x less | {100 * acc:.1f}% | "
             f"{s_epoch:.2f} |"
         )
     device_name = torch.cuda.get_device_name() if where == "cuda" else "CPU"
-    print(
-        f"\n{device_name}, {args.threads} thread(s) per measurement; measure.py ran "
-        f"{time.perf_counter() - start:.0f} s."
+    lines.append(
+        f"\n{device_name}, {args.threads} thread(s) per measurement, each peak in a fresh "
+        f"process; {time.perf_counter() - start:.0f} s in all."
     )
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main()
+    print(main())

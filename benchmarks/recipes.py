@@ -1,0 +1,194 @@
+"""Every recipe as shipped: test accuracy, s/epoch, peak memory, and ``gnnscale plan`` against it.
+
+For each recipe of ``gnnscale.registry`` and each of its variants, ``fit`` runs in a fresh
+process exactly as the recipe's README says (``train.py`` where it has one); the figures come
+from its ``metrics.csv`` and from the peak resident memory of its largest process (itself, or a
+DDP rank it forked). For the shipped variant, ``plan`` runs first in another fresh process, so
+the planned and the measured peak in the tables come from one pair of runs. Called by
+``benchmarks/figures.py``, which writes the blocks.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from blocks import Block
+
+from gnnscale.measure import read_metrics
+from gnnscale.registry import RECIPES, Recipe
+
+# Runs a command (a script, or a module with -m) and prints the peak resident memory of the
+# largest process: this one, or a child that trained in it (DDP ranks started with fork;
+# DataLoader workers count too).
+RUNNER = """
+import resource, runpy, sys
+from gnnscale.measure import peak_rss_mb
+entry, *sys.argv[1:] = sys.argv[1:]
+if entry == "-m":
+    module, *sys.argv[1:] = sys.argv[1:]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
+else:
+    sys.argv[0] = entry
+    runpy.run_path(entry, run_name="__main__")
+children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print("PEAK_RSS_MB", max(peak_rss_mb(), children), flush=True)
+"""
+TIMEOUT_S = 4 * 3600
+
+
+def run(argv: list[str], cwd: Path) -> str:
+    """Run a recipe command (``Recipe.argv``) under :data:`RUNNER`; return its output."""
+    python, *rest = argv
+    done = subprocess.run(
+        [python, "-c", RUNNER, *rest],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=TIMEOUT_S,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
+    return done.stdout + done.stderr
+
+
+def number(pattern: str, text: str) -> float:
+    """The first number after ``pattern`` in ``text`` (commas allowed)."""
+    match = re.search(pattern + r"\s+([\d,.]+)", text)
+    if match is None:
+        raise RuntimeError(f"{pattern!r} not found in the output:\n{text[-2000:]}")
+    return float(match.group(1).replace(",", ""))
+
+
+# The figures of a plan report, by the label they are printed under.
+PLAN_PARTS = {
+    "planned_mb": "expected peak",
+    "base_mb": "base after setup",
+    "train_mb": "training step",
+    "resident_mb": "resident after steps",
+    "eval_mb": "evaluation",
+    "checkpoint_mb": r"checkpoint save\+load",
+}
+
+
+@dataclass
+class Result:
+    """What one ``fit`` (and, for the shipped variant, one ``plan``) measured."""
+
+    acc: float
+    epoch_s: float
+    peak_mb: float
+    plan: dict[str, float] | None = None
+
+
+def measure(entry: Recipe, extra: list[str], workdir: Path, with_plan: bool, seed: int) -> Result:
+    """Plan (optionally) and fit one configuration, each in a fresh process."""
+    save_dir = workdir / "runs" / f"{entry.name}-{abs(hash(tuple(extra)))}-{seed}"
+    args = [
+        f"--seed_everything={seed}",
+        f"--data.init_args.root={workdir / 'data'}",
+        f"--trainer.logger.init_args.save_dir={save_dir}",
+        *extra,
+    ]
+    plan = None
+    if with_plan:
+        report = run(entry.argv("plan", *args), workdir)
+        plan = {key: number(label, report) for key, label in PLAN_PARTS.items()}
+    out = run(entry.argv("fit", "--trainer.enable_progress_bar=false", *args), workdir)
+    metrics: dict[str, list[float]] = {}  # a DDP fit logs its final test as a second version
+    for path in sorted(save_dir.rglob("metrics.csv")):
+        for key, values in read_metrics(path).items():
+            metrics.setdefault(key, []).extend(values)
+    epoch_s = metrics["perf/epoch_s"]
+    return Result(
+        acc=metrics["test/acc"][-1],
+        epoch_s=statistics.median(epoch_s[1:] or epoch_s),  # the first epoch is warm-up
+        peak_mb=number("PEAK_RSS_MB", out),
+        plan=plan,
+    )
+
+
+def _fmt(values: list[float], digits: int) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _args_note(args: tuple[str, ...]) -> str:
+    return ", ".join(f"`{a}`" for a in args)
+
+
+def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None) -> list[Block]:
+    """Measure the recipes ``names`` and return their README blocks.
+
+    Args:
+        names: Registry names.
+        tiny: Add each recipe's ``tiny`` overrides (a check of the pipeline, not figures).
+        seeds: Runs per variant; accuracy is then mean ± std, s/epoch and peak the median.
+        workdir: Where runs and data go (default: a temporary folder).
+    """
+    with tempfile.TemporaryDirectory(prefix="gnnscale-recipes-") as tmp:
+        folder = workdir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        rows, out = [], []
+        for entry in [e for e in RECIPES if e.name in names]:
+            base = [*entry.figure_args, *(entry.tiny if tiny else ())]
+            lines = [
+                "| variant | test acc | s/epoch | peak RSS (MiB) |",
+                "|---|---:|---:|---:|",
+            ]
+            shipped: tuple[list[Result], str] | None = None
+            for i, (label, variant) in enumerate(entry.variants):
+                results = [
+                    measure(entry, [*base, *variant], folder, i == 0, seed) for seed in range(seeds)
+                ]
+                acc = _fmt([r.acc for r in results], 3)
+                epoch_s = f"{statistics.median(r.epoch_s for r in results):.2f}"
+                peak = statistics.median(r.peak_mb for r in results)
+                lines.append(f"| {label} | {acc} | {epoch_s} | {peak:,.0f} |")
+                print(f"{entry.name:22s} {label:36s} acc {acc} s/epoch {epoch_s} peak {peak:,.0f}")
+                if i == 0:
+                    shipped = (results, acc)
+            assert shipped is not None
+            results, acc = shipped
+            peak = statistics.median(r.peak_mb for r in results)
+            planned = results[0].plan["planned_mb"] if results[0].plan else float("nan")
+            epoch_s = statistics.median(r.epoch_s for r in results)
+            link = f"[{entry.name}](recipes/{entry.name})"
+            settings = _args_note(entry.figure_args) or "as shipped"
+            rows.append(
+                f"| {link} | {entry.technique} | {settings} | {acc} | {epoch_s:.2f} | "
+                f"{peak:,.0f} | {planned:,.0f} | {planned / peak:.2f} |"
+            )
+            note = f"Runs: `{' '.join(['fit', '--config', f'recipes/{entry.name}/config.yaml'])}`"
+            note += f" with {_args_note(base)}" if base else ", as shipped"
+            note += (
+                f"; {seeds} seed(s). s/epoch: median after one warm-up epoch. Peak RSS: the "
+                "whole run's (data, sampler, training, evaluation, checkpoints)"
+            )
+            note += ", largest process (a DDP rank)." if entry.processes > 1 else "."
+            out.append(
+                Block(entry.folder / "README.md", "results", "\n".join([*lines, "", note]))
+            )
+        table = [
+            "| recipe | technique | settings | test acc | s/epoch | peak RSS (MiB) | "
+            "planned peak (MiB) | planned / measured |",
+            "|---|---|---|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
+        text = "\n".join(table) + (
+            "\n\nEach recipe's `fit` runs in a fresh process, as its README says; `gnnscale plan` "
+            "runs on the same config in another fresh process just before it. Peak RSS: the "
+            "largest process's `VmHWM` over the whole run (a training rank for DDP, not the "
+            "launcher). s/epoch: median after one warm-up epoch."
+        )
+        if tiny:
+            text += " **Tiny settings: a check of the pipeline, not figures.**"
+        if {e.name for e in RECIPES} <= set(names):
+            out.append(Block(Path("README.md"), "recipes", text))
+    return out

@@ -1,0 +1,197 @@
+"""Measurement helpers, written once: the planner, the benchmarks and the notebooks import them.
+
+- :func:`peak_rss_mb`, :func:`rss_mb`, :func:`reset_peak_rss` and :class:`PeakRSS`: resident
+  memory of this process, its high-water mark, and a sampler for windows the mark cannot bound.
+- :class:`SavedTensors` and :func:`saved_tensor_bytes`: the activation memory of a training
+  step, deterministic.
+- :func:`read_metrics`: the columns of a run's ``metrics.csv`` (Lightning's ``CSVLogger``).
+- :func:`set_mmap_threshold`: glibc's fixed mmap threshold (why: ``gnnscale.cli``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import ctypes
+import resource
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import psutil
+import torch
+from torch import Tensor
+
+__all__ = [
+    "PeakRSS",
+    "SavedTensors",
+    "peak_rss_mb",
+    "read_metrics",
+    "reset_peak_rss",
+    "rss_mb",
+    "saved_tensor_bytes",
+    "set_mmap_threshold",
+]
+
+MiB = 2**20
+_STATUS = Path("/proc/self/status")
+
+
+def _status_mb(field: str) -> float | None:
+    if not _STATUS.exists():
+        return None
+    for line in _STATUS.read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return None
+
+
+def rss_mb() -> float:
+    """Resident memory of this process now, in MiB."""
+    return psutil.Process().memory_info().rss / MiB
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far (or since :func:`reset_peak_rss`), in MiB.
+
+    On Linux this is ``VmHWM`` from ``/proc/self/status``, not ``ru_maxrss``: a process started
+    with ``subprocess`` inherits in ``ru_maxrss`` the peak of the process that started it (the
+    kernel carries the old address space's high-water mark across ``exec``), so a small run
+    launched from a large pytest or notebook process would report the parent's peak.
+    """
+    peak = _status_mb("VmHWM")
+    if peak is not None:
+        return peak
+    maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return maxrss / MiB if sys.platform == "darwin" else maxrss / 1024  # bytes on macOS, KiB else
+
+
+def reset_peak_rss() -> bool:
+    """Set the high-water mark of :func:`peak_rss_mb` to the current resident memory.
+
+    Linux only (``/proc/self/clear_refs``); returns whether it could. Elsewhere, sample with
+    :class:`PeakRSS` instead.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+class PeakRSS:
+    """Samples resident memory every few milliseconds inside a ``with`` block: ``.peak_mb``.
+
+    For windows that :func:`reset_peak_rss` cannot bound (off Linux, or when an earlier peak of
+    the same process must be kept). Brief spikes between samples can be missed.
+
+    Args:
+        interval_s: Seconds between samples.
+    """
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.peak_mb = rss_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak_mb = max(self.peak_mb, rss_mb())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> PeakRSS:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak_mb = max(self.peak_mb, rss_mb())
+
+
+class SavedTensors:
+    """Counts the bytes autograd saves for backward inside a ``with`` block: ``.nbytes``.
+
+    Each storage is counted once, however many saved tensors view it. Deterministic, unlike a
+    resident-memory peak: it is the activation memory a training step holds between forward and
+    backward, whatever the allocator does.
+
+    Args:
+        exclude: Tensors whose storages are not counted (a model's parameters, say).
+    """
+
+    def __init__(self, exclude: Iterable[Tensor] = ()) -> None:
+        self._exclude = {t.untyped_storage().data_ptr() for t in exclude}
+        self._storages: dict[int, int] = {}
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
+
+    def _pack(self, t: Tensor) -> Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in self._exclude:
+            self._storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes saved so far."""
+        return sum(self._storages.values())
+
+    def __enter__(self) -> SavedTensors:
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._hooks.__exit__(None, None, None)
+
+
+def _unpack(t: Tensor) -> Tensor:
+    return t
+
+
+def saved_tensor_bytes(step: Callable[[], Tensor], backward: bool = True) -> int:
+    """Bytes autograd saves for backward while ``step()`` computes a loss (:class:`SavedTensors`).
+
+    Args:
+        step: Computes and returns a scalar loss.
+        backward: Also run ``loss.backward()`` (frees the saved tensors).
+    """
+    with SavedTensors() as saved:
+        loss = step()
+    if backward:
+        loss.backward()
+    return saved.nbytes
+
+
+def read_metrics(path: Path | str) -> dict[str, list[float]]:
+    """Every non-empty column of a run's ``metrics.csv``, as floats in logged order.
+
+    Args:
+        path: The ``metrics.csv`` file, or a folder holding exactly one (searched recursively).
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = sorted(path.rglob("metrics.csv"))
+        if len(found) != 1:
+            raise FileNotFoundError(f"expected one metrics.csv under {path}, found {len(found)}")
+        path = found[0]
+    with path.open() as f:
+        rows = list(csv.DictReader(f))
+    keys = sorted({k for row in rows for k, v in row.items() if v})
+    return {k: [float(row[k]) for row in rows if row.get(k)] for k in keys}
+
+
+def set_mmap_threshold(num_bytes: int) -> bool:
+    """Serve allocations of ``num_bytes`` or more by ``mmap``, fixed (glibc's ``M_MMAP_THRESHOLD``).
+
+    Freed large tensors then leave the resident set at once instead of staying in the heap. On
+    glibc, once; returns whether it was set (not on musl, macOS or Windows).
+    """
+    if sys.platform != "linux":
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        m_mmap_threshold = -3  # from malloc.h
+        return bool(ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, num_bytes))
+    return False

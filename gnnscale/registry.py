@@ -1,0 +1,163 @@
+"""The recipes under ``recipes/``, listed once.
+
+The smoke tests, ``gnnscale plan``'s check, the README writer and the benchmarks all read this
+list (torchtune's ``_recipe_registry.py``), so adding a recipe is one entry here plus its folder.
+It describes a checkout of the repository: the paths point into ``recipes/`` beside the package.
+
+Each entry says how to run the recipe small (``tiny``: CPU, seconds, for tests and for checking
+the figure pipeline) and which runs its README's table shows (``variants``; the first is the
+recipe as shipped). ``figure_args`` shortens a recipe whose shipped run would take too long to
+measure here; the tables print those arguments beside the figures.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+__all__ = ["RECIPES", "REPO", "Recipe", "recipe"]
+
+REPO = Path(__file__).resolve().parents[1]
+
+# A generated graph of 3,000 nodes where the features alone are a weak signal (the smoke tests
+# measure a features-only baseline on it), loaders in the main process.
+_TINY_GRAPH = (
+    "--data.init_args.synthetic.num_nodes=3000",
+    "--data.init_args.synthetic.num_features=32",
+    "--data.init_args.synthetic.num_classes=5",
+    "--data.init_args.synthetic.train_fraction=0.3",
+    "--data.init_args.synthetic.val_fraction=0.1",
+)
+_NO_WORKERS = (
+    "--data.init_args.loader.num_workers=0",
+    "--data.init_args.loader.persistent_workers=false",
+)
+_TINY_SAGE = (
+    *_TINY_GRAPH,
+    *_NO_WORKERS,
+    "--model.init_args.hidden_channels=64",
+    "--model.init_args.optimizer.init_args.lr=0.01",
+    "--trainer.max_epochs=4",
+)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One scaling scenario: a folder ``recipes/<name>/`` with ``config.yaml`` and a README.
+
+    Args:
+        name: The folder's name.
+        technique: What it teaches, in a few words (the README's recipe table).
+        tiny: CLI overrides that make it a CPU run of seconds on a generated graph.
+        variants: README table rows: a label and the overrides of each (first: as shipped).
+        figure_args: Overrides for every measured run, when the shipped run is too long here.
+        needs: What it cannot run without: a neighbour sampler (pyg-lib or torch-sparse), or
+            torch-sparse itself (GraphSAINT).
+        processes: Training processes of one run (DDP ranks on one machine).
+    """
+
+    name: str
+    technique: str
+    tiny: tuple[str, ...]
+    variants: tuple[tuple[str, tuple[str, ...]], ...] = (("as shipped", ()),)
+    figure_args: tuple[str, ...] = ()
+    needs: Literal["sampler", "torch_sparse", "nothing"] = "sampler"
+    processes: int = 1
+
+    @property
+    def folder(self) -> Path:
+        """``recipes/<name>`` in this checkout."""
+        return REPO / "recipes" / self.name
+
+    @property
+    def config(self) -> Path:
+        """The recipe's ``config.yaml``."""
+        return self.folder / "config.yaml"
+
+    @property
+    def script(self) -> Path | None:
+        """The recipe's ``train.py``, for a model YAML cannot name; ``None`` if it has none."""
+        path = self.folder / "train.py"
+        return path if path.exists() else None
+
+    def argv(self, subcommand: str, *overrides: str) -> list[str]:
+        """The command that runs it in a new process, as its README says: ``python ...``."""
+        entry = [str(self.script)] if self.script else ["-m", "gnnscale.cli"]
+        return [sys.executable, *entry, subcommand, "--config", str(self.config), *overrides]
+
+
+RECIPES: tuple[Recipe, ...] = (
+    Recipe(
+        "neighbor_sage",
+        "neighbour sampling (NeighborLoader), GraphSAGE",
+        tiny=_TINY_SAGE,
+    ),
+    Recipe(
+        "cluster_gcn",
+        "Cluster-GCN (METIS parts, ClusterLoader)",
+        tiny=(*_TINY_SAGE, "--data.init_args.num_parts=20"),
+        variants=(("2 layers", ()), ("4 layers", ("--model.init_args.num_layers=4",))),
+    ),
+    Recipe(
+        "graphsaint",
+        "GraphSAINT subgraphs with node_norm",
+        tiny=(*_TINY_SAGE, "--data.init_args.batch_size=300", "--data.init_args.num_steps=6"),
+        variants=(
+            ("random walk (roots 3000, length 2)", ()),
+            (
+                "node (6000 nodes)",
+                ("--data.init_args.sampler=node", "--data.init_args.batch_size=6000"),
+            ),
+        ),
+        needs="torch_sparse",
+    ),
+    Recipe(
+        "gat_attention_memory",
+        "edge-wise GATv2 attention, never a dense N × N tensor",
+        tiny=(
+            "--data.init_args.synthetic.num_nodes=600",
+            "--model.init_args.hidden_channels=64",
+            "--trainer.max_epochs=10",
+        ),
+        needs="nothing",
+    ),
+    Recipe(
+        "sparse_embeddings",
+        "a learned embedding per node, sparse gradients and SparseAdam",
+        tiny=(
+            "--data.init_args.synthetic.num_nodes=3000",
+            "--data.init_args.synthetic.num_classes=5",
+            "--data.init_args.batch_size=128",
+            *_NO_WORKERS,
+            "--model.init_args.embedding_dim=32",
+            "--model.init_args.hidden_channels=64",
+            "--trainer.max_epochs=4",
+        ),
+        # As shipped, 10 epochs of 586 batches take about an hour here.
+        figure_args=("--trainer.max_epochs=2", "--trainer.limit_train_batches=150"),
+    ),
+    Recipe(
+        "multi_gpu_ddp",
+        "DDP, 2 processes sharing the forked graph, count-reduced accuracy",
+        tiny=(
+            *_TINY_GRAPH,
+            "--trainer.accelerator=cpu",
+            "--data.init_args.batch_size=128",
+            "--model.init_args.hidden_channels=64",
+            "--model.init_args.optimizer.init_args.lr=0.02",
+            "--trainer.max_epochs=4",
+        ),
+        figure_args=("--trainer.accelerator=cpu",),
+        processes=2,
+    ),
+)
+
+
+def recipe(name: str) -> Recipe:
+    """The registry entry of ``name``; a clear error names the known ones."""
+    for entry in RECIPES:
+        if entry.name == name:
+            return entry
+    raise KeyError(f"no recipe {name!r}; known: {', '.join(r.name for r in RECIPES)}")

@@ -1,0 +1,50 @@
+"""The one figure command, at tiny size: every README block is produced, complete and stamped.
+
+Timings at this size mean nothing (and targets may fail); the test checks that the pipeline runs
+end to end, fills every marked block that the READMEs carry, and writes nothing at tiny size.
+"""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from gnnscale.registry import REPO, RECIPES
+from gnnscale.testing import requires_torch_sparse
+
+MARKERS = re.compile(r"<!-- (\w+):begin -->")
+
+
+def _blocks_in_readmes() -> set[tuple[str, str]]:
+    readmes = [REPO / "README.md", *(r.folder / "README.md" for r in RECIPES)]
+    return {
+        (str(path.relative_to(REPO)), name)
+        for path in readmes
+        for name in MARKERS.findall(path.read_text())
+    }
+
+
+@pytest.mark.slow
+@requires_torch_sparse
+def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_path):
+    before = {p: p.read_text() for p in REPO.rglob("README.md") if ".venv" not in p.parts}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "figures.py"), "--size", "tiny"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    printed = re.findall(r"^--- (\S+) \[(\w+)\]\n(.*?)(?=^--- |^== )", done.stdout, re.S | re.M)
+    produced = {(str((REPO / path).resolve().relative_to(REPO)), name) for path, name, _ in printed}
+    assert produced == _blocks_in_readmes()
+    for path, name, text in printed:
+        assert "Written by `python benchmarks/figures.py --size tiny` at commit" in text, name
+        assert "|---" in text, (path, name)  # a table
+        assert "failed" not in text.lower() and "nan" not in text.split("<sub>")[0], (path, name)
+    for target in ("(i)", "(ii)", "(iii)"):
+        assert re.search(rf"^(PASS|FAIL)\s+{re.escape(target)}", done.stdout, re.M), target
+    after = {p: p.read_text() for p in before}
+    assert after == before  # tiny figures are printed, never written
