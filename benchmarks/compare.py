@@ -10,8 +10,9 @@ hand loop's settings (fp32, no gradient accumulation), with glibc's default mmap
 (``handwritten.py``), repetitions interleaved (gnnscale, hand, gnnscale, hand, ...) with
 medians reported. Then it measures the feature matrix's random-gather and copy bandwidth, the
 bytes gnnscale's GATv2 saves for backward against an O(E * heads * F) bound and the dense
-formulation, and s/epoch and peak memory of neighbour sampling at 10^5, 10^6 and 10^7 nodes. Each configuration runs in its own
-process (see ``jobs.py``), so every peak resident memory is that configuration's own.
+formulation, and s/epoch and peak memory of neighbour sampling at 10^5, 10^6 and 10^7 nodes.
+Each configuration runs in its own process (see ``jobs.py``), so every peak resident memory is
+that configuration's own.
 
 Writes ``results.json`` (every raw figure and the machine), ``comparison.png`` and
 ``scaling.png`` to its output folder and returns the README block, with PASS/FAIL for each
@@ -26,6 +27,7 @@ import math
 import multiprocessing as mp
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field

@@ -23,7 +23,6 @@ import argparse
 import shlex
 import sys
 import time
-from pathlib import Path
 
 import blocks as block_io
 import torch

@@ -70,6 +70,7 @@ class DenseGATLayer(nn.Module):
         self.att = nn.Parameter(torch.randn(2 * out_channels) / out_channels**0.5)
 
     def forward(self, h: Tensor, adj: Tensor) -> Tensor:
+        """Output features of every node, attention over all pairs of each graph."""
         wh = self.lin(h)  # [B, N, F]
         b, n, f = wh.shape
         pairs = torch.cat([wh.repeat_interleave(n, dim=1), wh.repeat(1, n, 1)], dim=-1)

@@ -9,9 +9,9 @@ recipe's ``config.yaml``, on the same generated graph (``gnnscale.make_synthetic
 
 Evaluation (when ``spec["evaluate"]``) is layer-wise exact inference over full neighbourhoods
 after the last epoch (the recipes' ``eval.mode: layerwise``, batch size ``eval_batch_size``), as
-``gnnscale fit``'s final ``test`` is when ``compare.py`` turns per-epoch validation off: one pass over
-the graph costs about as much as an epoch here, so both sides evaluate once. An epoch's time runs
-from the start of the loader loop to the end of its last optimizer step, like
+``gnnscale fit``'s final ``test`` is when ``compare.py`` turns per-epoch validation off: one pass
+over the graph costs about as much as an epoch here, so both sides evaluate once. An epoch's time
+runs from the start of the loader loop to the end of its last optimizer step, like
 ``gnnscale.ThroughputMonitor``: sampling included, evaluation not.
 """
 

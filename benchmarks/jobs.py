@@ -36,8 +36,8 @@ import torch_geometric
 from torch import Tensor
 
 import gnnscale
-from gnnscale.measure import peak_rss_mb, read_metrics, rss_mb, saved_tensor_bytes
 from gnnscale.cli import main as gnnscale_main
+from gnnscale.measure import peak_rss_mb, read_metrics, rss_mb, saved_tensor_bytes
 
 MIB = 2**20
 

@@ -11,6 +11,7 @@ the planned and the measured peak in the tables come from one pair of runs. Call
 from __future__ import annotations
 
 import re
+import shutil
 import statistics
 import subprocess
 import tempfile
@@ -20,7 +21,7 @@ from pathlib import Path
 from blocks import Block
 
 from gnnscale.measure import read_metrics
-from gnnscale.registry import RECIPES, Recipe
+from gnnscale.registry import CORA_RAW, RECIPES, Recipe
 
 # Runs a command (a script, or a module with -m) and prints the peak resident memory of the
 # largest process: this one, or a child that trained in it (DDP ranks started with fork;
@@ -135,6 +136,9 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
     with tempfile.TemporaryDirectory(prefix="gnnscale-recipes-") as tmp:
         folder = workdir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
+        cora = folder / "data" / "Cora" / "raw"
+        if CORA_RAW.is_dir() and not cora.exists():  # offline: Planetoid reads the raw files
+            shutil.copytree(CORA_RAW, cora)
         rows, out = [], []
         for entry in [e for e in RECIPES if e.name in names]:
             base = [*entry.figure_args, *(entry.tiny if tiny else ())]
@@ -172,9 +176,7 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
                 "whole run's (data, sampler, training, evaluation, checkpoints)"
             )
             note += ", largest process (a DDP rank)." if entry.processes > 1 else "."
-            out.append(
-                Block(entry.folder / "README.md", "results", "\n".join([*lines, "", note]))
-            )
+            out.append(Block(entry.folder / "README.md", "results", "\n".join([*lines, "", note])))
         table = [
             "| recipe | technique | settings | test acc | s/epoch | peak RSS (MiB) | "
             "planned peak (MiB) | planned / measured |",

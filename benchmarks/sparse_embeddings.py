@@ -47,10 +47,12 @@ class StepTimer(L.Callback):
             torch.cuda.synchronize(pl_module.device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        """Start the step clock."""
         self._sync(pl_module)
         self._start = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Record the step's seconds."""
         self._sync(pl_module)
         self.seconds.append(time.perf_counter() - self._start)
 
@@ -60,6 +62,7 @@ def _mib(num_bytes: float) -> float:
 
 
 def bench_one(dm: NeighborDataModule, variant: str, args: argparse.Namespace) -> dict[str, float]:
+    """Train ``args.steps`` micro-batches with one table variant; its step time and memory."""
     sparse = variant.startswith("sparse")
     model = _recipe_model()(
         in_channels=1,

@@ -17,6 +17,7 @@ import torch
 import torch_geometric.typing
 from torch_geometric.data import Data
 
+from gnnscale.registry import CORA_RAW
 from gnnscale.synthetic import SyntheticGraph
 
 __all__ = [
@@ -46,8 +47,6 @@ requires_cuda: Callable[[Any], Any] = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA device"
 )
 
-# The offline copy of Cora's raw files beside a checkout (``../shared`` in CI).
-CORA_RAW = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "Planetoid" / "Cora" / "raw"
 
 # Small enough for a CPU test, hard enough that features alone are weak (see centroid_accuracy).
 TINY = SyntheticGraph(

@@ -19,8 +19,8 @@
 # by side as N grows, on this machine, and extrapolates to an 80 GB GPU.
 #
 # The recipe that trains the edge-wise model is
-# [`recipes/gat_attention_memory`](../recipes/gat_attention_memory/README.md); `benchmarks/gat_memory.py`
-# measures full training steps at the recipe's sizes.
+# [`recipes/gat_attention_memory`](../recipes/gat_attention_memory/README.md);
+# `benchmarks/gat_memory.py` measures full training steps at the recipe's sizes.
 #
 # All sizes are in the next cell, set for a CPU run of under a minute. On a GPU, set
 # `NODES` up to `2**16` or more and `CAP_BYTES` to a large part of the GPU's memory; the

@@ -45,6 +45,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from IPython.display import Markdown, display
 
+from gnnscale.measure import read_metrics
+
 NUM_NODES = 20_000  # the generated graph; the recipes use 200_000
 AVG_DEGREE = 15
 HIDDEN = 128  # GraphSAGE width, the same for all four
@@ -118,7 +120,7 @@ RUNS_TO_DO = {
 # %%
 FLOOR = f"""
 from gnnscale import NeighborDataModule, SyntheticGraph
-from gnnscale.measure import peak_rss_mb, read_metrics
+from gnnscale.measure import peak_rss_mb
 graph = SyntheticGraph(num_nodes={NUM_NODES}, avg_degree={AVG_DEGREE}, num_features=64,
                        num_classes=10, train_fraction=0.3)
 dm = NeighborDataModule(synthetic=graph, num_neighbors={FANOUT}, batch_size={SEEDS})

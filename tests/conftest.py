@@ -3,8 +3,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from gnnscale.testing import BACKEND_MISSING, CORA_RAW
+
+# One thread: on a shared 2-core machine, two OpenMP threads wait at barriers for a descheduled
+# sibling, which made small fits here 10-30x slower. Child processes inherit the variable.
+torch.set_num_threads(1)
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 @pytest.fixture
@@ -21,6 +27,10 @@ def pytest_runtest_makereport(item, call):
     """Under CI=true, a test skipped for a missing sampling backend fails instead."""
     outcome = yield
     report = outcome.get_result()
-    if os.environ.get("CI") == "true" and report.skipped and BACKEND_MISSING in str(report.longrepr):
+    if (
+        os.environ.get("CI") == "true"
+        and report.skipped
+        and BACKEND_MISSING in str(report.longrepr)
+    ):
         report.outcome = "failed"
         report.longrepr = f"CI=true and the {BACKEND_MISSING}: the build is broken"

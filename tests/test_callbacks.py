@@ -8,12 +8,11 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-
 from lightning.pytorch.loggers import CSVLogger
 
 from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE
-from gnnscale.measure import peak_rss_mb
 from gnnscale.cli import main
+from gnnscale.measure import peak_rss_mb
 from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
 
 

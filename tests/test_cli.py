@@ -1,11 +1,11 @@
 import csv
 import math
+import re
 import runpy
 import sys
 from pathlib import Path
 
 import pytest
-
 
 from gnnscale.cli import main
 from gnnscale.testing import cli_args, requires_sampler, requires_torch_sparse
@@ -114,7 +114,8 @@ def test_fp16_on_cpu_is_refused_with_advice(tmp_path):
         )
 
 
-def test_fanout_must_match_layers_and_is_refused_before_loading(tmp_path, cora_root):
+@requires_sampler
+def test_fanout_must_match_layers_and_is_refused_before_training(tmp_path):
     with pytest.raises(
         ValueError, match=r"--data.num_neighbors has 3 entries .* --model.num_layers is 2"
     ):
@@ -122,13 +123,11 @@ def test_fanout_must_match_layers_and_is_refused_before_loading(tmp_path, cora_r
             tmp_path,
             "--data=gnnscale.NeighborDataModule",
             "--model=gnnscale.GraphSAGE",
-            "--data.dataset=Cora",
-            f"--data.root={cora_root}",
             "--data.num_neighbors=[5, 5, 5]",
             "--trainer.max_epochs=1",
         )
-    # Refused when the classes were built: Planetoid never processed (and wrote) the dataset.
-    assert not (cora_root / "Cora" / "processed").exists()
+    # Refused once model and data exist, before the Trainer starts: no run folder, no logs.
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resumed_run_continues_where_it_stopped(tmp_path):
@@ -146,3 +145,14 @@ def test_resumed_run_continues_where_it_stopped(tmp_path):
     rows = _metrics(tmp_path / "runs" / "lightning_logs" / "version_1")
     epochs = sorted({int(r["epoch"]) for r in rows if r.get("train/loss_epoch")})
     assert epochs == [4, 5, 6]
+
+
+def test_plan_is_a_subcommand_with_its_own_options(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert re.search(r"^\s+plan\s+Predict the run's peak memory", capsys.readouterr().out, re.M)
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    out = capsys.readouterr().out
+    assert "--budget_gb BUDGET_GB" in out and "--num_batches NUM_BATCHES" in out
+    assert "--trainer.precision" in out  # and every option of the run it plans

@@ -3,7 +3,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from torch_geometric.data import Data
 from torch_geometric.utils import degree, homophily, is_undirected
 
@@ -20,7 +19,7 @@ from gnnscale import (
     load_dataset,
     make_synthetic_graph,
 )
-from gnnscale.testing import TINY, TINY_ARGS, requires_sampler, requires_torch_sparse
+from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
 def test_synthetic_is_deterministic_homophilous_and_skewed():

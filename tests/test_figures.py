@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gnnscale.registry import REPO, RECIPES
+from gnnscale.registry import RECIPES, REPO
 from gnnscale.testing import requires_torch_sparse
 
 MARKERS = re.compile(r"<!-- (\w+):begin -->")

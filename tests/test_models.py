@@ -4,7 +4,6 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch_geometric.nn import MLP
 
@@ -18,7 +17,7 @@ from gnnscale import (
     SAINTDataModule,
     make_synthetic_graph,
 )
-from gnnscale.testing import TINY, TINY_ARGS, requires_sampler, requires_torch_sparse
+from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
 def _trainer(tmp_path, max_epochs, **kwargs) -> L.Trainer:

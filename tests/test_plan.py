@@ -2,14 +2,12 @@ import math
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-
 from gnnscale.cli import main
 from gnnscale.registry import recipe
-from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
+from gnnscale.testing import TINY_ARGS, requires_sampler
 
 NEIGHBOR = ["--config", str(recipe("neighbor_sage").config)]
 # Runs a recipe command (Recipe.argv) and prints the peak resident memory of its process.
@@ -93,6 +91,7 @@ def _plan_in_new_process(tmp_path, *extra):
         check=True,
     )
     report = done.stdout + done.stderr
+    assert "args parameter is intended" not in report  # the command passes no args to the CLI
 
     def mib(label):
         return float(re.search(label + r"\s+([\d,]+) MiB", report).group(1).replace(",", ""))
@@ -184,7 +183,10 @@ def test_plan_counts_saving_and_loading_a_large_embedding_table(tmp_path, checkp
         extra.append("--trainer.plugins=lightning.fabric.plugins.TorchCheckpointIO")
     report, measured = _plan_and_fit(tmp_path, "sparse_embeddings", *extra)
     part = {k: _mib(k, report) for k in ("base after setup", "training step", "expected peak")}
-    resident, checkpoint = _mib("resident after steps", report), _mib(r"checkpoint save\+load", report)
+    resident, checkpoint = (
+        _mib("resident after steps", report),
+        _mib(r"checkpoint save\+load", report),
+    )
     table_mb = 500_000 * 128 * 4 / 2**20
     if checkpoint_io == "lightning":
         assert checkpoint > 2.5 * table_mb, report

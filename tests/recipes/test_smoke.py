@@ -20,7 +20,7 @@ import yaml
 from gnnscale import SyntheticGraph, make_synthetic_graph
 from gnnscale.cli import main
 from gnnscale.measure import read_metrics
-from gnnscale.registry import REPO, RECIPES
+from gnnscale.registry import RECIPES, REPO
 from gnnscale.testing import centroid_accuracy, requires_sampler, requires_torch_sparse
 
 NEEDS = {"sampler": [requires_sampler], "torch_sparse": [requires_torch_sparse], "nothing": []}
