@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> str:
         f"full-batch epochs on the recipe graph ({data_args['num_nodes']} nodes, "
         f"{train_classes} classes, chance {100 / train_classes:.0f}%).\n"
     )
-    lines.append("| variant | peak step memory | vs. dense at N=500 | test acc | s/epoch |")
+    lines.append(f"| variant | peak step memory | vs. dense at N={n} | test acc | s/epoch |")
     lines.append("|---|---:|---:|---:|---:|")
     for label, overrides, precision in VARIANTS:
         spec = {**edge, "model": overrides, "precision": precision}
