@@ -47,7 +47,8 @@ def _git(*args: str) -> str:
 def commit() -> str:
     """The checked-out commit, marked ``+ uncommitted changes`` when the tree is dirty."""
     sha = _git("rev-parse", "--short", "HEAD") or "unknown commit"
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", "gnnscale", "recipes")
+    code = ["gnnscale", "recipes", "benchmarks", ":(exclude)*.md"]  # blocks are written to *.md
+    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *code)
     return f"{sha} + uncommitted changes" if dirty else sha
 
 
