@@ -117,29 +117,27 @@ def test_sampled_evaluation_agrees_with_exact(tmp_path):
     assert abs(exact - sampled) < 0.03
 
 
-@pytest.mark.parametrize(
-    "model_cls,kwargs,lr,target",
-    [
-        (GraphSAGE, dict(hidden_channels=64, dropout=0.5), 0.01, 0.78),
-        # 8 averaged output heads (as GAT on PubMed): 0.816 here, against 0.803 with one head.
-        (GATv2, dict(hidden_channels=64, heads=8, out_heads=8, dropout=0.6), 0.005, 0.80),
-    ],
-)
-def test_cora_accuracy(tmp_path, cora_root, model_cls, kwargs, lr, target):
-    """Mean test accuracy over 3 seeds on Cora's public split, best validation checkpoint."""
+# Mean of seeds 0-2 measured here (recipes/planetoid): GATv2 0.803 (0.801, 0.802, 0.807), GraphSAGE
+# 0.799 (0.798, 0.793, 0.806); torch's Adam defaults (lr 1e-3, no decay) gave 0.795 and 0.782.
+# Over seeds the standard deviation is about 0.006, so a 3-seed mean varies by about 0.004: the
+# margin below (0.008, two of those) absorbs other CPUs' kernels and library versions.
+@pytest.mark.slow  # about 4 minutes on one CPU core, mostly GraphSAGE's 256 x 1433 first layer
+@pytest.mark.parametrize("model_cls,target", [(GATv2, 0.795), (GraphSAGE, 0.79)])
+def test_cora_accuracy(tmp_path, cora_root, model_cls, target):
+    """The models' defaults on Cora's public split: mean test accuracy over 3 seeds, best
+    validation checkpoint, 200 epochs, as ``recipes/planetoid`` runs them."""
     accs = []
     for seed in range(3):
         L.seed_everything(seed)
         dm = FullBatchDataModule("Cora", cora_root)
-        opt = partial(torch.optim.Adam, lr=lr, weight_decay=5e-4)
-        model = model_cls(dm.num_features, dm.num_classes, optimizer=opt, **kwargs)
+        model = model_cls(dm.num_features, dm.num_classes)
         ckpt = ModelCheckpoint(dirpath=tmp_path / str(seed), monitor="val/acc", mode="max")
         trainer = _trainer(tmp_path, 200, callbacks=[ckpt])
         trainer.fit(model, dm)
         accs.append(trainer.test(model, dm, ckpt_path="best", verbose=False)[0]["test/acc"])
     mean = sum(accs) / len(accs)
     print(f"{model_cls.__name__} Cora test accuracy {mean:.4f} ({accs})")
-    assert mean >= target
+    assert mean >= target, f"{model_cls.__name__}: {mean:.4f} < {target} ({accs})"
 
 
 def _saved_activation_bytes(model, x, edge_index) -> int:
