@@ -154,7 +154,7 @@ class GnnscaleCLI(LightningCLI):
         if isinstance(self.datamodule, _GraphDataModule):
             self.datamodule.check_model(self.model)
 
-    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, saving and loading checkpoints with ``StreamingCheckpointIO``.
 
         Unless ``--trainer.plugins`` names another ``CheckpointIO``: Lightning's own holds a
