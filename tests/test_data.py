@@ -73,6 +73,16 @@ def test_preprocess_largest_component_and_dtype(cora_root, caplog):
     assert dm.num_features == 1433 and dm.num_classes == 7
 
 
+def test_preprocess_normalize_features(cora_root):
+    raw = FullBatchDataModule("Cora", cora_root).data.x
+    x = FullBatchDataModule(
+        "Cora", cora_root, preprocess=Preprocess(normalize_features=True)
+    ).data.x
+    assert set(raw.unique().tolist()) == {0.0, 1.0}  # word counts as Planetoid stores them
+    assert torch.allclose(x.sum(-1), torch.ones(len(x)))  # every Cora paper has a word
+    assert torch.equal(x > 0, raw > 0)  # scaled per row, nothing added or dropped
+
+
 def test_preprocess_to_undirected(monkeypatch):
     directed = Data(
         x=torch.randn(4, 2),

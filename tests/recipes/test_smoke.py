@@ -6,6 +6,7 @@ pytest. The graph each run trained on is rebuilt from the config the run saved, 
 class centroid of its features (edges ignored) sets the bar: the recipe must beat it clearly.
 """
 
+import dataclasses
 import math
 import re
 import runpy
@@ -96,3 +97,26 @@ def test_readme_quick_start_command(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     main([*args, "--trainer.accelerator=cpu", *recipe.tiny, "--trainer.max_epochs=1"])
     assert read_metrics(tmp_path / "runs")["test/acc"]
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        pytest.param(r, id=r.name, marks=NEEDS[r.needs])
+        for r in RECIPES
+        if r.name in ("neighbor_sage", "cluster_gcn", "graphsaint")
+    ],
+)
+def test_gatv2_swapped_into_a_graphsage_recipe_trains(tmp_path, monkeypatch, recipe):
+    """``--model gnnscale.GATv2`` on a GraphSAGE recipe keeps the recipe's dropout and optimizer.
+
+    With the recipe's dropout (0.5) on its attention coefficients too, as before GATv2 had its
+    own ``attention_dropout`` (default 0), the neighbour case reached 0.30 against the
+    features-only 0.43; now 0.71. GATv2 learns slower than GraphSAGE here: 20 epochs, not 4.
+    """
+    tiny = (*recipe.tiny, "--model=gnnscale.GATv2", "--trainer.max_epochs=20")
+    swapped = dataclasses.replace(recipe, tiny=tiny)
+    _run(swapped, tmp_path, monkeypatch)
+    saved = yaml.safe_load(next((tmp_path / "runs").rglob("config.yaml")).read_text())
+    assert saved["model"]["class_path"] == "gnnscale.GATv2"
+    _check(swapped, tmp_path)
