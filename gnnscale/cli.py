@@ -3,14 +3,19 @@
     gnnscale fit --config recipes/neighbor_sage/config.yaml
     gnnscale fit --config recipes/neighbor_sage/config.yaml --print_config
     gnnscale plan --config recipes/neighbor_sage/config.yaml --budget_gb 2   # peak memory, before
+    gnnscale prepare --config recipes/on_disk_graph/prepare.yaml             # a graph to disk
 
 ``plan`` is a subcommand like ``fit``: :class:`Trainer` adds the method it runs, so LightningCLI
-builds its parser (``gnnscale plan --help``) from the method's signature.
+builds its parser (``gnnscale plan --help``) from the method's signature. ``prepare`` needs no
+model or trainer: it is :func:`prepare`, parsed by jsonargparse on its own.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -20,12 +25,14 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale.checkpoint import StreamingCheckpointIO
-from gnnscale.data import _GraphDataModule
+from gnnscale.data import NeighborDataModule, Preprocess, _GraphDataModule
 from gnnscale.measure import set_mmap_threshold
 from gnnscale.models import NodeClassifier
+from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
 from gnnscale.plan import MemoryPlan, format_plan, plan
+from gnnscale.synthetic import SyntheticGraph
 
-__all__ = ["GnnscaleCLI", "Trainer", "main", "run"]
+__all__ = ["GnnscaleCLI", "Trainer", "main", "prepare", "run"]
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -195,8 +202,47 @@ def main(args: list[str] | None = None) -> GnnscaleCLI:
     )
 
 
+def prepare(
+    *,
+    out: Path,
+    dataset: str = "synthetic",
+    root: Path = Path("data"),
+    synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008 (frozen dataclass)
+    preprocess: Preprocess = Preprocess(),  # noqa: B008
+    feature_dtype: FeatureDtype = "float32",
+    stream: bool = False,
+    chunk_nodes: int = 1 << 20,
+) -> Path:
+    """Write a graph to a folder once, for ``--data.dataset prepared --data.root OUT``.
+
+    Args:
+        out: Folder to create (atomically: it appears complete or not at all).
+        dataset: Dataset to load and write, as ``--data.dataset`` of ``gnnscale fit``.
+        root: Folder of the dataset's files.
+        synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
+        preprocess: Preprocessing applied before writing, as ``--data.preprocess``.
+        feature_dtype: Dtype of the stored features: ``float32``, ``bfloat16``, ``float16``.
+        stream: Generate the synthetic graph chunk by chunk (memory of one chunk, any size; a
+            different draw from the in-memory generator) instead of loading it whole.
+        chunk_nodes: Nodes per written (or generated) chunk.
+    """
+    if stream:
+        if dataset != "synthetic" or preprocess != Preprocess():
+            raise ValueError("--stream generates --dataset synthetic, without --preprocess")
+        return write_streamed_synthetic(synthetic, out, feature_dtype, chunk_nodes)
+    dm = NeighborDataModule(dataset, root, synthetic=synthetic, preprocess=preprocess)
+    source: dict[str, Any] = {"dataset": dataset, "preprocess": asdict(preprocess)}
+    source |= {"synthetic": asdict(synthetic)} if dataset == "synthetic" else {"root": str(root)}
+    return write_graph(dm.data, out, source, feature_dtype, chunk_nodes)
+
+
 def run() -> None:
     """Console entry point: ``main`` without a return value (which ``sys.exit`` would print)."""
+    if sys.argv[1:2] == ["prepare"]:
+        from jsonargparse import CLI
+
+        CLI(prepare, args=sys.argv[2:])
+        return
     main()
 
 

@@ -38,6 +38,7 @@ from torch_geometric.loader import (
 )
 from torch_geometric.sampler import NeighborSampler
 
+from gnnscale.ondisk import PreparedGraph
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
 
 DATASETS = (
     "synthetic",
+    "prepared",
     "Cora",
     "CiteSeer",
     "PubMed",
@@ -181,6 +183,9 @@ def _check_positive(**values: int | float) -> None:
 def _check_root(dataset: str, root: Path) -> None:
     if dataset == "synthetic":
         return  # the root only holds caches, created on first use
+    if dataset == "prepared":
+        PreparedGraph.read_manifest(root)  # a clear error now if it is not a prepared folder
+        return
     if not root.is_dir():
         raise ValueError(
             f"--data.root {str(root)!r} does not exist or is not a folder: create it "
@@ -201,6 +206,8 @@ def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None)
     """
     if name == "synthetic":
         return make_synthetic_graph(synthetic or SyntheticGraph())
+    if name == "prepared":
+        return PreparedGraph(root).data
     if name in ("Cora", "CiteSeer", "PubMed"):
         from torch_geometric.datasets import Planetoid
 
@@ -297,6 +304,9 @@ def _graph_key(data: Data, *params: Any) -> str:
 class _GraphDataModule(L.LightningDataModule):
     """What every gnnscale DataModule shares: loading, checks, evaluation loaders."""
 
+    # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
+    _not_on_disk: str | None = "it needs the whole graph in memory"
+
     def __init__(
         self,
         dataset: str,
@@ -312,6 +322,22 @@ class _GraphDataModule(L.LightningDataModule):
                 f"--data.dataset {dataset!r} is not known; choose one of {', '.join(DATASETS)}"
             )
         _check_root(dataset, Path(root))
+        if dataset == "prepared":
+            if self._not_on_disk:
+                raise ValueError(
+                    f"{type(self).__name__} cannot train from --data.dataset prepared: "
+                    f"{self._not_on_disk}; use gnnscale.NeighborDataModule"
+                )
+            if preprocess != Preprocess():
+                raise ValueError(
+                    "--data.preprocess does not apply to --data.dataset prepared (the files are "
+                    "mapped as written): preprocess before `gnnscale prepare`, or drop it"
+                )
+            if eval.mode != "sampled":
+                raise ValueError(
+                    f"--data.eval.mode {eval.mode!r} holds every node's activations in memory; "
+                    "with --data.dataset prepared use --data.eval.mode=sampled"
+                )
         self.dataset = dataset
         self.root = Path(root)
         self.synthetic = synthetic
@@ -321,8 +347,16 @@ class _GraphDataModule(L.LightningDataModule):
         self._num_classes = 0
 
     @cached_property
+    def prepared(self) -> PreparedGraph:
+        """The memory-mapped graph of ``dataset: prepared`` (``root`` is its folder)."""
+        return PreparedGraph(self.root)
+
+    @cached_property
     def data(self) -> Data:
-        """The preprocessed graph, loaded on first use."""
+        """The preprocessed graph, loaded on first use (mapped, for ``dataset: prepared``)."""
+        if self.dataset == "prepared":
+            self._num_classes = self.prepared.num_classes
+            return self.prepared.data
         data = load_dataset(self.dataset, self.root, self.synthetic)
         if self.preprocess.to_undirected:
             data = T.ToUndirected()(data)
@@ -393,7 +427,17 @@ class _GraphDataModule(L.LightningDataModule):
 
     @cached_property
     def _csc_sampler(self) -> NeighborSampler:
-        return NeighborSampler(self.data, [-1], share_memory=self.loader.num_workers > 0)
+        if self.dataset != "prepared":
+            return NeighborSampler(self.data, [-1], share_memory=self.loader.num_workers > 0)
+        # The prepared CSC is already in the sampler's layout: map it instead of building one.
+        # (PyG builds the CSC in __init__; given a one-node graph that is free, then replaced.)
+        sampler = NeighborSampler(
+            Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1), [-1]
+        )
+        sampler.num_nodes = self.data.num_nodes
+        sampler.colptr, sampler.row = self.prepared.csc
+        sampler.perm = None
+        return sampler
 
     def _neighbor_loader(self, data: Data, fanout: list[int], **kwargs: Any) -> NeighborLoader:
         """PyG's ``NeighborLoader`` over one CSC copy of the graph, shared by every loader.
@@ -466,6 +510,8 @@ class FullBatchDataModule(_GraphDataModule):
         eval: How validation and test are computed (default: the whole graph at once).
     """
 
+    _not_on_disk = "a full batch is the whole graph in memory"
+
     def __init__(
         self,
         dataset: str = "synthetic",
@@ -501,7 +547,14 @@ class NeighborDataModule(_GraphDataModule):
         preprocess: Preprocessing applied once after loading.
         loader: DataLoader workers and memory pinning.
         eval: How validation and test are computed.
+
+    With ``dataset: prepared`` and ``root`` a folder written by ``gnnscale prepare``, the graph
+    is memory-mapped (``gnnscale.ondisk``): the sampler walks the mapped CSC and batches gather
+    their feature rows from the mapped file, so nothing but the batch enters private memory and
+    processes on one machine share the pages. Evaluation must then be ``sampled``.
     """
+
+    _not_on_disk = None
 
     def __init__(
         self,
@@ -600,6 +653,9 @@ class _ClusterData(ClusterData):
 class ClusterDataModule(_GraphDataModule):
     """Cluster-GCN: METIS splits the graph into parts; each batch is a few parts and their links.
 
+    Not from a prepared graph: PyG's ``ClusterData`` partitions and reorders the whole graph,
+    features included, in memory.
+
     The partition is computed once and cached under ``root/gnnscale_cache``, keyed to the graph
     structure and the parameters, so a changed graph never reuses a stale partition.
 
@@ -615,6 +671,8 @@ class ClusterDataModule(_GraphDataModule):
         loader: DataLoader workers and memory pinning.
         eval: How validation and test are computed.
     """
+
+    _not_on_disk = "PyG's ClusterData partitions and reorders the whole graph in memory"
 
     def __init__(
         self,
@@ -678,6 +736,8 @@ class ClusterDataModule(_GraphDataModule):
 class SAINTDataModule(_GraphDataModule):
     """GraphSAINT: batches are sampled subgraphs, debiased by the paper's normalisation.
 
+    Not from a prepared graph: PyG's GraphSAINT samplers hold the whole adjacency in memory.
+
     ``node_norm`` (estimated from ``sample_coverage`` pre-sampled subgraphs and cached under
     ``root/gnnscale_cache``) weights each training node's loss. ``edge_norm`` would rescale
     aggregation, but SAGEConv and GATv2Conv take no edge weights, so it is not used.
@@ -697,6 +757,8 @@ class SAINTDataModule(_GraphDataModule):
         loader: DataLoader workers and memory pinning.
         eval: How validation and test are computed.
     """
+
+    _not_on_disk = "PyG's GraphSAINT samplers hold the whole adjacency in memory"
 
     def __init__(
         self,

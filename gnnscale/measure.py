@@ -26,6 +26,7 @@ from torch import Tensor
 
 __all__ = [
     "PeakRSS",
+    "anon_mb",
     "SavedTensors",
     "peak_rss_mb",
     "read_metrics",
@@ -51,6 +52,19 @@ def _status_mb(field: str) -> float | None:
 def rss_mb() -> float:
     """Resident memory of this process now, in MiB."""
     return psutil.Process().memory_info().rss / MiB
+
+
+def anon_mb(pid: int | str = "self") -> float:
+    """Private (anonymous) resident memory of a process now, in MiB: ``RssAnon``, Linux only.
+
+    Unlike the resident set, it leaves out pages of mapped files, which live in the page cache,
+    are shared by every process that maps them, and can be dropped under pressure. A process
+    that trains from a memory-mapped graph should hold little of it.
+    """
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) / 1024
+    raise OSError("RssAnon not in /proc/<pid>/status (Linux only)")
 
 
 def peak_rss_mb() -> float:
@@ -89,17 +103,19 @@ class PeakRSS:
 
     Args:
         interval_s: Seconds between samples.
+        measure: What to sample, in MiB (default :func:`rss_mb`; :func:`anon_mb` for private).
     """
 
-    def __init__(self, interval_s: float = 0.002) -> None:
+    def __init__(self, interval_s: float = 0.002, measure: Callable[[], float] = rss_mb) -> None:
         self.interval_s = interval_s
-        self.peak_mb = rss_mb()
+        self.measure = measure
+        self.peak_mb = measure()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_mb = max(self.peak_mb, rss_mb())
+            self.peak_mb = max(self.peak_mb, self.measure())
             time.sleep(self.interval_s)
 
     def __enter__(self) -> PeakRSS:
@@ -109,7 +125,7 @@ class PeakRSS:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak_mb = max(self.peak_mb, rss_mb())
+        self.peak_mb = max(self.peak_mb, self.measure())
 
 
 class SavedTensors:

@@ -1,0 +1,407 @@
+"""A graph prepared once on disk, then memory-mapped by every process that trains on it.
+
+``gnnscale prepare`` writes a node-classification graph as flat files: features (``x.bin``, in
+the dtype asked for), labels, the three split masks, and the neighbour sampler's structure in
+CSC form (``colptr.bin``, ``row.bin``: each node's in-neighbours, contiguous). ``manifest.json``
+records every file's dtype, shape, size and a CRC-32 per 64 MiB block, and is written last: a
+folder is only ever renamed into place complete, so a killed prepare leaves nothing that looks
+prepared, and the next prepare starts again cleanly.
+
+:class:`PreparedGraph` checks a folder against its manifest (sizes, then every block's checksum)
+and maps the files read-only with ``torch.from_file``. The tensors it returns live in the page
+cache, not in the process: a batch gathers its rows from the mapped feature file, the sampler
+walks the mapped CSC, and processes that open the same folder (DDP ranks under ``torchrun``, on
+one machine or on several that share the storage) share those pages instead of each holding a
+copy. Nothing is read into private memory but the batches and the training split's node ids.
+
+Two ways to fill a folder: :func:`write_graph` writes any in-memory PyG ``Data`` (the datasets
+``gnnscale fit`` loads), and :func:`write_streamed_synthetic` generates a graph chunk by chunk,
+so its feature file can be larger than the machine's memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.sampler.utils import to_csc
+from tqdm import tqdm
+
+from gnnscale.synthetic import SyntheticGraph
+
+__all__ = ["PreparedGraph", "write_graph", "write_streamed_synthetic"]
+
+FORMAT = "gnnscale.prepared_graph/1"
+MANIFEST = "manifest.json"
+BLOCK_BYTES = 64 << 20  # one CRC-32 per block: a damaged file names the block that is wrong
+_SPLITS = ("train_mask", "val_mask", "test_mask")
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "bool": torch.bool,
+}
+FeatureDtype = Literal["float32", "float16", "bfloat16"]
+
+
+class PreparedGraphError(ValueError):
+    """A prepared folder that is missing, incomplete or damaged; the message names the file."""
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+class _FileWriter:
+    """Appends tensors to one flat file and checksums it block by block as it goes."""
+
+    def __init__(self, path: Path, dtype: str) -> None:
+        self.path, self.dtype = path, dtype
+        self.file = path.open("wb")
+        self.crcs: list[int] = []
+        self.crc, self.fill, self.size, self.rows = 0, 0, 0, 0
+        self.row_shape: tuple[int, ...] = ()
+
+    def write(self, t: Tensor) -> None:
+        assert str(t.dtype).removeprefix("torch.") == self.dtype, (t.dtype, self.dtype)
+        self.rows += t.size(0)
+        self.row_shape = tuple(t.shape[1:])
+        buf = memoryview(t.contiguous().view(-1).view(torch.uint8).numpy())  # type: ignore[arg-type]
+        self.file.write(buf)
+        self.size += len(buf)
+        pos = 0
+        while pos < len(buf):
+            take = min(BLOCK_BYTES - self.fill, len(buf) - pos)
+            self.crc = zlib.crc32(buf[pos : pos + take], self.crc)
+            self.fill, pos = self.fill + take, pos + take
+            if self.fill == BLOCK_BYTES:
+                self.crcs.append(self.crc)
+                self.crc, self.fill = 0, 0
+
+    def close(self) -> dict[str, Any]:
+        if self.fill:
+            self.crcs.append(self.crc)
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        shape = [self.rows, *self.row_shape]
+        return {"dtype": self.dtype, "shape": shape, "bytes": self.size, "crc32": self.crcs}
+
+
+class _Writer:
+    """The files of one prepared graph, in a temporary folder until :meth:`finish`."""
+
+    def __init__(self, folder: Path, feature_dtype: str) -> None:
+        dtypes = {"x": feature_dtype, "y": "int64", "colptr": "int64", "row": "int64"}
+        dtypes |= dict.fromkeys(_SPLITS, "bool")
+        self.folder = folder
+        self.files = {name: _FileWriter(folder / f"{name}.bin", d) for name, d in dtypes.items()}
+
+    def __getitem__(self, name: str) -> _FileWriter:
+        return self.files[name]
+
+    def finish(self, meta: dict[str, Any]) -> None:
+        files = {name: w.close() for name, w in self.files.items()}
+        manifest = {"format": FORMAT, **meta, "block_bytes": BLOCK_BYTES, "files": files}
+        tmp = self.folder / (MANIFEST + ".tmp")
+        tmp.write_text(json.dumps(manifest, indent=1))
+        tmp.rename(self.folder / MANIFEST)
+
+
+def _key(source: dict[str, Any]) -> str:
+    return hashlib.blake2b(json.dumps(source, sort_keys=True).encode(), digest_size=8).hexdigest()
+
+
+def _prepare(out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[str, Any]]) -> Path:
+    """Run ``fill`` into a temporary sibling of ``out``, then rename it to ``out`` (atomic).
+
+    A complete ``out`` made from the same source is kept; one from another source, or anything
+    else at ``out``, is refused rather than overwritten.
+    """
+    out = Path(out)
+    key = _key(source)
+    if out.exists():
+        try:
+            manifest = PreparedGraph.read_manifest(out)
+        except PreparedGraphError as err:
+            raise PreparedGraphError(
+                f"{out} exists and is not a prepared graph ({err}); remove it or choose "
+                "another --out"
+            ) from None
+        if manifest.get("key") != key:
+            raise PreparedGraphError(
+                f"{out} holds a graph prepared from other settings ({manifest.get('source')}); "
+                "remove it or choose another --out"
+            )
+        print(f"gnnscale prepare: {out} is already prepared from these settings (key {key})")
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by a killed prepare
+        pid = stale.name.rsplit("-", 1)[-1]
+        if not (pid.isdigit() and _alive(int(pid))):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        start = time.perf_counter()
+        writer = _Writer(tmp, source["feature_dtype"])
+        meta = fill(writer)
+        writer.finish({**meta, "source": source, "key": key})
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    size = sum(f.stat().st_size for f in out.iterdir())
+    print(
+        f"gnnscale prepare: wrote {out} ({size / 2**30:.2f} GiB, {meta['num_nodes']:,} nodes, "
+        f"{meta['num_edges']:,} edges) in {time.perf_counter() - start:.0f} s"
+    )
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid != os.getpid()
+
+
+def _chunks(total: int, size: int, desc: str) -> Iterator[tuple[int, int]]:
+    for start in tqdm(range(0, total, size), desc=desc, unit="chunk", mininterval=2):
+        yield start, min(start + size, total)
+
+
+def write_graph(
+    data: Data,
+    out: Path,
+    source: dict[str, Any],
+    feature_dtype: FeatureDtype = "float32",
+    chunk_nodes: int = 1 << 20,
+) -> Path:
+    """Write an in-memory graph to ``out`` (as :class:`PreparedGraph` reads it), atomically.
+
+    The CSC is PyG's own (``to_csc``, as ``NeighborLoader`` builds it), so a run from the
+    prepared folder samples exactly the batches a run from ``data`` in memory samples.
+
+    Args:
+        data: A graph with ``x``, ``edge_index``, ``y`` and the three split masks.
+        out: The folder to create.
+        source: What the graph was made from (recorded, and hashed into the folder's key).
+        feature_dtype: Dtype of the stored features.
+        chunk_nodes: Nodes written per step (bounds the temporary memory of a dtype cast).
+    """
+    source = {**source, "feature_dtype": feature_dtype}
+
+    def fill(w: _Writer) -> dict[str, Any]:
+        n = data.num_nodes
+        colptr, row, _ = to_csc(data, device=torch.device("cpu"))
+        for a, b in _chunks(n, chunk_nodes, "nodes"):
+            w["x"].write(data.x[a:b].to(_DTYPES[feature_dtype]))
+            w["y"].write(data.y[a:b].long())
+            for key in _SPLITS:
+                w[key].write(data[key][a:b])
+        w["colptr"].write(colptr)
+        w["row"].write(row)
+        return _meta(n, row.numel(), data.num_features, int(data.y.max()) + 1)
+
+    return _prepare(out, source, fill)
+
+
+def _meta(num_nodes: int, num_edges: int, num_features: int, num_classes: int) -> dict[str, Any]:
+    return {
+        "num_nodes": num_nodes,
+        "num_edges": num_edges,
+        "num_features": num_features,
+        "num_classes": num_classes,
+    }
+
+
+def write_streamed_synthetic(
+    cfg: SyntheticGraph,
+    out: Path,
+    feature_dtype: FeatureDtype = "bfloat16",
+    chunk_nodes: int = 1 << 20,
+) -> Path:
+    """Generate a graph chunk by chunk straight to ``out``: memory bounded by one chunk.
+
+    The same model as :func:`gnnscale.make_synthetic_graph` (homophilous edges, power-law
+    degrees, class centroids in Gaussian noise), arranged so that no step needs the whole graph:
+    node ``i`` has class ``i % num_classes``, so a same-class node is drawn without an index;
+    each node draws its own in-neighbours (a power-law in-degree), so the CSC comes out in
+    order. It is not the graph ``make_synthetic_graph`` draws from the same settings.
+
+    Args:
+        cfg: Size and difficulty (``num_nodes`` may exceed what fits in memory).
+        out: The folder to create.
+        feature_dtype: Dtype of the stored features (``bfloat16`` halves the file).
+        chunk_nodes: Nodes generated per step; part of the graph's identity with ``cfg.seed``.
+    """
+    source = {
+        "generator": "write_streamed_synthetic",
+        "synthetic": asdict(cfg),
+        "chunk_nodes": chunk_nodes,
+        "feature_dtype": feature_dtype,
+    }
+    n, c = cfg.num_nodes, cfg.num_classes
+
+    def fill(w: _Writer) -> dict[str, Any]:
+        g = torch.Generator().manual_seed(cfg.seed)
+        centroids = torch.randn(c, cfg.num_features, generator=g)
+        # Mean of the capped Pareto propensity, to scale in-degrees to avg_degree on average.
+        probe = torch.rand(1 << 20, generator=g, dtype=torch.float64)
+        probe = probe.pow_(-1 / (cfg.degree_exponent - 1)).clamp_(max=n**0.5)
+        scale = cfg.avg_degree / float(probe.mean())
+        per_class = torch.tensor([(n - k + c - 1) // c for k in range(c)])  # nodes of class k
+        num_train = max(1, int(cfg.train_fraction * n))
+        num_val = int(cfg.val_fraction * n)
+        w["colptr"].write(torch.zeros(1, dtype=torch.long))
+        edges = 0
+        for index, (a, b) in enumerate(_chunks(n, chunk_nodes, "nodes")):
+            gc = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index + 1)
+            ids = torch.arange(a, b)
+            y = ids % c
+            x = centroids[y].add_(
+                torch.randn(b - a, cfg.num_features, generator=gc), alpha=cfg.feature_noise
+            )
+            theta = torch.rand(b - a, generator=gc, dtype=torch.float64)
+            theta = theta.pow_(-1 / (cfg.degree_exponent - 1)).clamp_(max=n**0.5)
+            degree = torch.poisson(theta * scale, generator=gc).long().clamp_(min=1)
+            dst = torch.repeat_interleave(ids, degree)
+            k = y[dst - a]
+            same = k + c * (torch.rand(dst.numel(), generator=gc) * per_class[k]).long()
+            other = torch.randint(n, (dst.numel(),), generator=gc)
+            src = torch.where(torch.rand(dst.numel(), generator=gc) < cfg.homophily, same, other)
+            src = torch.where(src == dst, (src + c) % n, src)  # no self-loops; same class
+            u = torch.rand(b - a, generator=gc)  # splits by a uniform draw per node
+            w["x"].write(x.to(_DTYPES[feature_dtype]))
+            w["y"].write(y)
+            w["train_mask"].write(u < num_train / n)
+            w["val_mask"].write((u >= num_train / n) & (u < (num_train + num_val) / n))
+            w["test_mask"].write(u >= (num_train + num_val) / n)
+            w["colptr"].write(edges + degree.cumsum(0))
+            w["row"].write(src)
+            edges += int(degree.sum())
+        return _meta(n, edges, cfg.num_features, c)
+
+    return _prepare(out, source, fill)
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+@dataclass
+class PreparedGraph:
+    """A prepared folder, checked against its manifest, its files mapped read-only.
+
+    Args:
+        folder: The folder ``gnnscale prepare`` wrote.
+        verify: ``full`` checks every block's CRC-32 (one read of every file, once per process;
+            about a second per GiB from the page cache); ``size`` only the files' sizes.
+    """
+
+    folder: Path
+    verify: Literal["full", "size"] = "full"
+
+    def __post_init__(self) -> None:
+        self.folder = Path(self.folder)
+        self.manifest = self.read_manifest(self.folder)
+        for name, entry in self.manifest["files"].items():
+            self._check(name, entry)
+
+    @staticmethod
+    def read_manifest(folder: Path) -> dict[str, Any]:
+        """The folder's manifest, or an error saying why there is none."""
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise PreparedGraphError(
+                f"{folder} is not a folder: run `gnnscale prepare --out {folder}` first"
+            )
+        path = folder / MANIFEST
+        if not path.is_file():
+            raise PreparedGraphError(
+                f"{path} is missing: {folder} is not a complete prepared graph (a prepare writes "
+                f"the manifest last); run `gnnscale prepare --out {folder}` again"
+            )
+        try:
+            manifest = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            raise PreparedGraphError(f"{path} cannot be read ({err}); prepare again") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise PreparedGraphError(
+                f"{path} is not a {FORMAT} manifest; prepare again with this gnnscale"
+            )
+        return manifest
+
+    def _check(self, name: str, entry: dict[str, Any]) -> None:
+        path = self.folder / f"{name}.bin"
+        if not path.is_file():
+            raise PreparedGraphError(f"{path} is missing; prepare the graph again")
+        size = path.stat().st_size
+        if size != entry["bytes"]:
+            raise PreparedGraphError(
+                f"{path} has {size:,} bytes where the manifest says {entry['bytes']:,} "
+                "(truncated or overwritten); prepare the graph again"
+            )
+        if self.verify == "size" or size == 0:
+            return
+        block = self.manifest["block_bytes"]
+        with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            view = memoryview(mm)
+            try:
+                for i, expected in enumerate(entry["crc32"]):
+                    if zlib.crc32(view[i * block : (i + 1) * block]) != expected:
+                        raise PreparedGraphError(
+                            f"{path} is corrupted: bytes {i * block:,} to "
+                            f"{min((i + 1) * block, size):,} do not match their checksum; "
+                            "prepare the graph again"
+                        )
+            finally:
+                view.release()
+
+    def tensor(self, name: str) -> Tensor:
+        """One file as a read-only memory-mapped tensor."""
+        entry = self.manifest["files"][name]
+        shape = entry["shape"]
+        numel = 1
+        for s in shape:
+            numel *= s
+        dtype = _DTYPES[entry["dtype"]]
+        if numel == 0:
+            return torch.empty(shape, dtype=dtype)
+        flat = torch.from_file(
+            str(self.folder / f"{name}.bin"), shared=False, size=numel, dtype=dtype
+        )
+        return flat.view(shape)
+
+    @property
+    def num_classes(self) -> int:
+        """Classes, as counted when the graph was prepared."""
+        return int(self.manifest["num_classes"])
+
+    @cached_property
+    def data(self) -> Data:
+        """Features, labels and masks as mapped tensors; ``edge_index`` left empty (see csc)."""
+        n = int(self.manifest["num_nodes"])
+        tensors = {name: self.tensor(name) for name in ("x", "y", *_SPLITS)}
+        return Data(**tensors, edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=n)
+
+    @cached_property
+    def csc(self) -> tuple[Tensor, Tensor]:
+        """``colptr`` and ``row``: every node's in-neighbours, as PyG's samplers read them."""
+        return self.tensor("colptr"), self.tensor("row")

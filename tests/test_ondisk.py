@@ -1,0 +1,209 @@
+"""A graph prepared on disk: trained in place, shared, and refused when it is not whole."""
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import lightning as L
+import pytest
+import torch
+
+from gnnscale import GraphSAGE, NeighborDataModule, SyntheticGraph, make_synthetic_graph
+from gnnscale.cli import main
+from gnnscale.data import ClusterDataModule, EvalArgs
+from gnnscale.measure import read_metrics
+from gnnscale.ondisk import PreparedGraph, PreparedGraphError, write_graph, write_streamed_synthetic
+from gnnscale.registry import REPO
+from gnnscale.testing import TINY, centroid_accuracy, cli_args, requires_sampler
+
+SAMPLED = ["--data.eval.mode=sampled", "--data.eval.num_neighbors=[-1,-1]"]
+
+
+@pytest.fixture
+def tiny_prepared(tmp_path):
+    return write_graph(make_synthetic_graph(TINY), tmp_path / "tiny", {"test": "tiny"})
+
+
+def _fit(folder, *extra):
+    config = REPO / "recipes" / "neighbor_sage" / "config.yaml"
+    main(["fit", "--config", str(config), *cli_args(folder), *extra])
+    return read_metrics(folder / "runs")
+
+
+@requires_sampler
+def test_prepared_graph_trains_exactly_like_the_same_graph_in_memory(tmp_path, tiny_prepared):
+    """Same seed, same batches, same losses: the mapped CSC and features are PyG's own."""
+    args = [
+        *SAMPLED,
+        "--trainer.max_epochs=2",
+        "--trainer.precision=32",
+        "--model.hidden_channels=32",
+        "--data.loader.num_workers=0",
+        "--data.loader.persistent_workers=false",
+        *(f"--data.synthetic.{k}={v}" for k, v in dataclasses.asdict(TINY).items()),
+    ]
+    memory = _fit(tmp_path / "memory", *args)
+    disk = _fit(tmp_path / "disk", *args, "--data.dataset=prepared", f"--data.root={tiny_prepared}")
+    assert len(memory["train/loss_epoch"]) == 2
+    for key in ("train/loss_epoch", "val/acc", "test/acc"):
+        assert disk[key] == memory[key], key
+
+
+def _mapped_file(address: int) -> str:
+    """The file mapped at ``address`` in this process (``/proc/self/maps``), or ''."""
+    for line in open("/proc/self/maps"):
+        fields = line.split()
+        start, end = (int(a, 16) for a in fields[0].split("-"))
+        if start <= address < end:
+            return fields[5] if len(fields) > 5 else ""
+    return ""
+
+
+def test_the_prepared_tensors_are_mapped_not_copied(tiny_prepared):
+    graph = PreparedGraph(tiny_prepared)
+    data, memory = graph.data, make_synthetic_graph(TINY)
+    assert torch.equal(data.x, memory.x) and torch.equal(data.y, memory.y)
+    for t, name in ((data.x, "x.bin"), (graph.csc[1], "row.bin")):
+        assert _mapped_file(t.data_ptr()).endswith(name)  # the file's pages, not a private copy
+    colptr, row = graph.csc
+    assert colptr[-1] == row.numel() == memory.num_edges
+
+
+def test_streamed_synthetic_is_a_learnable_graph_built_chunk_by_chunk(tmp_path):
+    cfg = SyntheticGraph(num_nodes=5000, avg_degree=12, num_features=32, num_classes=5, seed=3)
+    graph = PreparedGraph(write_streamed_synthetic(cfg, tmp_path / "g", "bfloat16", 1024))
+    data, (colptr, row) = graph.data, graph.csc
+    assert data.x.dtype == torch.bfloat16 and data.x.shape == (5000, 32)
+    assert (colptr[1:] >= colptr[:-1]).all() and colptr[-1] == row.numel()
+    assert 10 < row.numel() / 5000 < 14  # avg_degree, in-edges per node
+    dst = torch.repeat_interleave(torch.arange(5000), colptr.diff())
+    assert not (row == dst).any()  # no self-loops
+    same = (data.y[row] == data.y[dst]).float().mean()
+    assert abs(same - (cfg.homophily + (1 - cfg.homophily) / 5)) < 0.02
+    masks = torch.stack([data.train_mask, data.val_mask, data.test_mask]).long()
+    assert (masks.sum(0) == 1).all()
+    # The same settings and chunk size give the same bytes; another seed does not.
+    again = PreparedGraph(write_streamed_synthetic(cfg, tmp_path / "h", "bfloat16", 1024))
+    assert torch.equal(again.data.x, data.x) and torch.equal(again.csc[1], row)
+
+
+@requires_sampler
+def test_streamed_synthetic_needs_the_edges(tmp_path):
+    cfg = SyntheticGraph(
+        num_nodes=4000, avg_degree=12, num_features=32, num_classes=5, feature_noise=4.0
+    )
+    folder = write_streamed_synthetic(cfg, tmp_path / "g", "float32", 1000)
+    L.seed_everything(0)
+    dm = NeighborDataModule(
+        "prepared", folder, [10, 10], 128, eval=EvalArgs(mode="sampled", num_neighbors=[-1, -1])
+    )
+    model = GraphSAGE(32, 5, hidden_channels=64)
+    trainer = L.Trainer(
+        max_epochs=4,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    acc = trainer.test(model, dm, verbose=False)[0]["test/acc"]
+    bar = centroid_accuracy(dm.data)
+    assert acc > bar + 0.1, (acc, bar)
+
+
+# --- a folder that is not whole is refused, naming the file ----------------------------------
+
+
+def test_corrupted_file_is_refused_naming_it(tiny_prepared):
+    with (tiny_prepared / "x.bin").open("r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0x01]))  # one bit: a value still looks like a float
+    with pytest.raises(PreparedGraphError, match=r"x\.bin is corrupted: bytes 0 to"):
+        PreparedGraph(tiny_prepared)
+    PreparedGraph(tiny_prepared, verify="size")  # the cheap check cannot see it; full is default
+
+
+def test_truncated_file_is_refused_naming_it(tiny_prepared):
+    path = tiny_prepared / "row.bin"
+    os.truncate(path, path.stat().st_size - 8)
+    with pytest.raises(PreparedGraphError, match=r"row\.bin has .* bytes where the manifest says"):
+        PreparedGraph(tiny_prepared, verify="size")
+
+
+def test_folder_without_manifest_is_refused_before_any_work(tiny_prepared):
+    (tiny_prepared / "manifest.json").unlink()
+    with pytest.raises(PreparedGraphError, match="manifest.json is missing"):
+        NeighborDataModule("prepared", tiny_prepared, eval=EvalArgs(mode="sampled"))
+
+
+def test_prepared_graph_is_refused_where_it_would_be_copied(tiny_prepared):
+    with pytest.raises(ValueError, match="ClusterData partitions and reorders the whole graph"):
+        ClusterDataModule("prepared", tiny_prepared, num_parts=4, clusters_per_batch=2)
+    with pytest.raises(ValueError, match="use --data.eval.mode=sampled"):
+        NeighborDataModule("prepared", tiny_prepared)  # layer-wise evaluation by default
+
+
+def test_prepare_refuses_to_overwrite_another_graph(tmp_path, tiny_prepared):
+    same = write_graph(make_synthetic_graph(TINY), tiny_prepared, {"test": "tiny"})
+    assert same == tiny_prepared  # already prepared from these settings: kept
+    with pytest.raises(PreparedGraphError, match="prepared from other settings"):
+        write_graph(make_synthetic_graph(TINY), tiny_prepared, {"test": "other"})
+
+
+def test_killed_prepare_leaves_nothing_prepared_and_is_redone(tmp_path):
+    out = tmp_path / "g"
+    argv = [
+        sys.executable, "-m", "gnnscale.cli", "prepare", f"--out={out}", "--stream=true",
+        "--synthetic.num_nodes=3000000", "--synthetic.num_features=16", "--chunk_nodes=20000",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any((tmp_path / p.name / "x.bin").exists() for p in tmp_path.glob(".g.partial-*")):
+        assert proc.poll() is None and time.monotonic() < deadline, "prepare did not start"
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists()  # nothing that looks prepared
+    with pytest.raises(PreparedGraphError, match="not a folder"):
+        PreparedGraph(out)
+    cfg = SyntheticGraph(num_nodes=3000, num_features=16)
+    PreparedGraph(write_streamed_synthetic(cfg, out, chunk_nodes=1000))  # redone, verified
+    assert not list(tmp_path.glob(".g.partial-*"))  # the dead prepare's leftovers removed
+
+
+# --- memory: the batch, not the graph --------------------------------------------------------
+
+
+@requires_sampler
+@pytest.mark.slow  # writes a 1 GiB feature file
+def test_training_from_a_large_prepared_file_stays_out_of_private_memory(tmp_path):
+    cfg = SyntheticGraph(num_nodes=2_000_000, avg_degree=5, num_features=128, train_fraction=0.01)
+    folder = write_streamed_synthetic(cfg, tmp_path / "g", "float32", 1 << 18)
+    file_mb = (folder / "x.bin").stat().st_size / 2**20
+    assert file_mb >= 976  # 1e9 bytes
+    code = f"""
+import lightning as L
+from gnnscale import GraphSAGE, NeighborDataModule
+from gnnscale.data import EvalArgs
+from gnnscale.measure import PeakRSS, anon_mb
+start = anon_mb()
+with PeakRSS(0.01, anon_mb) as peak:
+    dm = NeighborDataModule(
+        "prepared", {str(folder)!r}, [10, 5], 512, eval=EvalArgs(mode="sampled")
+    )
+    trainer = L.Trainer(max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, limit_val_batches=5, limit_train_batches=20)
+    trainer.fit(GraphSAGE(128, 10, hidden_channels=64), dm)
+print("PRIVATE_MB", peak.peak_mb - start)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    private = float(done.stdout.split("PRIVATE_MB")[-1])
+    assert private < file_mb / 3, (private, file_mb)
