@@ -87,12 +87,26 @@ class Result:
     plan: dict[str, float] | None = None
 
 
-def measure(entry: Recipe, extra: list[str], workdir: Path, with_plan: bool, seed: int) -> Result:
-    """Plan (optionally) and fit one configuration, each in a fresh process."""
+def measure(
+    entry: Recipe, extra: list[str], workdir: Path, with_plan: bool, seed: int, tiny: bool
+) -> Result:
+    """Plan (optionally) and fit one configuration, each in a fresh process.
+
+    A recipe with a ``prepare.yaml`` first prepares its graph (once per workdir), as its README
+    says; its runs then map that folder.
+    """
     save_dir = workdir / "runs" / f"{entry.name}-{abs(hash(tuple(extra)))}-{seed}"
+    root = workdir / "data"
+    if entry.prepare_config:
+        root = root / entry.name
+        if not root.exists():
+            out = f"--out={root}"
+            subprocess.run(
+                entry.prepare_argv(out, *(entry.tiny_prepare if tiny else ())), check=True
+            )
     args = [
         f"--seed_everything={seed}",
-        f"--data.init_args.root={workdir / 'data'}",
+        f"--data.init_args.root={root}",
         f"--trainer.logger.init_args.save_dir={save_dir}",
         *extra,
     ]
@@ -149,7 +163,8 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             shipped: tuple[list[Result], str] | None = None
             for i, (label, variant) in enumerate(entry.variants):
                 results = [
-                    measure(entry, [*base, *variant], folder, i == 0, seed) for seed in range(seeds)
+                    measure(entry, [*base, *variant], folder, i == 0, seed, tiny)
+                    for seed in range(seeds)
                 ]
                 acc = _fmt([r.acc for r in results], 3)
                 epoch_s = f"{statistics.median(r.epoch_s for r in results):.2f}"

@@ -32,7 +32,7 @@ from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.synthetic import SyntheticGraph
 
-__all__ = ["GnnscaleCLI", "Trainer", "main", "prepare", "run"]
+__all__ = ["GnnscaleCLI", "Trainer", "main", "prepare", "prepare_main", "run"]
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -236,12 +236,17 @@ def prepare(
     return write_graph(dm.data, out, source, feature_dtype, chunk_nodes)
 
 
+def prepare_main(args: list[str] | None = None) -> Path:
+    """``gnnscale prepare``: parse ``args`` (default ``sys.argv`` after the subcommand), run it."""
+    from jsonargparse import CLI
+
+    return CLI(prepare, args=sys.argv[2:] if args is None else args)  # type: ignore[no-any-return]
+
+
 def run() -> None:
     """Console entry point: ``main`` without a return value (which ``sys.exit`` would print)."""
     if sys.argv[1:2] == ["prepare"]:
-        from jsonargparse import CLI
-
-        CLI(prepare, args=sys.argv[2:])
+        prepare_main()
         return
     main()
 

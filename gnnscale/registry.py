@@ -59,6 +59,7 @@ class Recipe:
         needs: What it cannot run without: a neighbour sampler (pyg-lib or torch-sparse), or
             torch-sparse itself (GraphSAINT).
         processes: Training processes of one run (DDP ranks on one machine).
+        tiny_prepare: Overrides of its ``prepare.yaml`` (if it has one) for the tiny run.
     """
 
     name: str
@@ -68,6 +69,7 @@ class Recipe:
     figure_args: tuple[str, ...] = ()
     needs: Literal["sampler", "torch_sparse", "nothing"] = "sampler"
     processes: int = 1
+    tiny_prepare: tuple[str, ...] = ()
 
     @property
     def folder(self) -> Path:
@@ -84,6 +86,18 @@ class Recipe:
         """The recipe's ``train.py``, for a model YAML cannot name; ``None`` if it has none."""
         path = self.folder / "train.py"
         return path if path.exists() else None
+
+    @property
+    def prepare_config(self) -> Path | None:
+        """The recipe's ``prepare.yaml`` (``gnnscale prepare`` before ``fit``), if it has one."""
+        path = self.folder / "prepare.yaml"
+        return path if path.exists() else None
+
+    def prepare_argv(self, *overrides: str) -> list[str]:
+        """The ``gnnscale prepare`` command its README runs before training."""
+        assert self.prepare_config is not None, f"{self.name} has no prepare.yaml"
+        config = ["--config", str(self.prepare_config)]
+        return [sys.executable, "-m", "gnnscale.cli", "prepare", *config, *overrides]
 
     def argv(self, subcommand: str, *overrides: str) -> list[str]:
         """The command that runs it in a new process, as its README says: ``python ...``."""
@@ -171,6 +185,26 @@ RECIPES: tuple[Recipe, ...] = (
         ),
         figure_args=("--trainer.accelerator=cpu",),
         processes=2,
+    ),
+    Recipe(
+        "on_disk_graph",
+        "a graph prepared on disk once, memory-mapped and shared by every process",
+        tiny=(
+            *_NO_WORKERS,
+            "--data.init_args.batch_size=128",
+            "--model.init_args.hidden_channels=64",
+            "--model.init_args.optimizer.init_args.lr=0.01",
+            "--trainer.max_epochs=4",
+        ),
+        tiny_prepare=(
+            "--synthetic.num_nodes=3000",
+            "--synthetic.avg_degree=12",
+            "--synthetic.num_features=32",
+            "--synthetic.num_classes=5",
+            "--synthetic.feature_noise=4.0",
+            "--synthetic.train_fraction=0.3",
+            "--synthetic.val_fraction=0.1",
+        ),
     ),
 )
 

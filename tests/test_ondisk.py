@@ -1,6 +1,8 @@
 """A graph prepared on disk: trained in place, shared, and refused when it is not whole."""
 
 import dataclasses
+import json
+import math
 import os
 import signal
 import subprocess
@@ -207,3 +209,88 @@ print("PRIVATE_MB", peak.peak_mb - start)
     assert done.returncode == 0, done.stderr[-3000:]
     private = float(done.stdout.split("PRIVATE_MB")[-1])
     assert private < file_mb / 3, (private, file_mb)
+
+
+# --- processes and machines: torchrun ranks map one prepared folder ----------------------------
+
+TORCHRUN_SCRIPT = """
+import json, os, sys
+import lightning as L
+import torch
+from gnnscale import GraphSAGE, NeighborDataModule
+from gnnscale.data import EvalArgs
+
+class UnequalShards(NeighborDataModule):
+    # Test shards of 10 and 150 nodes, chosen from the trained model's own predictions so that
+    # rank 0 is right on all of its nodes and rank 1 on a third of its: counts give 60 / 160.
+    def test_dataloader(self):
+        model, data = self.trainer.lightning_module.eval(), self.data
+        loader = self._neighbor_loader(data, [-1, -1], input_nodes=data.test_mask, batch_size=4096)
+        right, nodes = [], []
+        with torch.no_grad():
+            for b in loader:
+                out = model(b.x, b.edge_index)[: b.batch_size].argmax(-1)
+                right.append(out == b.y[: b.batch_size])
+                nodes.append(b.n_id[: b.batch_size])
+        right, nodes = torch.cat(right), torch.cat(nodes)
+        hit, miss = nodes[right], nodes[~right]
+        mine = hit[:10] if self.trainer.global_rank == 0 else torch.cat([hit[10:60], miss[:100]])
+        return self._neighbor_loader(data, [-1, -1], input_nodes=mine, batch_size=4096)
+
+folder, nodes = sys.argv[1], int(sys.argv[2])
+L.seed_everything(0)
+dm = UnequalShards("prepared", folder, [10, 10], 128, eval=EvalArgs(mode="sampled"))
+model = GraphSAGE(32, 5, hidden_channels=32)
+common = dict(accelerator="cpu", devices=int(os.environ["LOCAL_WORLD_SIZE"]), num_nodes=nodes,
+              strategy="ddp", logger=False, enable_progress_bar=False, enable_model_summary=False)
+trainer = L.Trainer(max_epochs=3, enable_checkpointing=False, **common)
+trainer.fit(model, dm)
+steps = trainer.global_step
+# Testing on the shards as given: no DistributedSampler splitting them again.
+(result,) = L.Trainer(use_distributed_sampler=False, **common).test(model, dm, verbose=False)
+if trainer.global_rank == 0:
+    print("RESULT", json.dumps({**result, "steps": steps, "world": trainer.world_size}))
+"""
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *args]
+
+
+@requires_sampler
+@pytest.mark.slow
+@pytest.mark.parametrize("machines", [1, 2], ids=["2 ranks on one machine", "2 machines"])
+def test_torchrun_ranks_train_from_one_prepared_folder(tmp_path, tiny_prepared, machines):
+    """``torchrun`` (no fork: each rank opens the folder itself) on one machine, or as two
+    launchers rendezvousing on 127.0.0.1 as two machines would; accuracy from counts."""
+    script = tmp_path / "train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    port = str(29400 + os.getpid() % 500 + machines)
+    if machines == 1:
+        launches = [_torchrun("--nproc_per_node=2", f"--master_port={port}", str(script))]
+    else:
+        launches = [
+            _torchrun(
+                "--nnodes=2", f"--node_rank={rank}", "--nproc_per_node=1",
+                "--master_addr=127.0.0.1", f"--master_port={port}", str(script),
+            )
+            for rank in (0, 1)
+        ]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [*argv, str(tiny_prepared), str(machines)],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        for argv in launches
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    lines = [line for out, _ in outputs for line in out.splitlines()]
+    line = next(line for line in lines if line.startswith("RESULT"))
+    result = json.loads(line.removeprefix("RESULT"))
+    assert result["world"] == 2
+    # Trained: 3 epochs of 900 training nodes in batches of 128, split over 2 ranks.
+    assert result["steps"] == 3 * math.ceil(math.ceil(900 / 2) / 128)
+    counts, mean_of_ranks = 60 / 160, (10 / 10 + 50 / 150) / 2
+    assert result["test/acc"] == pytest.approx(counts, abs=1e-6), (result, mean_of_ranks)

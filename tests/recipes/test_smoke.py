@@ -19,8 +19,9 @@ import pytest
 import yaml
 
 from gnnscale import SyntheticGraph, make_synthetic_graph
-from gnnscale.cli import main
+from gnnscale.cli import main, prepare_main
 from gnnscale.measure import read_metrics
+from gnnscale.ondisk import PreparedGraph
 from gnnscale.registry import RECIPES, REPO
 from gnnscale.testing import centroid_accuracy, requires_sampler, requires_torch_sparse
 
@@ -38,6 +39,8 @@ RECIPE_PARAMS = [
 def _run(recipe, folder, monkeypatch):
     copy = shutil.copytree(recipe.folder, folder / "my_recipe")  # a copied folder, run elsewhere
     monkeypatch.chdir(folder)
+    if recipe.prepare_config:  # its README's first step, into the folder the config maps
+        prepare_main(["--config", str(copy / "prepare.yaml"), *recipe.tiny_prepare])
     args = [
         "fit",
         "--config",
@@ -69,7 +72,11 @@ def _check(recipe, folder):
     assert metrics["perf/epoch_s"]  # ThroughputMonitor wrote its figures
     # The graph this run trained on, from the config it saved; its features-only bar.
     saved = yaml.safe_load(next((folder / "runs").rglob("config.yaml")).read_text())
-    graph = make_synthetic_graph(SyntheticGraph(**saved["data"]["init_args"]["synthetic"]))
+    data_args = saved["data"]["init_args"]
+    if data_args["dataset"] == "prepared":
+        graph = PreparedGraph(folder / data_args["root"]).data
+    else:
+        graph = make_synthetic_graph(SyntheticGraph(**data_args["synthetic"]))
     bar = centroid_accuracy(graph)
     acc = metrics["test/acc"][-1]
     assert acc > bar + MARGIN, f"{recipe.name}: test accuracy {acc:.3f}, features alone {bar:.3f}"
