@@ -14,6 +14,7 @@ import functools
 import hashlib
 import math
 import os
+import time
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -349,7 +350,13 @@ class _GraphDataModule(L.LightningDataModule):
     @cached_property
     def prepared(self) -> PreparedGraph:
         """The memory-mapped graph of ``dataset: prepared`` (``root`` is its folder)."""
-        return PreparedGraph(self.root)
+        start = time.perf_counter()
+        graph = PreparedGraph(self.root)
+        rank_zero_info(
+            f"gnnscale: mapped {self.root} ({graph.nbytes / 2**30:.2f} GiB, checksums verified "
+            f"in {time.perf_counter() - start:.1f} s)"
+        )
+        return graph
 
     @cached_property
     def data(self) -> Data:

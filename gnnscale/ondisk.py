@@ -390,6 +390,11 @@ class PreparedGraph:
         return flat.view(shape)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of all its files."""
+        return sum(int(entry["bytes"]) for entry in self.manifest["files"].values())
+
+    @property
     def num_classes(self) -> int:
         """Classes, as counted when the graph was prepared."""
         return int(self.manifest["num_classes"])

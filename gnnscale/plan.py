@@ -77,7 +77,10 @@ class MemoryPlan:
             run keeps no checkpoints).
         growth_mb: Memory retained batch after batch, extrapolated over the run's epochs up to
             one step's transient memory, where it levels off.
-        peak_mb: ``growth_mb + max(base_mb + train_mb, resident_mb + max(eval_mb,
+        mapped_mb: Files of a prepared graph (``dataset: prepared``): page cache, shared by every
+            process that maps them and dropped under pressure, but counted in the resident set
+            once touched, and an epoch touches nearly all of them. Part of ``peak_mb``.
+        peak_mb: ``growth_mb + mapped_mb + max(base_mb + train_mb, resident_mb + max(eval_mb,
             checkpoint_mb))``.
         batches: The sampled training batches.
         batches_per_epoch: Training batches in one epoch.
@@ -95,6 +98,7 @@ class MemoryPlan:
     checkpoint_mb: float
     peak_mb: float
     growth_mb: float
+    mapped_mb: float
     batches: list[BatchStats]
     batches_per_epoch: int
     eval_mode: str
@@ -337,6 +341,7 @@ def plan(
         eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
     else:
         eval_mb = _validate_mb(dm, model, trainer_kwargs, num_batches, world_size)
+    mapped_mb = dm.prepared.nbytes / MiB if getattr(dm, "dataset", None) == "prepared" else 0.0
     result = MemoryPlan(
         base_mb=probe.base_mb,
         graph_mb=_tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")]),
@@ -346,8 +351,10 @@ def plan(
         eval_mb=eval_mb,
         checkpoint_mb=checkpoint_mb,
         peak_mb=growth_mb
+        + mapped_mb
         + max(probe.base_mb + train_mb, resident_mb + max(eval_mb, checkpoint_mb)),
         growth_mb=growth_mb,
+        mapped_mb=mapped_mb,
         batches=probe.batches,
         batches_per_epoch=per_epoch,
         eval_mode=eval_mode,
@@ -432,6 +439,7 @@ def format_plan(result: MemoryPlan) -> str:
         f"  checkpoint save+load {result.checkpoint_mb:10,.0f} MiB  (above resident)",
         f"  retained over run    {result.growth_mb:10,.0f} MiB  (growth per batch x batches, "
         "at most one step)",
+        f"  mapped graph files   {result.mapped_mb:10,.0f} MiB  (page cache, shared by processes)",
         f"  expected peak        {result.peak_mb:10,.0f} MiB",
     ]
     if result.cuda_peak_mb is not None:
