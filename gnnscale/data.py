@@ -39,6 +39,7 @@ from torch_geometric.loader import (
 )
 from torch_geometric.sampler import NeighborSampler
 
+from gnnscale.cache import cached_folder, check_writable
 from gnnscale.ondisk import PreparedGraph
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
 
@@ -307,6 +308,7 @@ class _GraphDataModule(L.LightningDataModule):
 
     # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
     _not_on_disk: str | None = "it needs the whole graph in memory"
+    verify: Literal["full", "size"] = "full"
 
     def __init__(
         self,
@@ -351,10 +353,11 @@ class _GraphDataModule(L.LightningDataModule):
     def prepared(self) -> PreparedGraph:
         """The memory-mapped graph of ``dataset: prepared`` (``root`` is its folder)."""
         start = time.perf_counter()
-        graph = PreparedGraph(self.root)
+        graph = PreparedGraph(self.root, self.verify)
+        checked = "checksums verified" if self.verify == "full" else "sizes checked"
         rank_zero_info(
-            f"gnnscale: mapped {self.root} ({graph.nbytes / 2**30:.2f} GiB, checksums verified "
-            f"in {time.perf_counter() - start:.1f} s)"
+            f"gnnscale: mapped {self.root} ({graph.nbytes / 2**30:.2f} GiB, {checked} in "
+            f"{time.perf_counter() - start:.1f} s)"
         )
         return graph
 
@@ -554,6 +557,9 @@ class NeighborDataModule(_GraphDataModule):
         preprocess: Preprocessing applied once after loading.
         loader: DataLoader workers and memory pinning.
         eval: How validation and test are computed.
+        verify: ``dataset: prepared`` only: ``full`` checks every block's checksum when the
+            folder is opened (one read of every file per process), ``size`` only the sizes
+            (for a large folder verified once already).
 
     With ``dataset: prepared`` and ``root`` a folder written by ``gnnscale prepare``, the graph
     is memory-mapped (``gnnscale.ondisk``): the sampler walks the mapped CSC and batches gather
@@ -573,6 +579,7 @@ class NeighborDataModule(_GraphDataModule):
         preprocess: Preprocess = Preprocess(),  # noqa: B008
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008
         eval: EvalArgs = EvalArgs(),  # noqa: B008
+        verify: Literal["full", "size"] = "full",
     ) -> None:
         super().__init__(dataset, root, synthetic, preprocess, loader, eval)
         _check_positive(batch_size=batch_size)
@@ -583,6 +590,7 @@ class NeighborDataModule(_GraphDataModule):
             )
         self.num_neighbors = list(num_neighbors)
         self.batch_size = batch_size
+        self.verify = verify
 
     def check_model(self, model: Any) -> None:
         """Refuse a model whose depth differs from the fan-out's length (before any data loads).
@@ -717,14 +725,28 @@ class ClusterDataModule(_GraphDataModule):
         # A node attribute, so ClusterData permutes and slices it along with x and y.
         data = copy.copy(data)
         data.loss_weight = train * (num_batches / int(train.sum()))
+        check_writable(self.cache_dir, "--data.root")  # before METIS, not after
         key = _graph_key(data, "cluster", self.num_parts, self.recursive)
-        self._cluster_data = _ClusterData(
-            data,
-            num_parts=self.num_parts,
-            recursive=self.recursive,
-            save_dir=str(self.cache_dir / f"cluster_{key}"),
-            log=False,
-        )
+        folder = self.cache_dir / f"cluster_{key}"
+
+        def partition(save_dir: Path) -> _ClusterData:
+            return _ClusterData(
+                data,
+                num_parts=self.num_parts,
+                recursive=self.recursive,
+                save_dir=str(save_dir),
+                log=False,
+            )
+
+        built: list[_ClusterData] = []
+        cached_folder(folder, lambda tmp: built.append(partition(tmp)), "Cluster-GCN partition")
+        self._cluster_data = built[0] if built else partition(folder)
+        perm = self._cluster_data.partition.node_perm
+        if not torch.equal(perm.sort().values, torch.arange(data.num_nodes)):
+            raise ValueError(
+                f"the Cluster-GCN partition in {folder} does not permute this graph's "
+                f"{data.num_nodes} nodes; delete the folder to rebuild it"
+            )
         rank_zero_info(f"gnnscale: Cluster-GCN partitioner is {self._cluster_data.partitioner}")
 
     def train_dataloader(self) -> ClusterLoader:
@@ -816,7 +838,7 @@ class SAINTDataModule(_GraphDataModule):
                 data, "saint", self.sampler, self.batch_size, self.walk_length, self.sample_coverage
             )
             self._save_dir = self.cache_dir / f"saint_{key}"
-            self._save_dir.mkdir(parents=True, exist_ok=True)
+            check_writable(self.cache_dir, "--data.root")
 
     def train_dataloader(self) -> DataLoader:
         """``num_steps`` sampled subgraphs (normalisation computed once, then read from cache)."""
@@ -826,14 +848,28 @@ class SAINTDataModule(_GraphDataModule):
             cls = GraphSAINTEdgeSampler
         elif self.sampler == "random_walk":
             cls, params["walk_length"] = GraphSAINTRandomWalkSampler, self.walk_length
-        return cls(
-            self.data,
-            sample_coverage=self.sample_coverage,
-            save_dir=None if self._save_dir is None else str(self._save_dir),
-            log=False,
-            **params,
-            **self.loader.kwargs(),
-        )
+
+        def sampler(save_dir: Path | None) -> Any:
+            return cls(
+                self.data,
+                sample_coverage=self.sample_coverage,
+                save_dir=None if save_dir is None else str(save_dir),
+                log=False,
+                **params,
+                **self.loader.kwargs(),
+            )
+
+        if self._save_dir is None:
+            return sampler(None)
+        cached_folder(self._save_dir, sampler, "GraphSAINT normalisation")
+        loader = sampler(self._save_dir)  # reads the normalisation back
+        bad = int((~torch.isfinite(loader.node_norm)).sum())
+        if bad:
+            raise ValueError(
+                f"the GraphSAINT normalisation in {self._save_dir} has {bad} non-finite node "
+                "weights; delete the folder to rebuild it"
+            )
+        return loader
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         train = batch.train_mask

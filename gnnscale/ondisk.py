@@ -8,7 +8,7 @@ folder is only ever renamed into place complete, so a killed prepare leaves noth
 prepared, and the next prepare starts again cleanly.
 
 :class:`PreparedGraph` checks a folder against its manifest (sizes, then every block's checksum)
-and maps the files read-only with ``torch.from_file``. The tensors it returns live in the page
+and maps the files shared and read-only. The tensors it returns live in the page
 cache, not in the process: a batch gathers its rows from the mapped feature file, the sampler
 walks the mapped CSC, and processes that open the same folder (DDP ranks under ``torchrun``, on
 one machine or on several that share the storage) share those pages instead of each holding a
@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import mmap
 import os
 import shutil
 import time
+import warnings
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -34,6 +36,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
@@ -375,19 +378,28 @@ class PreparedGraph:
                 view.release()
 
     def tensor(self, name: str) -> Tensor:
-        """One file as a read-only memory-mapped tensor."""
+        """One file as a read-only memory-mapped tensor.
+
+        Mapped shared and read-only (``numpy.memmap`` mode ``r``), not with
+        ``torch.from_file``: its private, writable mapping is charged against the kernel's
+        overcommit limit, which refuses a file larger than memory. An in-place write to the
+        tensor is a fault, never a silent private copy.
+        """
         entry = self.manifest["files"][name]
-        shape = entry["shape"]
-        numel = 1
-        for s in shape:
-            numel *= s
         dtype = _DTYPES[entry["dtype"]]
-        if numel == 0:
-            return torch.empty(shape, dtype=dtype)
-        flat = torch.from_file(
-            str(self.folder / f"{name}.bin"), shared=False, size=numel, dtype=dtype
+        if math.prod(entry["shape"]) == 0:
+            return torch.empty(entry["shape"], dtype=dtype)
+        # numpy has no bfloat16: map the bytes as 16-bit integers and view them as torch's dtype.
+        np_dtype = np.uint16 if dtype.itemsize == 2 and dtype.is_floating_point else None
+        array = np.memmap(
+            self.folder / f"{name}.bin",
+            dtype=np_dtype or torch.empty(0, dtype=dtype).numpy().dtype,
+            mode="r",
+            shape=tuple(entry["shape"]),
         )
-        return flat.view(shape)
+        with warnings.catch_warnings():  # read-only on purpose: see above
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            return torch.from_numpy(array).view(dtype)
 
     @property
     def nbytes(self) -> int:

@@ -10,6 +10,7 @@ import sys
 import time
 
 import lightning as L
+import psutil
 import pytest
 import torch
 
@@ -72,6 +73,18 @@ def test_the_prepared_tensors_are_mapped_not_copied(tiny_prepared):
         assert _mapped_file(t.data_ptr()).endswith(name)  # the file's pages, not a private copy
     colptr, row = graph.csc
     assert colptr[-1] == row.numel() == memory.num_edges
+
+
+def test_a_file_larger_than_memory_maps(tiny_prepared):
+    """A private writable mapping (``torch.from_file``) of a file larger than RAM is refused by
+    the kernel's overcommit check; the read-only shared one is not."""
+    size = 2 * psutil.virtual_memory().total // 4 * 4  # float32 rows of one value, sparse file
+    os.truncate(tiny_prepared / "x.bin", size)
+    manifest = json.loads((tiny_prepared / "manifest.json").read_text())
+    manifest["files"]["x"] |= {"shape": [size // 4, 1], "bytes": size}
+    (tiny_prepared / "manifest.json").write_text(json.dumps(manifest))
+    x = PreparedGraph(tiny_prepared, verify="size").tensor("x")
+    assert x.shape == (size // 4, 1) and x[-1, 0] == 0  # read from the hole at the very end
 
 
 def test_streamed_synthetic_is_a_learnable_graph_built_chunk_by_chunk(tmp_path):

@@ -1,0 +1,127 @@
+"""Caches that cannot poison a run: built aside, renamed into place, checked when read.
+
+PyG writes Cluster-GCN's partition and GraphSAINT's normalisation straight into their final
+files; a run killed while writing left a partial file that every later run died on, and a file
+changed after it was written was used silently. :func:`cached_folder` builds a cache in a
+temporary sibling folder, records each file's size and CRC-32 in ``cache.json``, and renames the
+folder into place only when complete. On later runs the folder is checked against that record;
+a partial, damaged or unrecorded cache is reported with its path, removed and rebuilt. Processes
+that share the cache (DDP ranks) take a file lock: one builds, the others wait, then read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from lightning.pytorch.utilities import rank_zero_warn
+
+__all__ = ["cached_folder", "check_writable"]
+
+RECORD = "cache.json"
+_CHUNK = 16 << 20
+
+
+def check_writable(folder: Path, key: str) -> None:
+    """Refuse, before any expensive work, a cache folder that cannot be created or written.
+
+    Args:
+        folder: The cache folder (it and its parents are created if missing).
+        key: The config key that sets it, for the message (``--data.root``).
+    """
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ValueError(
+            f"{key}: cannot create the cache folder {folder}: a file is in the way; point {key} "
+            "at a folder"
+        ) from None
+    except PermissionError:
+        raise ValueError(
+            f"{key}: cannot create the cache folder {folder} (permission denied); point {key} "
+            "at a writable folder"
+        ) from None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise ValueError(f"{key}: the cache folder {folder} is read-only; point {key} elsewhere")
+
+
+def _crc(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _record(folder: Path) -> dict[str, dict[str, int]]:
+    return {
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "crc32": _crc(p)}
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != RECORD
+    }
+
+
+def _problem(folder: Path) -> str | None:
+    """Why ``folder`` is not an intact cache, or ``None`` if it is."""
+    try:
+        expected = json.loads((folder / RECORD).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"incomplete ({RECORD} is missing or unreadable)"
+    for name, entry in expected.items():
+        path = folder / name
+        if not path.is_file():
+            return f"incomplete ({name} is missing)"
+        if path.stat().st_size != entry["bytes"]:
+            return f"damaged ({name} has {path.stat().st_size:,} bytes, not {entry['bytes']:,})"
+        if _crc(path) != entry["crc32"]:
+            return f"damaged ({name} does not match its checksum)"
+    return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with path.open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def cached_folder(folder: Path, build: Callable[[Path], None], what: str) -> bool:
+    """Make ``folder`` an intact cache, building it with ``build`` unless it already is one.
+
+    Args:
+        folder: The cache folder.
+        build: Writes the cache's files into the folder it is given (a temporary one).
+        what: What the cache holds, for messages (``Cluster-GCN partition``).
+
+    Returns:
+        Whether it was built now (``False``: an intact cache was found).
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(folder.parent / f".{folder.name}.lock"):
+        if folder.exists():
+            problem = _problem(folder)
+            if problem is None:
+                return False
+            rank_zero_warn(f"gnnscale: the {what} cache {folder} is {problem}; rebuilding it")
+            shutil.rmtree(folder)
+        tmp = folder.parent / f".{folder.name}.partial-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        try:
+            build(tmp)
+            (tmp / RECORD).write_text(json.dumps({"files": _record(tmp)}, indent=1))
+            tmp.rename(folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return True
