@@ -22,6 +22,8 @@ from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_warn
 
+from gnnscale.errors import ConfigError
+
 __all__ = ["cached_folder", "check_writable"]
 
 RECORD = "cache.json"
@@ -38,17 +40,17 @@ def check_writable(folder: Path, key: str) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
-        raise ValueError(
+        raise ConfigError(
             f"{key}: cannot create the cache folder {folder}: a file is in the way; point {key} "
             "at a folder"
         ) from None
     except PermissionError:
-        raise ValueError(
+        raise ConfigError(
             f"{key}: cannot create the cache folder {folder} (permission denied); point {key} "
             "at a writable folder"
         ) from None
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise ValueError(f"{key}: the cache folder {folder} is read-only; point {key} elsewhere")
+        raise ConfigError(f"{key}: the cache folder {folder} is read-only; point {key} elsewhere")
 
 
 def _crc(path: Path) -> int:

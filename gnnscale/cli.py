@@ -26,6 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import NeighborDataModule, Preprocess, _GraphDataModule
+from gnnscale.errors import ConfigError
 from gnnscale.measure import set_mmap_threshold
 from gnnscale.models import NodeClassifier
 from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
@@ -74,12 +75,12 @@ def _check_precision(precision: str, accelerator: str) -> None:
     """Lightning would quietly swap fp16 for bf16 on CPU; say so instead."""
     on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     if precision in ("16", "16-mixed") and not on_gpu:
-        raise ValueError(
+        raise ConfigError(
             f"--trainer.precision={precision} needs a CUDA GPU (fp16 autocast with loss scaling); "
             "on CPU use --trainer.precision=bf16-mixed or 32"
         )
     if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():
-        raise ValueError(
+        raise ConfigError(
             f"--trainer.precision={precision}: this GPU has no bf16; use "
             "--trainer.precision=16-mixed"
         )
@@ -157,7 +158,19 @@ class GnnscaleCLI(LightningCLI):
 
     def instantiate_classes(self) -> None:
         """Build model, data and Trainer; refuse a model the loaders cannot feed, before loading."""
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except ValueError as err:
+            # jsonargparse wraps a class's refusal in a "Union subtypes" report, among its other
+            # attempts (``Expected a <class 'NoneType'>``): keep the class's own sentence.
+            reasons = [
+                line.strip()[2:]
+                for line in str(err).splitlines()
+                if line.startswith("  - ") and "Expected a" not in line
+            ]
+            if not reasons:
+                raise
+            raise ConfigError(reasons[0]) from err
         if isinstance(self.datamodule, _GraphDataModule):
             self.datamodule.check_model(self.model)
 
@@ -228,7 +241,7 @@ def prepare(
     """
     if stream:
         if dataset != "synthetic" or preprocess != Preprocess():
-            raise ValueError("--stream generates --dataset synthetic, without --preprocess")
+            raise ConfigError("--stream generates --dataset synthetic, without --preprocess")
         return write_streamed_synthetic(synthetic, out, feature_dtype, chunk_nodes)
     dm = NeighborDataModule(dataset, root, synthetic=synthetic, preprocess=preprocess)
     source: dict[str, Any] = {"dataset": dataset, "preprocess": asdict(preprocess)}
@@ -244,11 +257,21 @@ def prepare_main(args: list[str] | None = None) -> Path:
 
 
 def run() -> None:
-    """Console entry point: ``main`` without a return value (which ``sys.exit`` would print)."""
-    if sys.argv[1:2] == ["prepare"]:
-        prepare_main()
-        return
-    main()
+    """Console entry point: ``main`` without a return value (which ``sys.exit`` would print).
+
+    Refused input (:class:`ConfigError`) is printed as one line, exit status 2; set
+    ``GNNSCALE_DEBUG=1`` for the traceback.
+    """
+    try:
+        if sys.argv[1:2] == ["prepare"]:
+            prepare_main()
+        else:
+            main()
+    except ConfigError as err:
+        if os.environ.get("GNNSCALE_DEBUG"):
+            raise
+        print(f"gnnscale: error: {err}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from torch_geometric.loader import (
 from torch_geometric.sampler import NeighborSampler
 
 from gnnscale.cache import cached_folder, check_writable
+from gnnscale.errors import ConfigError
 from gnnscale.ondisk import PreparedGraph
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
 
@@ -110,9 +111,11 @@ class LoaderArgs:
     def __post_init__(self) -> None:
         """Refuse a worker setup that DataLoader would reject later."""
         if self.num_workers < 0:
-            raise ValueError(f"--data.loader.num_workers must be >= 0 (got {self.num_workers})")
+            raise ConfigError(f"--data.loader.num_workers must be >= 0 (got {self.num_workers})")
         if self.persistent_workers and self.num_workers == 0:
-            raise ValueError("--data.loader.persistent_workers needs --data.loader.num_workers > 0")
+            raise ConfigError(
+                "--data.loader.persistent_workers needs --data.loader.num_workers > 0"
+            )
 
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for a DataLoader."""
@@ -144,7 +147,7 @@ class EvalArgs:
     def __post_init__(self) -> None:
         """Refuse non-positive sizes."""
         if self.batch_size < 1:
-            raise ValueError(f"--data.eval.batch_size must be >= 1 (got {self.batch_size})")
+            raise ConfigError(f"--data.eval.batch_size must be >= 1 (got {self.batch_size})")
 
 
 @dataclass
@@ -179,7 +182,7 @@ def _log_backend_once() -> None:
 def _check_positive(**values: int | float) -> None:
     for key, value in values.items():
         if value <= 0:
-            raise ValueError(f"--data.{key} must be > 0 (got {value})")
+            raise ConfigError(f"--data.{key} must be > 0 (got {value})")
 
 
 def _check_root(dataset: str, root: Path) -> None:
@@ -189,13 +192,13 @@ def _check_root(dataset: str, root: Path) -> None:
         PreparedGraph.read_manifest(root)  # a clear error now if it is not a prepared folder
         return
     if not root.is_dir():
-        raise ValueError(
+        raise ConfigError(
             f"--data.root {str(root)!r} does not exist or is not a folder: create it "
             f"(mkdir -p {root}) to download {dataset} into it, or point --data.root at the "
             f"folder that holds {dataset}"
         )
     if not os.access(root, os.R_OK | os.X_OK):
-        raise ValueError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
+        raise ConfigError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
 
 
 def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None) -> Data:
@@ -230,24 +233,24 @@ def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None)
             data[key] = torch.zeros(data.num_nodes, dtype=torch.bool)
             data[key][split[idx]] = True
         return data
-    raise ValueError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
+    raise ConfigError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
 
 
 def _validate_graph(data: Data, dataset: str) -> int:
     """Check splits and labels; return the number of classes."""
     for key in _SPLITS:
         if data.get(key) is None:
-            raise ValueError(
+            raise ConfigError(
                 f"--data.dataset {dataset!r} has no {key!r}: gnnscale needs train, val and test "
                 "masks; choose a dataset with a public split or add the masks to the Data object"
             )
     if int(data.train_mask.sum()) == 0:
-        raise ValueError(
+        raise ConfigError(
             f"the training split of --data.dataset {dataset!r} is empty (after preprocessing); "
             "check --data.preprocess.largest_component and the split fractions"
         )
     if data.y is None or data.y.dim() != 1 or data.y.is_floating_point():
-        raise ValueError(
+        raise ConfigError(
             f"--data.dataset {dataset!r} needs one integer class id per node in y (got shape "
             f"{None if data.y is None else tuple(data.y.shape)}); convert one-hot labels with "
             "y.argmax(-1)"
@@ -255,7 +258,7 @@ def _validate_graph(data: Data, dataset: str) -> int:
     labelled = data.train_mask | data.val_mask | data.test_mask
     y = data.y[labelled]
     if int(y.min()) < 0:
-        raise ValueError(
+        raise ConfigError(
             f"labels out of range in --data.dataset {dataset!r}: found {int(y.min())} among "
             "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
         )
@@ -321,23 +324,23 @@ class _GraphDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         if dataset not in DATASETS:
-            raise ValueError(
+            raise ConfigError(
                 f"--data.dataset {dataset!r} is not known; choose one of {', '.join(DATASETS)}"
             )
         _check_root(dataset, Path(root))
         if dataset == "prepared":
             if self._not_on_disk:
-                raise ValueError(
+                raise ConfigError(
                     f"{type(self).__name__} cannot train from --data.dataset prepared: "
                     f"{self._not_on_disk}; use gnnscale.NeighborDataModule"
                 )
             if preprocess != Preprocess():
-                raise ValueError(
+                raise ConfigError(
                     "--data.preprocess does not apply to --data.dataset prepared (the files are "
                     "mapped as written): preprocess before `gnnscale prepare`, or drop it"
                 )
             if eval.mode != "sampled":
-                raise ValueError(
+                raise ConfigError(
                     f"--data.eval.mode {eval.mode!r} holds every node's activations in memory; "
                     "with --data.dataset prepared use --data.eval.mode=sampled"
                 )
@@ -412,7 +415,7 @@ class _GraphDataModule(L.LightningDataModule):
         num_layers = int(getattr(model, "num_layers", 0))
         fanout = self.eval.num_neighbors
         if fanout is not None and num_layers and len(fanout) != num_layers:
-            raise ValueError(
+            raise ConfigError(
                 f"--data.eval.num_neighbors has {len(fanout)} entries but --model.num_layers is "
                 f"{num_layers}: give one fan-out per layer"
             )
@@ -584,7 +587,7 @@ class NeighborDataModule(_GraphDataModule):
         super().__init__(dataset, root, synthetic, preprocess, loader, eval)
         _check_positive(batch_size=batch_size)
         if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
-            raise ValueError(
+            raise ConfigError(
                 f"--data.num_neighbors must list one fan-out per layer, each > 0 or -1 for all "
                 f"neighbours (got {num_neighbors})"
             )
@@ -600,7 +603,7 @@ class NeighborDataModule(_GraphDataModule):
         """
         num_layers = int(getattr(model, "num_layers", 0))
         if num_layers and len(self.num_neighbors) != num_layers:
-            raise ValueError(
+            raise ConfigError(
                 f"--data.num_neighbors has {len(self.num_neighbors)} entries "
                 f"({self.num_neighbors}) but --model.num_layers is {num_layers}: give one "
                 "fan-out per layer"
@@ -704,7 +707,7 @@ class ClusterDataModule(_GraphDataModule):
         super().__init__(dataset, root, synthetic, preprocess, loader, eval)
         _check_positive(num_parts=num_parts, clusters_per_batch=clusters_per_batch)
         if clusters_per_batch > num_parts:
-            raise ValueError(
+            raise ConfigError(
                 f"--data.clusters_per_batch must be <= --data.num_parts (got "
                 f"{clusters_per_batch} > {num_parts})"
             )
@@ -715,7 +718,7 @@ class ClusterDataModule(_GraphDataModule):
     def _setup_train(self) -> None:
         data = self.data
         if self.num_parts > data.num_nodes:
-            raise ValueError(
+            raise ConfigError(
                 f"--data.num_parts ({self.num_parts}) is larger than the graph "
                 f"({data.num_nodes} nodes): choose at most {data.num_nodes}, usually "
                 "num_nodes / 1000 or fewer"
@@ -743,7 +746,7 @@ class ClusterDataModule(_GraphDataModule):
         self._cluster_data = built[0] if built else partition(folder)
         perm = self._cluster_data.partition.node_perm
         if not torch.equal(perm.sort().values, torch.arange(data.num_nodes)):
-            raise ValueError(
+            raise ConfigError(
                 f"the Cluster-GCN partition in {folder} does not permute this graph's "
                 f"{data.num_nodes} nodes; delete the folder to rebuild it"
             )
@@ -806,7 +809,7 @@ class SAINTDataModule(_GraphDataModule):
         super().__init__(dataset, root, synthetic, preprocess, loader, eval)
         _check_positive(batch_size=batch_size, walk_length=walk_length, num_steps=num_steps)
         if sample_coverage < 0:
-            raise ValueError(f"--data.sample_coverage must be >= 0 (got {sample_coverage})")
+            raise ConfigError(f"--data.sample_coverage must be >= 0 (got {sample_coverage})")
         self.sampler = sampler
         self.batch_size = batch_size
         self.walk_length = walk_length
@@ -823,7 +826,7 @@ class SAINTDataModule(_GraphDataModule):
             need = 2 * self.batch_size * data.num_edges * 4
             free = psutil.virtual_memory().available
             if need > free / 2:
-                raise ValueError(
+                raise ConfigError(
                     f"--data.sampler=edge needs {need / 2**30:.1f} GiB per subgraph here: PyG's "
                     f"GraphSAINTEdgeSampler draws a [batch_size, num_edges] random matrix "
                     f"({self.batch_size} x {data.num_edges:,}). Lower --data.batch_size to at most "
@@ -865,7 +868,7 @@ class SAINTDataModule(_GraphDataModule):
         loader = sampler(self._save_dir)  # reads the normalisation back
         bad = int((~torch.isfinite(loader.node_norm)).sum())
         if bad:
-            raise ValueError(
+            raise ConfigError(
                 f"the GraphSAINT normalisation in {self._save_dir} has {bad} non-finite node "
                 "weights; delete the folder to rebuild it"
             )

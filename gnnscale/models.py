@@ -19,6 +19,7 @@ from torch_geometric.data import Data
 from torchmetrics.classification import MulticlassAccuracy
 
 from gnnscale.data import LayerwiseBatch
+from gnnscale.errors import ConfigError
 
 __all__ = ["GATv2", "GraphSAGE", "NodeClassifier"]
 
@@ -52,7 +53,7 @@ class NodeClassifier(L.LightningModule):
     ) -> None:
         super().__init__()
         if num_layers < 1:
-            raise ValueError(f"--model.num_layers must be >= 1 (got {num_layers})")
+            raise ConfigError(f"--model.num_layers must be >= 1 (got {num_layers})")
         self.num_layers = num_layers
         self.optimizer = optimizer
         self.lr_scheduler = lr_scheduler
@@ -216,7 +217,7 @@ class GATv2(NodeClassifier):
     ) -> None:
         super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
         if hidden_channels % heads:
-            raise ValueError(
+            raise ConfigError(
                 f"--model.hidden_channels ({hidden_channels}) must be divisible by "
                 f"--model.heads ({heads})"
             )

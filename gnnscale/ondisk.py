@@ -43,6 +43,7 @@ from torch_geometric.data import Data
 from torch_geometric.sampler.utils import to_csc
 from tqdm import tqdm
 
+from gnnscale.errors import ConfigError
 from gnnscale.synthetic import SyntheticGraph
 
 __all__ = ["PreparedGraph", "write_graph", "write_streamed_synthetic"]
@@ -61,7 +62,7 @@ _DTYPES = {
 FeatureDtype = Literal["float32", "float16", "bfloat16"]
 
 
-class PreparedGraphError(ValueError):
+class PreparedGraphError(ConfigError):
     """A prepared folder that is missing, incomplete or damaged; the message names the file."""
 
 

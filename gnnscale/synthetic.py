@@ -16,6 +16,8 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.utils import coalesce, remove_self_loops
 
+from gnnscale.errors import ConfigError
+
 __all__ = ["SyntheticGraph", "make_synthetic_graph"]
 
 
@@ -64,7 +66,7 @@ class SyntheticGraph:
         }
         for key, ok in checks.items():
             if not ok:
-                raise ValueError(
+                raise ConfigError(
                     f"--data.synthetic.{key} has an invalid value ({getattr(self, key)!r}); see "
                     "`gnnscale fit --help` for its range"
                 )

@@ -1,13 +1,16 @@
 import csv
 import math
+import os
 import re
 import runpy
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from gnnscale.cli import main, prepare_main
+from gnnscale.registry import recipe
 from gnnscale.testing import centroid_accuracy, cli_args, requires_sampler, requires_torch_sparse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,3 +167,28 @@ def test_plan_is_a_subcommand_with_its_own_options(capsys):
     out = capsys.readouterr().out
     assert "--budget_gb BUDGET_GB" in out and "--num_batches NUM_BATCHES" in out
     assert "--trainer.precision" in out  # and every option of the run it plans
+
+
+@pytest.mark.parametrize(
+    "config,bad,message",
+    [
+        ("neighbor_sage", "--data.batch_size=0", "--data.batch_size must be > 0 (got 0)"),
+        pytest.param(
+            "cluster_gcn",  # refused in setup, once the graph is loaded
+            "--data.num_parts=5000",
+            "--data.num_parts (5000) is larger than the graph (1000 nodes)",
+            marks=pytest.mark.slow,  # each case starts the command twice
+        ),
+    ],
+)
+def test_refused_input_is_one_line_without_traceback(tmp_path, config, bad, message):
+    argv = [sys.executable, "-m", "gnnscale.cli", "fit", "--config", str(recipe(config).config)]
+    argv += ["--data.synthetic.num_nodes=1000", "--trainer.max_epochs=1", bad]
+    env = {**os.environ, "GNNSCALE_DEBUG": ""}
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith(f"gnnscale: error: {message}")
+    assert "Traceback" not in done.stderr
+    env["GNNSCALE_DEBUG"] = "1"
+    debug = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr and message in debug.stderr
