@@ -26,7 +26,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import NeighborDataModule, Preprocess, _GraphDataModule
-from gnnscale.errors import ConfigError
+from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import set_mmap_threshold
 from gnnscale.models import NodeClassifier
 from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
@@ -259,15 +259,15 @@ def prepare_main(args: list[str] | None = None) -> Path:
 def run() -> None:
     """Console entry point: ``main`` without a return value (which ``sys.exit`` would print).
 
-    Refused input (:class:`ConfigError`) is printed as one line, exit status 2; set
-    ``GNNSCALE_DEBUG=1`` for the traceback.
+    Refused input (:class:`ConfigError`) and a diverged run (:class:`TrainingDiverged`) are
+    printed as one line, exit status 2; set ``GNNSCALE_DEBUG=1`` for the traceback.
     """
     try:
         if sys.argv[1:2] == ["prepare"]:
             prepare_main()
         else:
             main()
-    except ConfigError as err:
+    except GnnscaleError as err:
         if os.environ.get("GNNSCALE_DEBUG"):
             raise
         print(f"gnnscale: error: {err}", file=sys.stderr)

@@ -255,6 +255,13 @@ def _validate_graph(data: Data, dataset: str) -> int:
             f"{None if data.y is None else tuple(data.y.shape)}); convert one-hot labels with "
             "y.argmax(-1)"
         )
+    if data.x is not None and data.x.is_floating_point():
+        bad = int((~torch.isfinite(data.x)).any(-1).sum()) if data.x.dim() > 1 else 0
+        if bad:
+            raise ConfigError(
+                f"--data.dataset {dataset!r}: {bad} node(s) have NaN or infinite features; "
+                "fix or drop them (or impute) before training"
+            )
     labelled = data.train_mask | data.val_mask | data.test_mask
     y = data.y[labelled]
     if int(y.min()) < 0:

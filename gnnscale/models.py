@@ -19,7 +19,7 @@ from torch_geometric.data import Data
 from torchmetrics.classification import MulticlassAccuracy
 
 from gnnscale.data import LayerwiseBatch
-from gnnscale.errors import ConfigError
+from gnnscale.errors import ConfigError, TrainingDiverged
 
 __all__ = ["GATv2", "GraphSAGE", "NodeClassifier"]
 
@@ -86,6 +86,13 @@ class NodeClassifier(L.LightningModule):
         out = self(batch.x, batch.edge_index, *_hops(batch))
         y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # trimmed: fewer rows
         loss = (F.cross_entropy(out.float(), y, reduction="none") * weight).sum()
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"the training loss is {loss.item()} at step {self.global_step} (epoch "
+                f"{self.current_epoch}, batch {batch_idx}): the run stopped. Likely causes: a "
+                "learning rate too high for the optimizer (--model.optimizer), or NaN/inf in the "
+                "inputs; fp16 without loss scaling can overflow too"
+            )
         self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
         return loss
 

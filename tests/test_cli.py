@@ -9,9 +9,19 @@ from pathlib import Path
 
 import pytest
 
+import gnnscale.data
+from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main, prepare_main
+from gnnscale.errors import ConfigError, TrainingDiverged
+from gnnscale.measure import read_metrics
 from gnnscale.registry import recipe
-from gnnscale.testing import centroid_accuracy, cli_args, requires_sampler, requires_torch_sparse
+from gnnscale.testing import (
+    TINY,
+    centroid_accuracy,
+    cli_args,
+    requires_sampler,
+    requires_torch_sparse,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 YAMLS = sorted(p for p in REPO.rglob("*.yaml") if ".venv" not in p.parts and "runs" not in p.parts)
@@ -192,3 +202,21 @@ def test_refused_input_is_one_line_without_traceback(tmp_path, config, bad, mess
     env["GNNSCALE_DEBUG"] = "1"
     debug = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and message in debug.stderr
+
+
+def test_a_diverging_run_stops_and_reports_no_result(tmp_path):
+    huge_lr = ["--model.optimizer=torch.optim.SGD", "--model.optimizer.init_args.lr=1e12"]
+    with pytest.raises(TrainingDiverged, match=r"the training loss is (nan|inf) at step \d+"):
+        _fit(tmp_path, "--config", str(recipe("planetoid").config), *huge_lr,
+             "--data.dataset=synthetic", "--trainer.max_epochs=20")  # fmt: skip
+    for path in tmp_path.rglob("metrics.csv"):  # no accuracy from a broken model
+        assert "test/acc" not in read_metrics(path)
+
+
+def test_non_finite_features_are_refused_with_a_count(monkeypatch):
+    data = make_synthetic_graph(TINY)
+    data.x[[3, 7]] = float("nan")
+    data.x[11, 0] = float("inf")
+    monkeypatch.setattr(gnnscale.data, "load_dataset", lambda *a: data)
+    with pytest.raises(ConfigError, match="3 node\\(s\\) have NaN or infinite features"):
+        _ = FullBatchDataModule().data
