@@ -113,6 +113,10 @@ class Trainer(L.Trainer):
         """
         if not isinstance(datamodule, _GraphDataModule):
             raise TypeError("gnnscale plan needs one of gnnscale's DataModules as --data")
+        if budget_gb is not None and budget_gb <= 0:
+            raise ConfigError(f"--budget_gb must be > 0 GiB (got {budget_gb})")
+        if num_batches < 1:
+            raise ConfigError(f"--num_batches must be >= 1 (got {num_batches})")
         on_gpu = self.strategy.root_device.type == "cuda"
         self.memory_plan = plan(
             datamodule,
@@ -181,6 +185,9 @@ class GnnscaleCLI(LightningCLI):
         second copy of every checkpoint in memory while it saves (see ``gnnscale.checkpoint``).
         """
         trainer = self._get(self.config_init, "trainer", default={})
+        accumulate = trainer.get("accumulate_grad_batches", 1)
+        if accumulate is not None and accumulate < 1:
+            raise ConfigError(f"--trainer.accumulate_grad_batches must be >= 1 (got {accumulate})")
         plugins = kwargs.get("plugins", trainer.get("plugins")) or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):

@@ -262,6 +262,13 @@ def _validate_graph(data: Data, dataset: str) -> int:
                 f"--data.dataset {dataset!r}: {bad} node(s) have NaN or infinite features; "
                 "fix or drop them (or impute) before training"
             )
+    for key, name in (("val_mask", "validation"), ("test_mask", "test")):
+        if not bool(data[key].any()):
+            raise ConfigError(
+                f"the {name} split of --data.dataset {dataset!r} is empty: gnnscale validates and "
+                "tests on it (for a generated graph, raise --data.synthetic.val_fraction, or "
+                "lower train_fraction + val_fraction below 1)"
+            )
     labelled = data.train_mask | data.val_mask | data.test_mask
     y = data.y[labelled]
     if int(y.min()) < 0:
@@ -269,7 +276,14 @@ def _validate_graph(data: Data, dataset: str) -> int:
             f"labels out of range in --data.dataset {dataset!r}: found {int(y.min())} among "
             "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
         )
-    return int(y.max()) + 1
+    num_classes, present = int(y.max()) + 1, int(torch.unique(y).numel())
+    if present < num_classes / 2:
+        raise ConfigError(
+            f"labels of --data.dataset {dataset!r} are not 0..num_classes-1: the largest is "
+            f"{num_classes - 1} but only {present} distinct classes occur, so the model would "
+            f"have {num_classes} outputs; remap them (torch.unique(y, return_inverse=True))"
+        )
+    return num_classes
 
 
 def _single(item: Any) -> DataLoader:
@@ -489,9 +503,12 @@ class _GraphDataModule(L.LightningDataModule):
             data = copy.copy(data)
             data.eval_mask = mask
             return _single(data)
-        if data.x.dtype != torch.float32:  # PyG's layer-wise inference feeds x to the layers as is
+        # PyG's layer-wise inference feeds x to the layers as is: in the parameters' dtype.
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        dtype = model.dtype if isinstance(model, L.LightningModule) else torch.float32
+        if data.x.dtype != dtype:
             data = copy.copy(data)
-            data.x = data.x.float()
+            data.x = data.x.to(dtype)
         loader = self._neighbor_loader(data, [-1], batch_size=self.eval.batch_size)
         return _single(LayerwiseBatch(loader, data.y, mask))
 

@@ -72,10 +72,11 @@ class NodeClassifier(L.LightningModule):
 
         Given a neighbour batch's nodes and edges per hop, each layer computes only what the
         next one reads (PyG's ``trim_to_layer``): the logits then cover the seeds and the first
-        hop (the last layer's inputs), seeds first.
+        hop (the last layer's inputs), seeds first. Features are cast to the parameters' dtype
+        (float32 under mixed precision; bfloat16, float16 or float64 under ``*-true``).
         """
         return self.gnn(
-            x.float(),
+            x.to(self.dtype),
             edge_index,
             num_sampled_nodes_per_hop=num_sampled_nodes,
             num_sampled_edges_per_hop=num_sampled_edges,
@@ -85,7 +86,8 @@ class NodeClassifier(L.LightningModule):
         """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
         out = self(batch.x, batch.edge_index, *_hops(batch))
         y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # trimmed: fewer rows
-        loss = (F.cross_entropy(out.float(), y, reduction="none") * weight).sum()
+        # Nodes outside every split may be unlabelled (y = -1): they weigh 0 and are ignored.
+        loss = (F.cross_entropy(out.float(), y, reduction="none", ignore_index=-1) * weight).sum()
         if not torch.isfinite(loss):
             raise TrainingDiverged(
                 f"the training loss is {loss.item()} at step {self.global_step} (epoch "

@@ -41,6 +41,12 @@ def _fit(tmp_path: Path, *args: str):
     return main(["fit", *cli_args(tmp_path), *args])
 
 
+def _fit_planetoid(tmp_path: Path, *args: str):
+    """The planetoid recipe on the tiny generated graph (its config first, then overrides)."""
+    config = ["--config", str(recipe("planetoid").config), "--data.dataset=synthetic"]
+    return main(["fit", *config, *cli_args(tmp_path), *args])
+
+
 def test_repo_has_yaml_configs():
     assert any("recipes" in p.parts for p in YAMLS)
 
@@ -207,8 +213,7 @@ def test_refused_input_is_one_line_without_traceback(tmp_path, config, bad, mess
 def test_a_diverging_run_stops_and_reports_no_result(tmp_path):
     huge_lr = ["--model.optimizer=torch.optim.SGD", "--model.optimizer.init_args.lr=1e12"]
     with pytest.raises(TrainingDiverged, match=r"the training loss is (nan|inf) at step \d+"):
-        _fit(tmp_path, "--config", str(recipe("planetoid").config), *huge_lr,
-             "--data.dataset=synthetic", "--trainer.max_epochs=20")  # fmt: skip
+        _fit_planetoid(tmp_path, *huge_lr, "--trainer.max_epochs=20")
     for path in tmp_path.rglob("metrics.csv"):  # no accuracy from a broken model
         assert "test/acc" not in read_metrics(path)
 
@@ -220,3 +225,25 @@ def test_non_finite_features_are_refused_with_a_count(monkeypatch):
     monkeypatch.setattr(gnnscale.data, "load_dataset", lambda *a: data)
     with pytest.raises(ConfigError, match="3 node\\(s\\) have NaN or infinite features"):
         _ = FullBatchDataModule().data
+
+
+@pytest.mark.parametrize("precision", ["bf16-true", "64-true"])
+def test_true_precisions_train(tmp_path, precision):
+    """The parameters' dtype, not float32, is what the features are cast to."""
+    _fit_planetoid(tmp_path, "--trainer.max_epochs=2", f"--trainer.precision={precision}")
+    metrics = read_metrics(tmp_path / "runs")
+    assert all(math.isfinite(v) for v in metrics["train/loss_epoch"]) and metrics["test/acc"]
+
+
+def test_zero_accumulation_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="accumulate_grad_batches must be >= 1 \\(got 0\\)"):
+        _fit_planetoid(tmp_path, "--trainer.accumulate_grad_batches=0")
+
+
+@pytest.mark.parametrize(
+    "arg,message", [("--budget_gb=0", "--budget_gb must be > 0"), ("--num_batches=0", ">= 1")]
+)
+def test_plan_refuses_empty_budgets(tmp_path, arg, message):
+    with pytest.raises(ConfigError, match=message):
+        config = ["--config", str(recipe("planetoid").config), "--data.dataset=synthetic"]
+        main(["plan", *config, *cli_args(tmp_path), arg])

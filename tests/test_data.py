@@ -1,6 +1,7 @@
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -11,6 +12,7 @@ from gnnscale import (
     ClusterDataModule,
     EvalArgs,
     FullBatchDataModule,
+    GraphSAGE,
     LoaderArgs,
     NeighborDataModule,
     Preprocess,
@@ -159,6 +161,39 @@ def test_labels_out_of_range(monkeypatch):
     _fake(monkeypatch, y=y, train_mask=torch.ones(200, dtype=torch.bool))
     with pytest.raises(ValueError, match="labels out of range.*found -1"):
         _ = FullBatchDataModule().num_classes
+
+
+def test_empty_validation_split(monkeypatch):
+    _fake(monkeypatch, val_mask=torch.zeros(200, dtype=torch.bool))
+    with pytest.raises(ValueError, match="validation split .* is empty.*val_fraction"):
+        _ = FullBatchDataModule().num_classes
+
+
+def test_a_stray_label_does_not_make_a_huge_model(monkeypatch):
+    y = make_synthetic_graph(SyntheticGraph(num_nodes=200, avg_degree=4)).y
+    y[0] = 200_000  # one mistyped id: 200,001 outputs
+    _fake(monkeypatch, y=y, train_mask=torch.ones(200, dtype=torch.bool))
+    with pytest.raises(ValueError, match="the largest is 200000 but only 11 distinct classes"):
+        _ = FullBatchDataModule().num_classes
+
+
+@requires_sampler
+def test_unlabelled_nodes_outside_the_splits_train(monkeypatch, tmp_path):
+    """y = -1 on nodes in no split, as the label check's message recommends: they are sampled as
+    neighbours, never scored."""
+    data = make_synthetic_graph(TINY)
+    outside = torch.arange(data.num_nodes) % 4 == 0
+    data.y[outside] = -1
+    for key in ("train_mask", "val_mask", "test_mask"):
+        data[key] &= ~outside
+    monkeypatch.setattr(gdata, "load_dataset", lambda *a: data)
+    dm = NeighborDataModule(root=tmp_path, num_neighbors=[5, 5], batch_size=256)
+    trainer = L.Trainer(
+        max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(GraphSAGE(32, 5, hidden_channels=16), dm)
+    assert torch.isfinite(trainer.callback_metrics["train/loss_epoch"])
 
 
 def test_one_hot_labels(monkeypatch):
