@@ -13,6 +13,7 @@ model or trainer: it is :func:`prepare`, parsed by jsonargparse on its own.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -193,6 +194,18 @@ class GnnscaleCLI(LightningCLI):
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, StreamingCheckpointIO()]
         return super().instantiate_trainer(**kwargs)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Run it; if it fails before logging anything, remove the empty version folder it made."""
+        try:
+            super()._run_subcommand(subcommand)
+        except BaseException:
+            log_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
+            if log_dir is not None and log_dir.is_dir():
+                kept = [p for p in log_dir.rglob("*") if p.is_file() and p.name != "config.yaml"]
+                if not kept:  # nothing but the saved config: no metrics, no checkpoint
+                    shutil.rmtree(log_dir, ignore_errors=True)
+            raise
 
     def after_fit(self) -> None:
         """Report test accuracy of the best checkpoint (the last weights if none was saved)."""

@@ -205,6 +205,7 @@ def test_refused_input_is_one_line_without_traceback(tmp_path, config, bad, mess
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1].startswith(f"gnnscale: error: {message}")
     assert "Traceback" not in done.stderr
+    assert not list(tmp_path.rglob("version_*"))  # a failed run leaves no empty log folder
     env["GNNSCALE_DEBUG"] = "1"
     debug = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and message in debug.stderr
