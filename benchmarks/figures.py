@@ -13,6 +13,11 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   ``benchmarks/results/``).
 - ``gat``, ``sparse``, ``ddp``: the memory studies of ``gat_attention_memory``,
   ``sparse_embeddings`` and ``multi_gpu_ddp`` (``memory`` in each recipe's README).
+- ``ondisk-large``: a graph of ogbn-papers100M's size, larger than memory, prepared and trained
+  for one epoch (``large`` in on_disk_graph's README; about an hour, 50 GiB of disk; not run by
+  default).
+- ``ondisk``: ``on_disk_graph`` from its prepared folder against the same graph in memory, one
+  process and two ranks, warm and cold page cache (``memory`` in its README).
 
 Every block ends with a stamp: this command, the commit, the machine, the threads.
 """
@@ -29,7 +34,8 @@ import torch
 
 from gnnscale.registry import RECIPES
 
-SECTIONS = ("recipes", "compare", "gat", "sparse", "ddp")
+SECTIONS = ("recipes", "compare", "gat", "sparse", "ddp", "ondisk")
+EXTRA_SECTIONS = ("ondisk-large",)  # run only when named
 
 
 def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[block_io.Block], str]:
@@ -45,11 +51,19 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
 
         threads = f"{args.threads or torch.get_num_threads()} torch thread(s) per process"
         return compare.blocks("tiny" if tiny else "full", args.threads), threads
-    module = {"gat": "gat_memory", "sparse": "sparse_embeddings", "ddp": "ddp_memory"}[name]
+    module = {
+        "gat": "gat_memory",
+        "sparse": "sparse_embeddings",
+        "ddp": "ddp_memory",
+        "ondisk": "on_disk",
+        "ondisk-large": "on_disk_large",
+    }[name]
     threads = {
         "gat": "1 torch thread per measurement",
         "sparse": f"{torch.get_num_threads()} torch threads",
         "ddp": "2 processes, torch's default threads each",
+        "ondisk": "1 process with torch's default threads, or 2 ranks with 1 thread each",
+        "ondisk-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
     }[name]
     return __import__(module).blocks(tiny), threads
 
@@ -67,8 +81,9 @@ def main(argv: list[str] | None = None) -> None:
         "--threads", type=int, default=1, help="compare section: torch threads per process"
     )
     args = parser.parse_args(argv)
-    if unknown := set(args.sections) - set(SECTIONS):
-        parser.error(f"unknown sections {sorted(unknown)}; choose from {', '.join(SECTIONS)}")
+    if unknown := set(args.sections) - set(SECTIONS) - set(EXTRA_SECTIONS):
+        known = ", ".join(SECTIONS + EXTRA_SECTIONS)
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {known}")
     tiny = args.size == "tiny"
     command = shlex.join(["python", "benchmarks/figures.py", *(argv or sys.argv[1:])])
     for name in args.sections or SECTIONS:
