@@ -106,12 +106,15 @@ def test_readme_quick_start_command(tmp_path, monkeypatch):
     assert read_metrics(tmp_path / "runs")["test/acc"]
 
 
+SWAPPABLE = ("neighbor_sage", "cluster_gcn", "graphsaint")
+
+
 @pytest.mark.parametrize(
     "recipe",
     [
-        pytest.param(r, id=r.name, marks=NEEDS[r.needs])
-        for r in RECIPES
-        if r.name in ("neighbor_sage", "cluster_gcn", "graphsaint")
+        # The neighbour recipe in the fast tier, the other two in the slow one.
+        pytest.param(r, id=r.name, marks=[*NEEDS[r.needs], *[pytest.mark.slow] * (i > 0)])
+        for i, r in enumerate(r for r in RECIPES if r.name in SWAPPABLE)
     ],
 )
 def test_gatv2_swapped_into_a_graphsage_recipe_trains(tmp_path, monkeypatch, recipe):
