@@ -22,6 +22,7 @@ from pathlib import Path
 
 import psutil
 from blocks import REPO, Block
+from on_disk import evict
 
 from gnnscale.measure import anon_mb, read_metrics
 from gnnscale.registry import recipe
@@ -74,16 +75,6 @@ class PrivateMemory(threading.Thread):
             time.sleep(self.interval_s)
 
 
-def _evict(folder: Path) -> None:
-    """Drop the folder's pages from the page cache (clean pages; no root needed)."""
-    for path in folder.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def _prepare(folder: Path, size: str) -> float:
     """Prepare the graph into ``folder`` unless an earlier run did; its prepare time in s."""
     record = folder.parent / f"{folder.name}.prepare_s"
@@ -103,12 +94,12 @@ def measure(size: str, workdir: Path) -> dict[str, float]:
     folder = workdir / "graph"
     prepare_s = _prepare(folder, size)
     disk = sum(p.stat().st_size for p in folder.iterdir())
-    _evict(folder)
+    evict(folder)
     start = time.perf_counter()
     verify = f"from gnnscale.ondisk import PreparedGraph; PreparedGraph({str(folder)!r})"
     subprocess.run([sys.executable, "-c", verify], check=True)
     verify_s = time.perf_counter() - start
-    _evict(folder)
+    evict(folder)
     save_dir = workdir / "runs"
     argv = ENTRY.argv(
         "fit",
