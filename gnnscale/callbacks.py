@@ -39,10 +39,12 @@ class ThroughputMonitor(L.Callback):
         self.warmup_epochs = warmup_epochs
         self.epoch_s: list[float] = []
         self.nodes_per_s: list[float] = []
+        self._nodes, self._start, self._end = 0, 0.0, 0.0
+        self._whole = False  # a run resumed mid-epoch starts with part of one: not timed
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Start the epoch clock."""
-        self._nodes = 0
+        self._nodes, self._whole = 0, True
         self._start = self._end = time.perf_counter()
 
     def on_train_batch_end(
@@ -56,6 +58,8 @@ class ThroughputMonitor(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Log the epoch's time, throughput and peak memory."""
+        if not self._whole:
+            return
         seconds = self._end - self._start
         metrics = {"perf/epoch_s": seconds, "perf/nodes_per_s": self._nodes / seconds}
         metrics["perf/peak_rss_mb"] = peak_rss_mb()

@@ -12,6 +12,7 @@ model or trainer: it is :func:`prepare`, parsed by jsonargparse on its own.
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
 import sys
@@ -23,6 +24,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale.checkpoint import StreamingCheckpointIO
@@ -157,9 +159,11 @@ class GnnscaleCLI(LightningCLI):
         )
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a precision the device cannot run, before any data is loaded."""
-        trainer = self.config[self.subcommand].trainer if self.subcommand else self.config.trainer
-        _check_precision(str(trainer.precision), str(trainer.accelerator))
+        """Refuse a precision the device cannot run, before any data is loaded; find ``last``."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
+        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
+            _resume_last(config)
 
     def instantiate_classes(self) -> None:
         """Build model, data and Trainer; refuse a model the loaders cannot feed, before loading."""
@@ -207,6 +211,35 @@ class GnnscaleCLI(LightningCLI):
                     shutil.rmtree(log_dir, ignore_errors=True)
             raise
 
+    def before_fit(self) -> None:
+        """Fix the run's folder; resuming into it, keep the rows logged before the checkpoint."""
+        # Loggers pick their version (version_N) when first asked. Asked here, in the process
+        # that also runs the test after fit, so processes forked for DDP use the same one.
+        for each in self.trainer.loggers:
+            _ = each.version
+        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        logger = self.trainer.logger
+        if not ckpt_path or not isinstance(logger, CSVLogger) or self.trainer.global_rank:
+            return
+        metrics = Path(logger.log_dir) / "metrics.csv"
+        if not metrics.is_file():
+            return
+        step = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
+        with metrics.open(newline="") as f:
+            reader = csv.DictReader(f)
+            keys = sorted(reader.fieldnames or [])
+            # What was logged after the checkpoint is trained, and logged, again.
+            rows = [r for r in reader if int(r["step"]) < step["global_step"]]
+        # CSVLogger deletes the file when it opens a folder that has one; write the rows back
+        # and tell it their columns, so it appends to them (and widens them for new ones).
+        writer = logger.experiment
+        with metrics.open("w", newline="") as f:
+            out = csv.DictWriter(f, fieldnames=keys)
+            out.writeheader()
+            out.writerows(rows)
+        writer.metrics_keys = keys
+        rank_zero_info(f"gnnscale: resuming in {logger.log_dir}, its {len(rows)} earlier rows kept")
+
     def after_fit(self) -> None:
         """Report test accuracy of the best checkpoint (the last weights if none was saved)."""
         if self.trainer.interrupted:
@@ -214,6 +247,36 @@ class GnnscaleCLI(LightningCLI):
         best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
         ckpt = "best" if best else None
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
+
+
+def _resume_last(config: Any) -> None:
+    """``--ckpt_path last``: the ``last.ckpt`` of this recipe's newest run, resumed in its folder.
+
+    Runs are ``<save_dir>/<name>/version_N`` (the logger's), checkpoints in their
+    ``checkpoints`` folder. The newest run that saved a ``last.ckpt`` (or the one
+    ``--trainer.logger.init_args.version`` names) is resumed, logging into the same folder.
+    """
+    args = getattr(config.trainer.logger, "init_args", None)
+    if args is None or not args.get("save_dir"):
+        raise ConfigError(
+            "--ckpt_path last looks for the newest run under the logger's save_dir; this "
+            "config's logger has none: pass --ckpt_path PATH/TO/last.ckpt"
+        )
+    root = Path(args.save_dir) / (args.get("name") or "lightning_logs")
+    version = args.get("version")
+    pattern = "version_*" if version is None else f"version_{version}"
+    runs = [p.parent.parent for p in root.glob(f"{pattern}/checkpoints/last.ckpt")]
+    runs = [p for p in runs if p.name.removeprefix("version_").isdigit()]
+    if not runs:
+        raise ConfigError(
+            f"--ckpt_path last: no run under {root} has saved checkpoints/last.ckpt. A run "
+            "saves one with a ModelCheckpoint(save_last=true), as the recipes do; or pass "
+            "--ckpt_path PATH/TO/file.ckpt"
+        )
+    run = max(runs, key=lambda p: int(p.name.removeprefix("version_")))
+    args.version = int(run.name.removeprefix("version_"))
+    config.ckpt_path = str(run / "checkpoints" / "last.ckpt")
+    rank_zero_info(f"gnnscale: --ckpt_path last resumes {config.ckpt_path}")
 
 
 def main(args: list[str] | None = None) -> GnnscaleCLI:

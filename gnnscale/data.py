@@ -42,6 +42,7 @@ from torch_geometric.sampler import NeighborSampler
 from gnnscale.cache import cached_folder, check_writable
 from gnnscale.errors import ConfigError
 from gnnscale.ondisk import PreparedGraph
+from gnnscale.resume import ResumableLoader
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
 
 __all__ = [
@@ -456,6 +457,19 @@ class _GraphDataModule(L.LightningDataModule):
     def _setup_train(self) -> None:
         """Precompute what the training loader needs (partitions, statistics); none by default."""
 
+    def _resumable(self, loader: DataLoader, shuffle: bool) -> ResumableLoader:
+        """``loader``'s batches, seeded per epoch and batch, resumable mid-epoch (gnnscale.resume).
+
+        Every rank uses rank 0's seed, drawn from the global stream (``seed_everything`` fixes
+        it), and takes its own share of each epoch's batches.
+        """
+        trainer = self.trainer
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        if trainer is None:
+            return ResumableLoader(loader, shuffle, seed)
+        seed = trainer.strategy.broadcast(seed)
+        return ResumableLoader(loader, shuffle, seed, trainer.global_rank, trainer.world_size)
+
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or [-1] * max(self._model_num_layers(), 1)
 
@@ -484,7 +498,14 @@ class _GraphDataModule(L.LightningDataModule):
         sampler = copy.copy(self._csc_sampler)
         sampler.num_neighbors = fanout
         return NeighborLoader(
-            data, num_neighbors=fanout, neighbor_sampler=sampler, **self.loader.kwargs(), **kwargs
+            data,
+            num_neighbors=fanout,
+            neighbor_sampler=sampler,
+            # Workers' seeds from a generator of its own: starting workers must not move the
+            # global stream the model's dropout draws from (see gnnscale.resume).
+            generator=torch.Generator(),
+            **self.loader.kwargs(),
+            **kwargs,
         )
 
     def _eval_loader(self, mask_key: str | None) -> Any:
@@ -637,16 +658,16 @@ class NeighborDataModule(_GraphDataModule):
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or self.num_neighbors
 
-    def train_dataloader(self) -> NeighborLoader:
+    def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of ``batch_size`` training seeds with their sampled neighbourhoods."""
-        return self._neighbor_loader(
+        loader = self._neighbor_loader(
             self.data,
             self.num_neighbors,
             input_nodes=self.data.train_mask,
             batch_size=self.batch_size,
-            shuffle=True,
             transform=functools.partial(count_hops, num_layers=len(self.num_neighbors)),
         )
+        return self._resumable(loader, shuffle=True)
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         # Seeds come first; a short last batch keeps weight 1/batch_size per seed, so every
@@ -776,14 +797,12 @@ class ClusterDataModule(_GraphDataModule):
             )
         rank_zero_info(f"gnnscale: Cluster-GCN partitioner is {self._cluster_data.partitioner}")
 
-    def train_dataloader(self) -> ClusterLoader:
+    def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of ``clusters_per_batch`` parts."""
-        return ClusterLoader(
-            self._cluster_data,
-            batch_size=self.clusters_per_batch,
-            shuffle=True,
-            **self.loader.kwargs(),
+        loader = ClusterLoader(
+            self._cluster_data, batch_size=self.clusters_per_batch, **self.loader.kwargs()
         )
+        return self._resumable(loader, shuffle=True)
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         return batch.loss_weight, int(batch.train_mask.sum())
@@ -867,7 +886,7 @@ class SAINTDataModule(_GraphDataModule):
             self._save_dir = self.cache_dir / f"saint_{key}"
             check_writable(self.cache_dir, "--data.root")
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> ResumableLoader:
         """``num_steps`` sampled subgraphs (normalisation computed once, then read from cache)."""
         params: dict[str, Any] = {"batch_size": self.batch_size, "num_steps": self.num_steps}
         cls: type = GraphSAINTNodeSampler
@@ -887,7 +906,7 @@ class SAINTDataModule(_GraphDataModule):
             )
 
         if self._save_dir is None:
-            return sampler(None)
+            return self._resumable(sampler(None), shuffle=False)
         cached_folder(self._save_dir, sampler, "GraphSAINT normalisation")
         loader = sampler(self._save_dir)  # reads the normalisation back
         bad = int((~torch.isfinite(loader.node_norm)).sum())
@@ -896,7 +915,7 @@ class SAINTDataModule(_GraphDataModule):
                 f"the GraphSAINT normalisation in {self._save_dir} has {bad} non-finite node "
                 "weights; delete the folder to rebuild it"
             )
-        return loader
+        return self._resumable(loader, shuffle=False)
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         train = batch.train_mask

@@ -128,6 +128,11 @@ class NodeClassifier(L.LightningModule):
         """Predicted class of each node (in node order for layer-wise evaluation)."""
         return self._logits(batch)[0].argmax(-1)
 
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Flush the loggers: what was logged before a checkpoint is on disk beside it."""
+        for logger in self.loggers:
+            logger.save()
+
     def configure_optimizers(self) -> Any:
         """The optimizer (and schedule) chosen in the config; none: Adam, as the GAT paper."""
         if self.optimizer is None:

@@ -8,10 +8,13 @@ turns such skips into failures, so a broken build cannot pass CI by skipping.
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import pytest
 import torch
 import torch_geometric.typing
@@ -22,6 +25,7 @@ from gnnscale.synthetic import SyntheticGraph
 
 __all__ = [
     "BACKEND_MISSING",
+    "KillAtStep",
     "CORA_RAW",
     "TINY",
     "TINY_ARGS",
@@ -94,3 +98,21 @@ def cli_args(folder: Path) -> list[str]:
         f"--trainer.logger.init_args.save_dir={folder / 'runs'}",
         *TINY_ARGS,
     ]
+
+
+class KillAtStep(L.Callback):
+    """Kills its own process with SIGKILL after optimizer step ``step``: a crash, mid-epoch.
+
+    Nothing is flushed or saved: what the run keeps is what it had written before.
+
+    Args:
+        step: The ``global_step`` after which the process dies.
+    """
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        """Die once the step is reached."""
+        if trainer.global_step >= self.step:
+            os.kill(os.getpid(), signal.SIGKILL)

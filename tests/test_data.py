@@ -290,7 +290,7 @@ def test_partition_cache_is_keyed_to_the_graph(tmp_path, caplog):
 def test_pymetis_partition_is_balanced(tmp_path):
     dm = ClusterDataModule(root=tmp_path, num_parts=8, clusters_per_batch=2, synthetic=TINY)
     dm.setup("fit")
-    partptr = dm.train_dataloader().cluster_data.partition.partptr
+    partptr = dm.train_dataloader().loader.cluster_data.partition.partptr
     sizes = partptr.diff()
     assert len(sizes) == 8 and sizes.min() > 0.7 * sizes.float().mean()
 
@@ -340,7 +340,7 @@ def test_loaders_share_one_copy_of_the_graph_and_keep_their_fanouts(tmp_path, mo
         root=tmp_path, batch_size=64, num_neighbors=[10, 5], synthetic=TINY, eval=eval_args
     )
     dm.setup("fit")
-    train = dm.train_dataloader()
+    train = dm.train_dataloader().loader
     val, test = dm.val_dataloader(), dm.test_dataloader()
     if mode == "layerwise":  # each yields one LayerwiseBatch wrapping a one-hop loader
         val, test = (next(iter(loader)).loader for loader in (val, test))

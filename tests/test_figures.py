@@ -28,7 +28,8 @@ def _blocks_in_readmes() -> set[tuple[str, str]]:
 @pytest.mark.slow
 @requires_torch_sparse
 def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_path):
-    before = {p: p.read_text() for p in REPO.rglob("README.md") if ".venv" not in p.parts}
+    written = [*REPO.rglob("README.md"), *(REPO / "benchmarks" / "results").iterdir()]
+    before = {p: p.read_bytes() for p in written if ".venv" not in p.parts}
     done = subprocess.run(
         [sys.executable, str(REPO / "benchmarks" / "figures.py"), "--size", "tiny"],
         capture_output=True,
@@ -47,5 +48,5 @@ def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_pa
         assert not re.search(r"\bfailed\b|\bnan\b", body, re.I), (path, name)
     for target in ("(i)", "(ii)", "(iii)"):
         assert re.search(rf"^(PASS|FAIL)\s+{re.escape(target)}", done.stdout, re.M), target
-    after = {p: p.read_text() for p in before}
-    assert after == before  # tiny figures are printed, never written
+    after = {p: p.read_bytes() for p in before}
+    assert after == before  # tiny figures are printed, never written (READMEs, results, plots)

@@ -62,10 +62,9 @@ def _run(recipe, folder, monkeypatch):
 
 
 def _check(recipe, folder):
-    metrics: dict[str, list[float]] = {}
-    for path in sorted((folder / "runs").rglob("metrics.csv")):
-        for key, values in read_metrics(path).items():
-            metrics.setdefault(key, []).extend(values)
+    # One run folder: training, validation and test rows side by side (DDP's included).
+    (path,) = (folder / "runs").rglob("metrics.csv")
+    metrics = read_metrics(path)
     losses = metrics["train/loss_epoch"]
     assert losses and all(math.isfinite(v) for v in losses)
     assert losses[-1] < losses[0]
