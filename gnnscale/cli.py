@@ -13,7 +13,11 @@ model or trainer: it is :func:`prepare`, parsed by jsonargparse on its own.
 from __future__ import annotations
 
 import csv
+import difflib
+import inspect
 import os
+import pydoc
+import re
 import shutil
 import sys
 from dataclasses import asdict
@@ -22,6 +26,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
@@ -158,6 +163,15 @@ class GnnscaleCLI(LightningCLI):
             "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
         )
 
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        """Parse; a key or value jsonargparse refuses becomes one line (``ConfigError``)."""
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # raised, not printed: main() sets exit_on_error=False
+            given = sys.argv[1:] if args is None else args
+            command = next((f"gnnscale {a}" for a in given if a in self.subcommands()), "gnnscale")
+            raise ConfigError(_parse_error(str(err), command)) from err
+
     def before_instantiate_classes(self) -> None:
         """Refuse a precision the device cannot run, before any data is loaded; find ``last``."""
         config = self.config[self.subcommand] if self.subcommand else self.config
@@ -249,6 +263,50 @@ class GnnscaleCLI(LightningCLI):
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
 
 
+_NOISE = (
+    "Does not validate against any of the Union subtypes",
+    "Subtypes:",
+    "Errors:",
+    "Expected a <class 'NoneType'>",
+    "Given value type:",
+)
+
+
+def _parse_error(message: str, command: str = "gnnscale fit") -> str:
+    """Condense jsonargparse's report of a refused key or value (union attempts) to one line."""
+    keys, reasons, given, class_path = [], [], "", ""
+    for line in message.splitlines():
+        line = line.strip().removeprefix("- ")
+        if match := re.match(r'Parser key "(.+?)":\s*(.*)$', line):
+            keys.append(match[1])
+            line = match[2]
+        if not line:
+            continue
+        if match := re.match(r"Problem with given class_path '(.+)':$", line):
+            class_path = match[1]
+        elif line.startswith("Given value:"):
+            given = line.removeprefix("Given value:").strip()
+        elif line and not line.startswith(_NOISE):
+            reasons.append(re.sub(r"<class '([\w.]+)'>", r"\1", line))
+    if not keys:  # not about a key: "unrecognized arguments: ...", a missing config file, ...
+        return f"{' '.join(reasons)} (see `{command} --help`)"
+    key = "--" + ".".join(keys)
+    if len(reasons) == 1 and (match := re.match(r"Option '(\w+)' is not accepted", reasons[0])):
+        option = match[1]
+        cls = pydoc.locate(class_path)
+        names = list(inspect.signature(cls).parameters) if callable(cls) else []
+        close = difflib.get_close_matches(option, names, n=1)
+        hint = (
+            f"did you mean {key}.{close[0]}?"
+            if close
+            else f"see `{command} {key}.help {class_path}`"
+        )
+        return f"{key}.{option} is not an option of {class_path}; {hint}"
+    if given and not any("Got value" in r for r in reasons):
+        reasons.append(f"got {given!r}")
+    return f"{key}: {'; '.join(reasons)}"
+
+
 def _resume_last(config: Any) -> None:
     """``--ckpt_path last``: the ``last.ckpt`` of this recipe's newest run, resumed in its folder.
 
@@ -294,6 +352,7 @@ def main(args: list[str] | None = None) -> GnnscaleCLI:
         subclass_mode_data=True,
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"exit_on_error": False},  # refusals raise ConfigError: one line, exit 2
         args=args,
     )
 
@@ -336,7 +395,12 @@ def prepare_main(args: list[str] | None = None) -> Path:
     """``gnnscale prepare``: parse ``args`` (default ``sys.argv`` after the subcommand), run it."""
     from jsonargparse import CLI
 
-    return CLI(prepare, args=sys.argv[2:] if args is None else args)  # type: ignore[no-any-return]
+    try:
+        return CLI(  # type: ignore[no-any-return]
+            prepare, args=sys.argv[2:] if args is None else args, exit_on_error=False
+        )
+    except ArgumentError as err:
+        raise ConfigError(_parse_error(str(err), "gnnscale prepare")) from err
 
 
 def run() -> None:

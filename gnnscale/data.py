@@ -349,7 +349,6 @@ class _GraphDataModule(L.LightningDataModule):
             raise ConfigError(
                 f"--data.dataset {dataset!r} is not known; choose one of {', '.join(DATASETS)}"
             )
-        _check_root(dataset, Path(root))
         if dataset == "prepared":
             if self._not_on_disk:
                 raise ConfigError(
@@ -366,6 +365,7 @@ class _GraphDataModule(L.LightningDataModule):
                     f"--data.eval.mode {eval.mode!r} holds every node's activations in memory; "
                     "with --data.dataset prepared use --data.eval.mode=sampled"
                 )
+        _check_root(dataset, Path(root))  # after the checks of the settings alone
         self.dataset = dataset
         self.root = Path(root)
         self.synthetic = synthetic

@@ -133,10 +133,12 @@ def _prepare(out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[s
     """Run ``fill`` into a temporary sibling of ``out``, then rename it to ``out`` (atomic).
 
     A complete ``out`` made from the same source is kept; one from another source, or anything
-    else at ``out``, is refused rather than overwritten.
+    else at ``out`` but an empty folder, is refused rather than overwritten.
     """
     out = Path(out)
     key = _key(source)
+    if out.is_dir() and not any(out.iterdir()):
+        out.rmdir()  # an empty folder made for it: written in its place
     if out.exists():
         try:
             manifest = PreparedGraph.read_manifest(out)

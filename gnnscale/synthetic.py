@@ -53,22 +53,27 @@ class SyntheticGraph:
 
     def __post_init__(self) -> None:
         """Refuse settings that cannot make a graph."""
-        checks = {
-            "num_nodes": self.num_nodes >= 2,
-            "avg_degree": self.avg_degree > 0,
-            "num_features": self.num_features >= 1,
-            "num_classes": 2 <= self.num_classes <= self.num_nodes,
-            "homophily": 0.0 <= self.homophily <= 1.0,
-            "feature_noise": self.feature_noise >= 0,
-            "degree_exponent": self.degree_exponent > 2,
-            "train_fraction": 0 < self.train_fraction < 1,
-            "val_fraction": 0 <= self.val_fraction < 1 - self.train_fraction,
+        rules = {  # key: (holds, what it must be)
+            "num_nodes": (self.num_nodes >= 2, ">= 2"),
+            "avg_degree": (self.avg_degree > 0, "> 0"),
+            "num_features": (self.num_features >= 1, ">= 1"),
+            "num_classes": (
+                2 <= self.num_classes <= self.num_nodes,
+                f"between 2 and --data.synthetic.num_nodes ({self.num_nodes})",
+            ),
+            "homophily": (0.0 <= self.homophily <= 1.0, "between 0 and 1"),
+            "feature_noise": (self.feature_noise >= 0, ">= 0"),
+            "degree_exponent": (self.degree_exponent > 2, "> 2 (a finite mean degree)"),
+            "train_fraction": (0 < self.train_fraction < 1, "between 0 and 1, exclusive"),
+            "val_fraction": (
+                0 <= self.val_fraction < 1 - self.train_fraction,
+                f">= 0 and below 1 - train_fraction ({1 - self.train_fraction:g})",
+            ),
         }
-        for key, ok in checks.items():
-            if not ok:
+        for key, (holds, rule) in rules.items():
+            if not holds:
                 raise ConfigError(
-                    f"--data.synthetic.{key} has an invalid value ({getattr(self, key)!r}); see "
-                    "`gnnscale fit --help` for its range"
+                    f"--data.synthetic.{key} must be {rule} (got {getattr(self, key)!r})"
                 )
 
 
