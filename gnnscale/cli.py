@@ -20,6 +20,7 @@ import pydoc
 import re
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -232,35 +233,50 @@ class GnnscaleCLI(LightningCLI):
         for each in self.trainer.loggers:
             _ = each.version
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
-        logger = self.trainer.logger
-        if not ckpt_path or not isinstance(logger, CSVLogger) or self.trainer.global_rank:
-            return
-        metrics = Path(logger.log_dir) / "metrics.csv"
-        if not metrics.is_file():
-            return
-        step = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
-        with metrics.open(newline="") as f:
-            reader = csv.DictReader(f)
-            keys = sorted(reader.fieldnames or [])
+        if ckpt_path and self.trainer.global_rank == 0:
+            step = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
             # What was logged after the checkpoint is trained, and logged, again.
-            rows = [r for r in reader if int(r["step"]) < step["global_step"]]
-        # CSVLogger deletes the file when it opens a folder that has one; write the rows back
-        # and tell it their columns, so it appends to them (and widens them for new ones).
-        writer = logger.experiment
-        with metrics.open("w", newline="") as f:
-            out = csv.DictWriter(f, fieldnames=keys)
-            out.writeheader()
-            out.writerows(rows)
-        writer.metrics_keys = keys
-        rank_zero_info(f"gnnscale: resuming in {logger.log_dir}, its {len(rows)} earlier rows kept")
+            kept = _keep_csv_rows(self.trainer.logger, lambda row: row < step["global_step"])
+            if kept is not None:
+                rank_zero_info(f"gnnscale: resuming in its folder, {kept} earlier rows kept")
 
     def after_fit(self) -> None:
         """Report test accuracy of the best checkpoint (the last weights if none was saved)."""
         if self.trainer.interrupted:
             return
+        # Under DDP with forked processes, the training rows were written by rank 0's process,
+        # not this one: keep them beside the test's.
+        _keep_csv_rows(self.trainer.logger, lambda step: True)
         best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
         ckpt = "best" if best else None
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
+
+
+def _keep_csv_rows(logger: Any, keep: Callable[[int], bool]) -> int | None:
+    """Have a ``CSVLogger`` append to its ``metrics.csv``, keeping the rows whose step ``keep``s.
+
+    A ``CSVLogger`` deletes ``metrics.csv`` when it first writes in a folder that has one (a
+    resumed run's, or one that another process wrote). Returns how many rows were kept (None:
+    not a CSVLogger, or no file).
+    """
+    if not isinstance(logger, CSVLogger):
+        return None
+    if getattr(logger, "_experiment", None) is not None:  # opened in this process already
+        logger.experiment.save()  # what it holds goes to the file first
+    metrics = Path(logger.log_dir) / "metrics.csv"
+    if not metrics.is_file():
+        return None
+    with metrics.open(newline="") as f:
+        reader = csv.DictReader(f)
+        keys = sorted(reader.fieldnames or [])
+        rows = [r for r in reader if keep(int(r["step"]))]
+    writer = logger.experiment  # opened now, if not before (deleting the file)
+    with metrics.open("w", newline="") as f:
+        out = csv.DictWriter(f, fieldnames=sorted({*keys, *writer.metrics_keys}))
+        out.writeheader()
+        out.writerows(rows)
+    writer.metrics_keys = sorted({*keys, *writer.metrics_keys})  # its columns: it appends
+    return len(rows)
 
 
 _NOISE = (
