@@ -26,6 +26,7 @@ from blocks import REPO, Block
 from on_disk import evict
 
 from gnnscale.measure import anon_mb, read_metrics
+from gnnscale.ondisk import PreparedGraph
 from gnnscale.registry import recipe
 
 ENTRY = recipe("on_disk_graph")
@@ -90,11 +91,41 @@ def _prepare(folder: Path, size: str) -> float:
     return seconds
 
 
+GATHER = """
+import mmap, sys, time
+import numpy as np, torch
+path, rows, advice, n = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+with open(path, "rb") as f:
+    m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+if advice == "random":
+    m.madvise(mmap.MADV_RANDOM)
+x = torch.from_numpy(np.frombuffer(m, dtype=np.uint8).reshape(rows, -1))
+idx = torch.randint(0, rows, (n,), generator=torch.Generator().manual_seed(0))
+start = time.perf_counter()
+x[idx]
+print(n / (time.perf_counter() - start))
+"""
+
+
+def gather_rate(folder: Path, advice: str, rows: int = 20_000) -> float:
+    """Feature rows per second gathered at random from the evicted ``x.bin``, in a fresh process.
+
+    ``advice``: ``normal`` (the kernel's readahead) or ``random`` (``MADV_RANDOM``, as
+    ``PreparedGraph`` maps it).
+    """
+    evict(folder)
+    num_nodes = PreparedGraph.read_manifest(folder)["files"]["x"]["shape"][0]
+    argv = [sys.executable, "-c", GATHER, str(folder / "x.bin"), str(num_nodes), advice]
+    done = subprocess.run([*argv, str(rows)], capture_output=True, text=True, check=True)
+    return float(done.stdout)
+
+
 def measure(size: str, workdir: Path) -> dict[str, float]:
     """Prepare (or reuse), evict, fit one epoch; return the figures."""
     folder = workdir / "graph"
     prepare_s = _prepare(folder, size)
     disk = sum(p.stat().st_size for p in folder.iterdir())
+    gather = {advice: gather_rate(folder, advice) for advice in ("normal", "random")}
     evict(folder)
     start = time.perf_counter()
     verify = f"from gnnscale.ondisk import PreparedGraph; PreparedGraph({str(folder)!r})"
@@ -132,6 +163,8 @@ def measure(size: str, workdir: Path) -> dict[str, float]:
         "private_mb_second": peaks[1] if len(peaks) > 1 else 0.0,
         "processes": len(peaks),
         "ram_gib": psutil.virtual_memory().total / 2**30,
+        "gather_normal": gather["normal"],
+        "gather_random": gather["random"],
     }
 
 
@@ -168,6 +201,9 @@ def blocks(tiny: bool) -> list[Block]:
             f"| checksums of every file verified (cold, one process) | {r['verify_s']:,.0f} s |",
             f"| `gnnscale fit`, whole run (1 epoch, val, test) | {r['fit_s']:,.0f} s |",
             f"| s/epoch (cold page cache) | {r['epoch_s']:,.1f} |",
+            "| cold random feature rows per second: readahead (kernel default) / "
+            f"`MADV_RANDOM` (as mapped) | {r['gather_normal']:,.0f} / "
+            f"{r['gather_random']:,.0f} ({r['gather_random'] / r['gather_normal']:.0f}x) |",
             f"| peak private memory, trainer / loader worker | {r['private_mb']:,.0f} / "
             f"{r['private_mb_second']:,.0f} MiB |",
             "| val acc / test acc (2 batches of 1,024 seeds each) | "
