@@ -203,7 +203,7 @@ def blocks(tiny: bool) -> list[Block]:
             f"| s/epoch (cold page cache) | {r['epoch_s']:,.1f} |",
             "| cold random feature rows per second: readahead (kernel default) / "
             f"`MADV_RANDOM` (as mapped) | {r['gather_normal']:,.0f} / "
-            f"{r['gather_random']:,.0f} ({r['gather_random'] / r['gather_normal']:.0f}x) |",
+            f"{r['gather_random']:,.0f} ({r['gather_random'] / r['gather_normal']:.1f}x) |",
             f"| peak private memory, trainer / loader worker | {r['private_mb']:,.0f} / "
             f"{r['private_mb_second']:,.0f} MiB |",
             "| val acc / test acc (2 batches of 1,024 seeds each) | "
