@@ -78,7 +78,7 @@ def measure(num_nodes: int, max_epochs: int, workdir: Path, extra: list[str]) ->
         "graph_mib": graph_bytes / 2**20,
         "ranks": ranks,
         "train_loss": _column(ddp_dir / "multi_gpu_ddp" / "version_0", "train/loss_epoch"),
-        "ddp_test_acc": _column(ddp_dir / "multi_gpu_ddp" / "version_1", "test/acc")[-1],
+        "ddp_test_acc": _column(ddp_dir / "multi_gpu_ddp" / "version_0", "test/acc")[-1],
         "single_test_acc": _column(single_dir, "test/acc")[-1],
         "launcher_pid": os.getpid(),
     }

@@ -219,8 +219,11 @@ class GnnscaleCLI(LightningCLI):
         try:
             super()._run_subcommand(subcommand)
         except BaseException:
-            log_dir = Path(self.trainer.log_dir) if self.trainer.log_dir else None
-            if log_dir is not None and log_dir.is_dir():
+            # The logger's own folder: Trainer.log_dir is a collective call under DDP, which
+            # would wait forever for ranks that did not fail.
+            logger = self.trainer.logger
+            log_dir = Path(logger.log_dir) if logger is not None and logger.log_dir else None
+            if self.trainer.global_rank == 0 and log_dir is not None and log_dir.is_dir():
                 kept = [p for p in log_dir.rglob("*") if p.is_file() and p.name != "config.yaml"]
                 if not kept:  # nothing but the saved config: no metrics, no checkpoint
                     shutil.rmtree(log_dir, ignore_errors=True)
@@ -246,7 +249,8 @@ class GnnscaleCLI(LightningCLI):
             return
         # Under DDP with forked processes, the training rows were written by rank 0's process,
         # not this one: keep them beside the test's.
-        _keep_csv_rows(self.trainer.logger, lambda step: True)
+        if self.trainer.global_rank == 0:
+            _keep_csv_rows(self.trainer.logger, lambda step: True)
         best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
         ckpt = "best" if best else None
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
