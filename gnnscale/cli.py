@@ -275,11 +275,11 @@ def _keep_csv_rows(logger: Any, keep: Callable[[int], bool]) -> int | None:
         keys = sorted(reader.fieldnames or [])
         rows = [r for r in reader if keep(int(r["step"]))]
     writer = logger.experiment  # opened now, if not before (deleting the file)
+    writer.metrics_keys = sorted({*keys, *writer.metrics_keys})  # its columns: it appends
     with metrics.open("w", newline="") as f:
-        out = csv.DictWriter(f, fieldnames=sorted({*keys, *writer.metrics_keys}))
+        out = csv.DictWriter(f, fieldnames=writer.metrics_keys)
         out.writeheader()
         out.writerows(rows)
-    writer.metrics_keys = sorted({*keys, *writer.metrics_keys})  # its columns: it appends
     return len(rows)
 
 
@@ -306,7 +306,7 @@ def _parse_error(message: str, command: str = "gnnscale fit") -> str:
             class_path = match[1]
         elif line.startswith("Given value:"):
             given = line.removeprefix("Given value:").strip()
-        elif line and not line.startswith(_NOISE):
+        elif not line.startswith(_NOISE):
             reasons.append(re.sub(r"<class '([\w.]+)'>", r"\1", line))
     if not keys:  # not about a key: "unrecognized arguments: ...", a missing config file, ...
         return f"{' '.join(reasons)} (see `{command} --help`)"

@@ -132,16 +132,16 @@ class ResumableLoader:
             order = torch.randperm(n, generator=gen).tolist()
         else:
             order = list(range(n))
-        size = self.batch_size
-        count = n // size if self.drop_last else math.ceil(n / size)
-        per_rank = math.ceil(count / self.world_size)
-        ids = [(self.rank + self.world_size * i) % count for i in range(per_rank)]
+        size, count = self.batch_size, self._all_ranks_batches()
+        ids = [(self.rank + self.world_size * i) % count for i in range(len(self))]
         return [(_seed(self.seed, epoch, i), order[i * size : (i + 1) * size]) for i in ids]
 
-    def __len__(self) -> int:
+    def _all_ranks_batches(self) -> int:
         n = len(self.loader.dataset)  # type: ignore[arg-type]
-        count = n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
-        return math.ceil(count / self.world_size)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __len__(self) -> int:
+        return math.ceil(self._all_ranks_batches() / self.world_size)
 
     def __iter__(self) -> Iterator[Any]:
         if self._rng is not None:  # resuming: the training steps draw what they drew before
