@@ -8,6 +8,10 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 
 - ``recipes``: every recipe of ``gnnscale.registry`` through ``gnnscale fit``, and ``gnnscale
   plan`` on the same config (``recipes`` in README.md, ``results`` in each recipe's README).
+- ``roofline``: one training step of each sampler recipe against its matrix products alone,
+  the gather bandwidth, and its top operators (``roofline`` in README.md).
+- ``allocator``: s/epoch and peak memory of two recipes under each glibc mmap threshold, the
+  default marked (``allocator`` in README.md).
 - ``compare``: gnnscale against hand-written PyG loops, memory bandwidth, where the time goes,
   GATv2 against its O(E) bound, scaling to 10^7 nodes (``benchmarks`` in README.md;
   ``benchmarks/results/``).
@@ -34,7 +38,7 @@ import torch
 
 from gnnscale.registry import RECIPES
 
-SECTIONS = ("recipes", "compare", "gat", "sparse", "ddp", "ondisk")
+SECTIONS = ("recipes", "roofline", "allocator", "compare", "gat", "sparse", "ddp", "ondisk")
 EXTRA_SECTIONS = ("ondisk-large",)  # run only when named
 
 
@@ -57,6 +61,8 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ddp": "ddp_memory",
         "ondisk": "on_disk",
         "ondisk-large": "on_disk_large",
+        "roofline": "roofline",
+        "allocator": "allocator",
     }[name]
     threads = {
         "gat": "1 torch thread per measurement",
@@ -64,6 +70,8 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ddp": "2 processes, torch's default threads each",
         "ondisk": "1 process with torch's default threads, or 2 ranks with 1 thread each",
         "ondisk-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
+        "roofline": f"{torch.get_num_threads()} torch threads, one process",
+        "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",
     }[name]
     return __import__(module).blocks(tiny), threads
 
@@ -78,7 +86,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--recipes", nargs="+", help="recipes section: only these recipes")
     parser.add_argument("--seeds", type=int, default=1, help="recipes section: runs per variant")
     parser.add_argument(
-        "--threads", type=int, default=1, help="compare section: torch threads per process"
+        "--threads",
+        type=int,
+        default=0,
+        help="compare section: torch threads per process (0: torch's default, as the recipes)",
     )
     args = parser.parse_args(argv)
     if unknown := set(args.sections) - set(SECTIONS) - set(EXTRA_SECTIONS):

@@ -1,10 +1,11 @@
 """The plain PyG training loops that gnnscale is measured against, written as PyG's examples are.
 
 Each ``train_*`` function is the loop a PyG user would write without gnnscale: a loader, a model
-from ``torch_geometric.nn``, Adam, a ``for`` loop, fp32. They follow PyG's examples
+from ``torch_geometric.nn``, Adam, a ``for`` loop. They follow PyG's examples
 (``examples/reddit.py`` for neighbour sampling, ``examples/cluster_gcn_reddit.py`` and
 ``examples/graph_saint.py``) and take every setting (width, depth, dropout, learning rate, fan-out,
-batch size, loader workers, epochs) from the spec that ``benchmarks/compare.py`` derives from the
+batch size, loader workers, epochs, and precision: fp32, or bf16 autocast as the recipes'
+``bf16-mixed``) from the spec that ``benchmarks/compare.py`` derives from the
 recipe's ``config.yaml``, on the same generated graph (``gnnscale.make_synthetic_graph``).
 
 Evaluation (when ``spec["evaluate"]``) is layer-wise exact inference over full neighbourhoods
@@ -45,6 +46,11 @@ def _device() -> torch.device:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def _autocast(spec: dict[str, Any], device: torch.device) -> Any:
+    """bf16 autocast when the spec asks for it (the recipes' ``bf16-mixed``), else nothing."""
+    return torch.autocast(device.type, torch.bfloat16, enabled=spec.get("precision") == "bf16")
 
 
 def _graph(spec: dict[str, Any]) -> Data:
@@ -130,8 +136,9 @@ def train_neighbor(spec: dict[str, Any]) -> dict[str, Any]:
         for batch in train_loader:
             batch = batch.to(device)
             optimizer.zero_grad()
-            out = model(batch.x, batch.edge_index)[: batch.batch_size]
-            loss = F.cross_entropy(out, batch.y[: batch.batch_size])
+            with _autocast(spec, device):
+                out = model(batch.x, batch.edge_index)[: batch.batch_size]
+            loss = F.cross_entropy(out.float(), batch.y[: batch.batch_size])
             loss.backward()
             optimizer.step()
             total_loss += loss.item() * batch.batch_size
@@ -143,7 +150,8 @@ def train_neighbor(spec: dict[str, Any]) -> dict[str, Any]:
     @torch.no_grad()
     def evaluate() -> tuple[float, float]:
         model.eval()
-        return _accuracy(model.inference(subgraph_loader, device).cpu(), data)
+        with _autocast(spec, device):
+            return _accuracy(model.inference(subgraph_loader, device).cpu(), data)
 
     result = _run_epochs(spec, train_epoch, evaluate, device)
     result["row_bytes"] = _row_bytes(data)
@@ -202,7 +210,8 @@ def train_cluster(spec: dict[str, Any]) -> dict[str, Any]:
         for batch in train_loader:
             batch = batch.to(device)
             optimizer.zero_grad()
-            out = model(batch.x, batch.edge_index)
+            with _autocast(spec, device):
+                out = model(batch.x, batch.edge_index).float()
             loss = F.cross_entropy(out[batch.train_mask], batch.y[batch.train_mask])
             loss.backward()
             optimizer.step()
@@ -216,7 +225,8 @@ def train_cluster(spec: dict[str, Any]) -> dict[str, Any]:
     @torch.no_grad()
     def evaluate() -> tuple[float, float]:
         model.eval()
-        return _accuracy(model.inference(subgraph_loader, device).cpu(), data)
+        with _autocast(spec, device):
+            return _accuracy(model.inference(subgraph_loader, device).cpu(), data)
 
     result = _run_epochs(spec, train_epoch, evaluate, device)
     result["row_bytes"] = _row_bytes(data)
@@ -349,10 +359,12 @@ def train_saint(spec: dict[str, Any]) -> dict[str, Any]:
             batch = batch.to(device)
             optimizer.zero_grad()
             if example:
-                out = model(batch.x, batch.edge_index, batch.edge_norm * batch.edge_weight)
+                with _autocast(spec, device):
+                    out = model(batch.x, batch.edge_index, batch.edge_norm * batch.edge_weight)
             else:
-                out = model(batch.x, batch.edge_index)
-            loss = F.cross_entropy(out, batch.y, reduction="none")
+                with _autocast(spec, device):
+                    out = model(batch.x, batch.edge_index)
+            loss = F.cross_entropy(out.float(), batch.y, reduction="none")
             loss = (loss * batch.node_norm)[batch.train_mask].sum()
             loss.backward()
             optimizer.step()
@@ -367,8 +379,10 @@ def train_saint(spec: dict[str, Any]) -> dict[str, Any]:
     def evaluate() -> tuple[float, float]:
         model.eval()
         if example:
-            return _accuracy(model.inference(data.x, subgraph_loader, device), data)
-        return _accuracy(model.inference(subgraph_loader, device).cpu(), data)
+            with _autocast(spec, device):
+                return _accuracy(model.inference(data.x, subgraph_loader, device), data)
+        with _autocast(spec, device):
+            return _accuracy(model.inference(subgraph_loader, device).cpu(), data)
 
     result = _run_epochs(spec, train_epoch, evaluate, device)
     result["row_bytes"] = _row_bytes(data)

@@ -71,33 +71,6 @@ def bandwidth_lines(bw: dict[str, Any]) -> list[str]:
     ]
 
 
-def overhead_lines(o: dict[str, Any]) -> list[str]:
-    """Milliseconds per neighbour batch: sampling, the plain step, and what gnnscale changes."""
-    if "error" in o:
-        return ["The overhead measurement failed."]
-    step = o["step_ms"]
-    return [
-        f"Neighbour recipe, fp32, the same {o['batches']} pre-sampled batches for every variant "
-        f"(mean {o['mean_batch_nodes']:,.0f} nodes, of which the last layer needs "
-        f"{o['mean_last_layer_nodes']:,.0f}), median ms per batch, one process:",
-        "",
-        "| part | ms per batch |",
-        "|---|---:|",
-        f"| sampling one batch (NeighborLoader; in the recipes a worker does this) "
-        f"| {o['sample_ms']:,.1f} |",
-        f"| counting nodes and edges per hop (`count_hops`, also in the worker) "
-        f"| {o['count_hops_ms']:,.1f} |",
-        f"| plain PyG step (`reddit.py`: loss on `out[:batch_size]`) | {step['plain']:,.1f} |",
-        f"| + PyG's `trim_to_layer` (what gnnscale passes per hop) | {o['trim_ms']:+,.1f} |",
-        f"| + gnnscale's loss (weighted cross-entropy, weights built per batch) "
-        f"| {o['weighted_loss_ms']:+,.1f} |",
-        f"| + Lightning loop (gnnscale.GraphSAGE in a Trainer, recipe callbacks) "
-        f"| {o['lightning_loop_ms']:+,.1f} |",
-        f"| = gnnscale step | {step['lightning']:,.1f} |",
-        *(["", o["note"]] if o.get("note") else []),
-    ]
-
-
 def gat_lines(gat: dict[str, Any]) -> list[str]:
     """Bytes gnnscale.GATv2 saves for backward, the O(E) bound and the dense formulation."""
     if "error" in gat:
@@ -168,22 +141,21 @@ def markdown(results: dict[str, Any]) -> str:
             "accuracy after the last epoch; the other repetitions train only. "
             "÷ hand: gnnscale / hand-written. "
             "The hand loops are written as PyG's examples are (reddit.py, cluster_gcn_reddit.py, "
-            "graph_saint.py): gnnscale's neighbour batches are trimmed per hop (trim_to_layer), "
-            "the hand loop's are not, as in reddit.py. The Cluster-GCN runs train on one identical "
+            "graph_saint.py), in bf16 autocast (as the recipes' bf16-mixed) and in fp32; each "
+            "gnnscale row is divided by the hand loop of its precision. gnnscale's neighbour "
+            "layers compute only the rows the next layer reads; the hand loop's compute every "
+            "sampled node, as in reddit.py. The Cluster-GCN runs train on one identical "
             "pymetis partition. GraphSAINT by hand: GraphSAGE with node_norm, as gnnscale "
             "(the ÷ hand reference), and graph_saint.py's --use_normalization network "
             "(GraphConv, edge_norm × 1/in-degree). Rows marked (= hand loop) run gnnscale with "
-            "the hand loop's precision and optimizer steps: fp32, no gradient accumulation, so "
-            "twice the optimizer steps of config.yaml in the same epochs. "
-            "GNNSCALE_MMAP_THRESHOLD=0 turns off gnnscale's fixed glibc mmap threshold, which the "
-            "hand loops never set.",
+            "the hand loop's precision and optimizer steps: no gradient accumulation, so "
+            "twice the optimizer steps of config.yaml in the same epochs. Where each step's time "
+            "goes: the `roofline` block above.",
             "",
         ]
     if "bandwidth" in results:
         out += ["#### Physical limit: memory bandwidth", "", *bandwidth_lines(results["bandwidth"])]
         out.append("")
-    if "overhead" in results:
-        out += ["#### Where gnnscale's time goes", "", *overhead_lines(results["overhead"]), ""]
     if "gat_memory" in results:
         out += ["#### GATv2 activation memory", "", *gat_lines(results["gat_memory"]), ""]
     if "scaling" in results:

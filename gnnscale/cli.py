@@ -52,6 +52,11 @@ TRAINER_DEFAULTS = {
 }
 
 
+# glibc's mmap threshold that gnnscale fixes, in bytes (0: glibc's dynamic one); measured in
+# benchmarks/allocator.py, whose README table marks it.
+DEFAULT_MMAP_THRESHOLD = 128 * 1024
+
+
 def _steady_cpu_memory() -> None:
     """Keep resident memory flat and predictable across batches of varying size, on Linux CPUs.
 
@@ -75,7 +80,7 @@ def _steady_cpu_memory() -> None:
     ``MALLOC_MMAP_THRESHOLD_``).
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
-    threshold = int(os.environ.get("GNNSCALE_MMAP_THRESHOLD", 128 * 1024))
+    threshold = int(os.environ.get("GNNSCALE_MMAP_THRESHOLD", DEFAULT_MMAP_THRESHOLD))
     if threshold > 0 and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         set_mmap_threshold(threshold)
 

@@ -29,6 +29,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 from torch_geometric.data import Data
+from torch_geometric.index import index2ptr
 from torch_geometric.loader import (
     ClusterData,
     ClusterLoader,
@@ -296,27 +297,39 @@ def _identity(item: Any) -> Any:
     return item
 
 
-def count_hops(batch: Data, num_layers: int) -> Data:
-    """Add the nodes and edges each hop sampled, which pyg-lib reports and torch-sparse does not.
+def hop_layout(batch: Data, num_layers: int) -> Data:
+    """Lay a neighbour batch out for target-only layers; the loaders run this in their workers.
 
-    Both backends list a batch's nodes, and its edges, hop by hop, so these counts are all that
-    PyG's ``trim_to_layer`` needs to drop, after each layer, the nodes and edges no later layer
-    reads. The loaders run this as their ``transform``, in the worker processes.
+    Adds the nodes and edges each hop sampled (pyg-lib reports them, torch-sparse does not) and
+    ``rowptr``, the CSR row pointer of the edges grouped by target node. Both backends list a
+    batch's nodes hop by hop, seeds first; with the edges sorted by target (they already are,
+    else they are sorted here), the edges into the first ``n`` nodes are the first
+    ``rowptr[n]``, and their sources lie one hop further out at most. So each layer reads a
+    prefix of the nodes and of the edges, and ``rowptr[: n + 1]`` is its sparse adjacency,
+    built here once instead of on the training step's path.
 
     Args:
         batch: A neighbour-sampled batch (seed nodes first, then each hop's new nodes).
         num_layers: Hops sampled (entries of ``num_neighbors``).
     """
-    if "num_sampled_nodes" in batch:
-        return batch
     src, dst = batch.edge_index
-    hop = torch.full((batch.num_nodes,), num_layers + 1, dtype=torch.long)
-    hop[: batch.batch_size] = 0
-    for k in range(1, num_layers + 1):
-        reached = src[hop[dst] == k - 1]
-        hop[reached[hop[reached] > k]] = k
-    batch.num_sampled_nodes = torch.bincount(hop, minlength=num_layers + 1).tolist()
-    batch.num_sampled_edges = torch.bincount(hop[dst], minlength=num_layers).tolist()[:num_layers]
+    if dst.numel() and not bool((dst[1:] >= dst[:-1]).all()):
+        perm = torch.argsort(dst, stable=True)
+        for key, value in batch.items():
+            if isinstance(value, Tensor) and batch.is_edge_attr(key):
+                batch[key] = value[:, perm] if key == "edge_index" else value[perm]
+        src, dst = batch.edge_index
+    batch.rowptr = index2ptr(dst, batch.num_nodes)
+    if "num_sampled_nodes" not in batch:
+        hop = torch.full((batch.num_nodes,), num_layers + 1, dtype=torch.long)
+        hop[: batch.batch_size] = 0
+        for k in range(1, num_layers + 1):
+            reached = src[hop[dst] == k - 1]
+            hop[reached[hop[reached] > k]] = k
+        batch.num_sampled_nodes = torch.bincount(hop, minlength=num_layers + 1).tolist()
+        batch.num_sampled_edges = torch.bincount(hop[dst], minlength=num_layers).tolist()[
+            :num_layers
+        ]
     return batch
 
 
@@ -518,7 +531,7 @@ class _GraphDataModule(L.LightningDataModule):
                 fanout,
                 input_nodes=mask,
                 batch_size=self.eval.batch_size,
-                transform=functools.partial(count_hops, num_layers=len(fanout)),
+                transform=functools.partial(hop_layout, num_layers=len(fanout)),
             )
         if self.eval.mode == "full":
             data = copy.copy(data)
@@ -665,7 +678,7 @@ class NeighborDataModule(_GraphDataModule):
             self.num_neighbors,
             input_nodes=self.data.train_mask,
             batch_size=self.batch_size,
-            transform=functools.partial(count_hops, num_layers=len(self.num_neighbors)),
+            transform=functools.partial(hop_layout, num_layers=len(self.num_neighbors)),
         )
         return self._resumable(loader, shuffle=True)
 

@@ -145,9 +145,16 @@ class SavedTensors:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
     def _pack(self, t: Tensor) -> Tensor:
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in self._exclude:
-            self._storages[storage.data_ptr()] = storage.nbytes()
+        if t.layout in (torch.sparse_csr, torch.sparse_csc):  # no storage: its three parts
+            parts = (t.crow_indices(), t.col_indices(), t.values())
+        elif t.layout == torch.sparse_coo:
+            parts = (t._indices(), t._values())
+        else:
+            parts = (t,)
+        for part in parts:
+            storage = part.untyped_storage()
+            if storage.data_ptr() not in self._exclude:
+                self._storages[storage.data_ptr()] = storage.nbytes()
         return t
 
     @property

@@ -3,26 +3,41 @@
 Both take any batch of the gnnscale contract (``x``, ``edge_index``, ``y``, ``loss_weight``) and
 never ask which sampler made it. GATv2 attention is computed per edge (PyG's ``GATv2Conv``), so
 its memory is O(E * heads), never a dense N x N tensor.
+
+What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline.py``):
+
+- On neighbour batches each layer computes only the rows the next layer (or the loss) reads,
+  as GraphSAGE is defined (``conv((x, x[:num_targets]), edges)``): :func:`target_only`.
+- GraphSAGE aggregates them with a sparse-dense product on a CSR adjacency the loader's
+  worker built (``gnnscale.data.hop_layout``), not a scatter.
+- :class:`Dropout` draws its CPU mask 4 elements per random 64-bit word.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+import torch_geometric.typing
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
+from torch_geometric.typing import SparseTensor
 from torchmetrics.classification import MulticlassAccuracy
 
 from gnnscale.data import LayerwiseBatch
 from gnnscale.errors import ConfigError, TrainingDiverged
 
-__all__ = ["GATv2", "GraphSAGE", "NodeClassifier"]
+__all__ = ["Dropout", "GATv2", "GraphSAGE", "NodeClassifier", "target_only"]
 
+
+# PyG's sparse-dense product goes through torch.sparse CSR tensors, which warn on first use.
+warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
 
 # The default optimizer (``optimizer: null``): Adam with the GAT paper's learning rate and weight
 # decay. torch's Adam defaults (lr 1e-3, no decay) left both models 1-2 points short on Cora.
@@ -30,9 +45,107 @@ _ADAM_LR = 0.005
 _ADAM_WEIGHT_DECAY = 5e-4
 
 
-def _hops(batch: Data) -> tuple[list[int] | None, list[int] | None]:
-    """A neighbour batch's nodes and edges per hop (``gnnscale.data.count_hops``), else none."""
-    return batch.get("num_sampled_nodes"), batch.get("num_sampled_edges")
+def _hops(batch: Data) -> tuple[list[int] | None, list[int] | None, Tensor | None]:
+    """A neighbour batch's layout (``gnnscale.data.hop_layout``), else none."""
+    return batch.get("num_sampled_nodes"), batch.get("num_sampled_edges"), batch.get("rowptr")
+
+
+class Dropout(torch.nn.Module):
+    """``torch.nn.Dropout`` with a cheaper mask on the CPU; ``F.dropout`` elsewhere.
+
+    PyTorch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``), which took
+    longer than the layer's matrix product. Here four elements share one random 64-bit word:
+    an element is kept when its 16 bits fall below ``k = round((1 - p) * 2**16)``, and kept
+    values are scaled by ``2**16 / k``. The output is unbiased exactly; the rate differs from
+    ``p`` by at most ``2**-17``.
+
+    Args:
+        p: Probability of zeroing an element.
+    """
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        if not 0 <= p <= 1:
+            raise ConfigError(f"--model.dropout must be in [0, 1] (got {p})")
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` with elements zeroed at rate ``p`` and the rest scaled (training only)."""
+        keep = round((1 - self.p) * 2**16)
+        if not self.training or keep == 2**16:
+            return x
+        if x.device.type != "cpu" or keep == 0:
+            return F.dropout(x, self.p, training=True)
+        words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
+        bits = words.view(torch.int16)[: x.numel()].view(x.shape)
+        return x * (bits < keep - 2**15).to(x.dtype).mul_(2**16 / keep)
+
+    def extra_repr(self) -> str:
+        """Shown in the model's printout."""
+        return f"p={self.p}"
+
+
+def _csr(x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int) -> Any:
+    """The first ``num_dst`` rows of a batch's CSR adjacency (columns: ``x``'s rows), uncopied."""
+    num_src = x.size(0)
+    rowptr, col = rowptr[: num_dst + 1], edge_index[0, :num_edges]
+    if torch_geometric.typing.WITH_TORCH_SPARSE:
+        return SparseTensor(
+            rowptr=rowptr,
+            col=col,
+            sparse_sizes=(num_dst, num_src),
+            is_sorted=True,
+            trust_data=True,
+        )
+    ones = torch.ones(num_edges, dtype=x.dtype, device=col.device)
+    return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
+
+
+def target_only(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    x: Tensor,
+    edge_index: Tensor,
+    num_sampled_nodes: list[int],
+    num_sampled_edges: list[int],
+    rowptr: Tensor | None = None,
+) -> Tensor:
+    """``gnn``'s forward on a neighbour batch, each layer computing only what is read next.
+
+    Layer ``i`` of ``L`` reads the nodes of hops ``0..L-i`` and the edges into hops
+    ``0..L-i-1``, and outputs rows for hops ``0..L-i-1`` only (a bipartite conv, sources and
+    targets). The last layer outputs the seeds' rows. PyG's ``trim_to_layer`` drops rows only
+    after a layer computed them: on a [15, 10] batch of 1,024 seeds the first layer then
+    produced (and dropped out) 62,850 rows where the second reads 10,800.
+
+    Args:
+        gnn: A PyG ``BasicGNN`` whose convs accept ``(x_src, x_dst)`` pairs.
+        x: Node features, hop by hop (seeds first).
+        edge_index: Edges sorted by target (``gnnscale.data.hop_layout``).
+        num_sampled_nodes: Nodes per hop, seeds first.
+        num_sampled_edges: Edges per hop.
+        rowptr: The CSR row pointer of ``edge_index``'s targets: given, layers aggregate with a
+            sparse-dense product, else with PyG's scatter over ``edge_index``.
+    """
+    num_layers, xs = len(gnn.convs), []
+    for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
+        num_dst = sum(num_sampled_nodes[: num_layers - i])
+        num_edges = sum(num_sampled_edges[: num_layers - i])
+        if rowptr is None:
+            adj: Any = edge_index[:, :num_edges]
+        else:
+            adj = _csr(x, edge_index, rowptr, num_dst, num_edges)
+        x = conv((x, x[:num_dst]), adj)
+        if i < num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
+            if gnn.act is not None and gnn.act_first:
+                x = gnn.act(x)
+            x = norm(x)
+            if gnn.act is not None and not gnn.act_first:
+                x = gnn.act(x)
+            x = gnn.dropout(x)
+            xs.append(x)
+    if hasattr(gnn, "jk"):  # PyG's "last" needs none
+        x = gnn.jk(xs)
+    return gnn.lin(x) if hasattr(gnn, "lin") else x
 
 
 class NodeClassifier(L.LightningModule):
@@ -61,31 +174,46 @@ class NodeClassifier(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
+    # Set by the models whose layers take (source, target) pairs; see :func:`target_only`.
+    target_only_layers = False
+    sparse_aggregation = False
+
     def forward(
         self,
         x: Tensor,
         edge_index: Tensor,
         num_sampled_nodes: list[int] | None = None,
         num_sampled_edges: list[int] | None = None,
+        rowptr: Tensor | None = None,
     ) -> Tensor:
-        """Class logits for every node of the (sub)graph.
+        """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
 
-        Given a neighbour batch's nodes and edges per hop, each layer computes only what the
-        next one reads (PyG's ``trim_to_layer``): the logits then cover the seeds and the first
-        hop (the last layer's inputs), seeds first. Features are cast to the parameters' dtype
-        (float32 under mixed precision; bfloat16, float16 or float64 under ``*-true``).
+        Given a neighbour batch's layout (``gnnscale.data.hop_layout``), each layer computes
+        only the rows the next one reads (:func:`target_only`) and the logits cover the
+        seeds. Models without ``target_only_layers`` (and any with a ``norm``, whose statistics
+        span a layer's rows) drop unread rows after each layer instead, with PyG's
+        ``trim_to_layer``: logits for the seeds and their first hop, seeds first. Features are
+        cast to the parameters' dtype (float32 under mixed precision; bfloat16, float16 or
+        float64 under ``*-true``).
         """
-        return self.gnn(
-            x.to(self.dtype),
-            edge_index,
-            num_sampled_nodes_per_hop=num_sampled_nodes,
-            num_sampled_edges_per_hop=num_sampled_edges,
-        )
+        x = x.to(self.dtype)
+        if num_sampled_nodes is None or num_sampled_edges is None:
+            return self.gnn(x, edge_index)
+        if not self.target_only_layers:
+            return self.gnn(
+                x,
+                edge_index,
+                num_sampled_nodes_per_hop=num_sampled_nodes,
+                num_sampled_edges_per_hop=num_sampled_edges,
+            )
+        if not self.sparse_aggregation:
+            rowptr = None
+        return target_only(self.gnn, x, edge_index, num_sampled_nodes, num_sampled_edges, rowptr)
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
         out = self(batch.x, batch.edge_index, *_hops(batch))
-        y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # trimmed: fewer rows
+        y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
         # Nodes outside every split may be unlabelled (y = -1): they weigh 0 and are ignored.
         loss = (F.cross_entropy(out.float(), y, reduction="none", ignore_index=-1) * weight).sum()
         if not torch.isfinite(loss):
@@ -161,6 +289,9 @@ class GraphSAGE(NodeClassifier):
         dropout: Dropout probability between layers.
         norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
         aggr: Neighbourhood aggregation: ``mean``, ``max``, ``sum``.
+        sparse_aggregation: Aggregate neighbour batches with a sparse-dense product on the CSR
+            adjacency the loader built (torch-sparse's ``SparseTensor``, else ``torch.sparse``)
+            instead of PyG's scatter; ``aggr`` other than mean/max/min/sum always scatters.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -175,6 +306,7 @@ class GraphSAGE(NodeClassifier):
         dropout: float = 0.5,
         norm: str | None = None,
         aggr: str = "mean",
+        sparse_aggregation: bool = True,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -189,6 +321,9 @@ class GraphSAGE(NodeClassifier):
             norm=norm,
             aggr=aggr,
         )
+        self.gnn.dropout = Dropout(dropout)
+        self.target_only_layers = norm is None
+        self.sparse_aggregation = sparse_aggregation and aggr in {"mean", "max", "min", "sum"}
 
 
 class GATv2(NodeClassifier):
@@ -254,3 +389,5 @@ class GATv2(NodeClassifier):
             )
         for conv in self.gnn.convs:  # PyG's GAT gives every conv the feature dropout
             conv.dropout = attention_dropout
+        self.gnn.dropout = Dropout(dropout)
+        self.target_only_layers = norm is None

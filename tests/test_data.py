@@ -301,33 +301,31 @@ def test_root_for_synthetic_may_be_absent(tmp_path):
 
 
 @requires_sampler
-@pytest.mark.parametrize("model_cls", ["GraphSAGE", "GATv2"])
-def test_per_hop_trimming_keeps_seed_logits(tmp_path, model_cls):
-    import gnnscale
-
-    dm = NeighborDataModule(
-        root=tmp_path,
-        synthetic=TINY,
-        num_neighbors=[5, 4, 3],
-        batch_size=64,
-        preprocess=Preprocess(),
-    )
+def test_neighbour_batches_come_hop_by_hop_with_a_csr_row_pointer(tmp_path):
+    dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 4, 3], batch_size=64)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
     nodes, edges = batch.num_sampled_nodes, batch.num_sampled_edges
     assert nodes[0] == 64 and len(nodes) == 4 and len(edges) == 3
     assert sum(nodes) == batch.num_nodes and sum(edges) == batch.num_edges
-    # trim_to_layer slices by position: nodes and edges must come hop by hop.
+    # Target-only layers read prefixes: nodes and edges must come hop by hop.
     hop_of_node = torch.repeat_interleave(torch.arange(4), torch.tensor(nodes))
     dst_hop = hop_of_node[batch.edge_index[1]]
     assert torch.equal(dst_hop, torch.repeat_interleave(torch.arange(3), torch.tensor(edges)))
-    model = getattr(gnnscale, model_cls)(in_channels=TINY.num_features, num_classes=5, num_layers=3)
-    model.eval()
-    with torch.no_grad():
-        full = model(batch.x, batch.edge_index)[:64]
-        trimmed = model(batch.x, batch.edge_index, nodes, edges)
-    assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs only
-    torch.testing.assert_close(trimmed[:64], full, rtol=1e-4, atol=1e-5)
+    assert torch.equal(batch.rowptr.diff(), degree(batch.edge_index[1], batch.num_nodes).long())
+
+
+def test_hop_layout_sorts_edges_it_is_given_out_of_order():
+    from gnnscale.data import hop_layout
+
+    # Seeds 0, 1; hop 1: 2, 3; hop 2: 4. Edges (src -> dst) listed out of target order.
+    edge_index = torch.tensor([[4, 2, 3, 2], [2, 0, 1, 1]])
+    batch = Data(x=torch.zeros(5, 1), edge_index=edge_index, e_id=torch.arange(4), batch_size=2)
+    batch = hop_layout(batch, num_layers=2)
+    assert batch.edge_index.tolist() == [[2, 3, 2, 4], [0, 1, 1, 2]]
+    assert batch.e_id.tolist() == [1, 2, 3, 0]  # edge attributes follow their edges
+    assert batch.rowptr.tolist() == [0, 1, 3, 4, 4, 4]
+    assert batch.num_sampled_nodes == [2, 2, 1] and batch.num_sampled_edges == [3, 1]
 
 
 @requires_sampler

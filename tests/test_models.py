@@ -4,6 +4,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+import torch_geometric.typing
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch_geometric.nn import MLP
 
@@ -171,3 +172,101 @@ def test_gatv2_memory_grows_with_edges_not_nodes_squared():
     assert 3.5 < ratio < 4.5, ratio
     # Everything saved at 4000 nodes is smaller than the dense [N, N, heads] score tensor alone.
     assert sizes[4000] < 4000 * 4000 * 8 * 4
+
+
+def _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)):
+    dm = NeighborDataModule(
+        root=tmp_path, synthetic=TINY, num_neighbors=list(num_neighbors), batch_size=64
+    )
+    dm.setup("fit")
+    return next(iter(dm.train_dataloader()))
+
+
+def _layout(batch):
+    return batch.num_sampled_nodes, batch.num_sampled_edges, batch.rowptr
+
+
+TARGET_ONLY = {
+    "sage-sparse": partial(GraphSAGE, sparse_aggregation=True),
+    "sage-scatter": partial(GraphSAGE, sparse_aggregation=False),
+    "sage-max": partial(GraphSAGE, aggr="max"),
+    "gatv2": partial(GATv2, hidden_channels=32, heads=4),
+    "gatv2-linear-head": partial(GATv2, hidden_channels=32, heads=4, linear_head=True),
+}
+
+
+@requires_sampler
+@pytest.mark.parametrize("name", TARGET_ONLY)
+def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
+    batch = _neighbour_batch(tmp_path)
+    nodes = batch.num_sampled_nodes
+    torch.manual_seed(0)
+    model = TARGET_ONLY[name](in_channels=TINY.num_features, num_classes=5, num_layers=3).eval()
+    rows = []
+    for conv in model.gnn.convs:
+        conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+    with torch.no_grad():
+        everything = model(batch.x, batch.edge_index)[:64]  # every layer, every node
+        rows.clear()
+        seeds = model(batch.x, batch.edge_index, *_layout(batch))
+    # Each layer computed only what the next reads: hops 0-2, then 0-1, then the seeds.
+    assert rows == [sum(nodes[:3]), sum(nodes[:2]), nodes[0]]
+    # fp32; the sparse product and the scatter sum in different orders.
+    torch.testing.assert_close(seeds, everything, rtol=1e-4, atol=1e-5)
+
+
+@requires_sampler
+def test_a_model_with_a_norm_keeps_trimming_after_each_layer(tmp_path):
+    # Batch norm's statistics span a layer's rows: computing fewer would change them.
+    batch = _neighbour_batch(tmp_path)
+    nodes = batch.num_sampled_nodes
+    model = GraphSAGE(TINY.num_features, 5, num_layers=3, norm="batch_norm").eval()
+    with torch.no_grad():
+        everything = model(batch.x, batch.edge_index)[:64]
+        trimmed = model(batch.x, batch.edge_index, *_layout(batch))
+    assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs
+    torch.testing.assert_close(trimmed[:64], everything, rtol=1e-4, atol=1e-5)
+
+
+@requires_sampler
+@pytest.mark.parametrize("backend", ["torch_sparse", "torch.sparse"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_sparse_aggregation_matches_scatter_in_a_training_step(
+    tmp_path, monkeypatch, precision, backend
+):
+    batch = _neighbour_batch(tmp_path, num_neighbors=(10, 5))
+    if backend == "torch.sparse":  # what users without torch-sparse get
+        monkeypatch.setattr(torch_geometric.typing, "WITH_TORCH_SPARSE", False)
+    outputs, grads = [], []
+    for sparse in (True, False):
+        torch.manual_seed(0)  # same weights, same dropout masks
+        model = GraphSAGE(TINY.num_features, 5, sparse_aggregation=sparse).train()
+        with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
+            out = model(batch.x, batch.edge_index, *_layout(batch))
+        F.cross_entropy(out.float(), batch.y[:64]).backward()
+        outputs.append(out.float())
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    # bf16 rounds each aggregate to 8 bits of mantissa, in a different summation order.
+    tol = {"rtol": 1e-4, "atol": 1e-5} if precision == "fp32" else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(outputs[0], outputs[1], **tol)
+    torch.testing.assert_close(grads[0], grads[1], **tol)
+    assert not torch.equal(outputs[0], model.eval()(batch.x, batch.edge_index)[:64].float())
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.6])
+def test_dropout_keeps_its_rate_and_its_mean(p):
+    from gnnscale.models import Dropout
+
+    torch.manual_seed(0)
+    dropout = Dropout(p).train()
+    x = torch.ones(1_000_003)  # not a multiple of 4: the last word is cut
+    draws = torch.stack([dropout(x) for _ in range(4)])
+    kept = draws != 0
+    # Each of the four 16-bit lanes of a random word keeps at rate 1 - p (none is biased).
+    for lane in range(4):
+        assert kept[:, lane::4].float().mean().item() == pytest.approx(1 - p, rel=0.01)
+    assert draws.mean().item() == pytest.approx(1.0, rel=0.01)  # unbiased
+    assert torch.allclose(draws[kept], torch.tensor(1 / (1 - p)), rtol=1e-4)
+    assert not torch.equal(draws[0], draws[1])  # a fresh mask per call
+    assert torch.equal(dropout.eval()(x), x)
+    assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))

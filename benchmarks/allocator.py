@@ -1,0 +1,89 @@
+"""The allocator default: s/epoch and peak memory of two recipes under each glibc mmap threshold.
+
+Written by ``python benchmarks/figures.py allocator`` (the ``allocator`` block of README.md).
+
+``gnnscale`` fixes glibc's mmap threshold (``GNNSCALE_MMAP_THRESHOLD``, see
+``gnnscale.cli._steady_cpu_memory``): tensors above it get their own mapping, returned to the
+system when freed, so resident memory stays flat over batches of varying size; below it they come
+from the heap, fast to reuse. Each setting runs ``neighbor_sage`` and ``cluster_gcn`` through
+``gnnscale fit`` as shipped, in a fresh process, settings interleaved; the default should be
+within 1.05x of the fastest s/epoch and of the leanest peak.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from blocks import Block
+from recipes import measure
+
+from gnnscale.cli import DEFAULT_MMAP_THRESHOLD
+from gnnscale.registry import REPO, recipe
+
+SETTINGS = {  # label: GNNSCALE_MMAP_THRESHOLD (0: glibc's own, dynamic threshold)
+    "glibc's dynamic threshold": 0,
+    "128 KiB": 128 * 1024,
+    "1 MiB": 2**20,
+    "4 MiB": 4 * 2**20,
+    "16 MiB": 16 * 2**20,
+    "64 MiB": 64 * 2**20,
+}
+RECIPES = ("neighbor_sage", "cluster_gcn")
+
+
+def blocks(tiny: bool) -> list[Block]:
+    """README.md's ``allocator`` block."""
+    settings = dict(list(SETTINGS.items())[:2]) if tiny else SETTINGS
+    epochs, reps = (2, 1) if tiny else (4, 2)
+    extra = [f"--trainer.max_epochs={epochs}", "--trainer.limit_val_batches=0"]
+    runs: dict[tuple[str, str], list] = {}
+    with tempfile.TemporaryDirectory(prefix="gnnscale-allocator-") as tmp:
+        for rep in range(reps):
+            for name in RECIPES:
+                entry = recipe(name)
+                args = [*extra, *(entry.tiny if tiny else entry.figure_args)]
+                for label, threshold in settings.items():
+                    os.environ["GNNSCALE_MMAP_THRESHOLD"] = str(threshold)
+                    try:
+                        result = measure(entry, args, Path(tmp), False, rep, tiny)
+                    finally:
+                        del os.environ["GNNSCALE_MMAP_THRESHOLD"]
+                    runs.setdefault((name, label), []).append(result)
+                    print(f"{name} {label}: {result.epoch_s:.2f} s/epoch, "
+                          f"{result.peak_mb:,.0f} MiB", flush=True)
+    lines = [
+        "| recipe | mmap threshold | s/epoch | ÷ fastest | peak RSS (MiB) | ÷ leanest |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    verdicts = []
+    for name in RECIPES:
+        epoch = {lb: statistics.median(r.epoch_s for r in runs[name, lb]) for lb in settings}
+        peak = {lb: statistics.median(r.peak_mb for r in runs[name, lb]) for lb in settings}
+        fastest, leanest = min(epoch.values()), min(peak.values())
+        for label, threshold in settings.items():
+            mark = " (default)" if threshold == DEFAULT_MMAP_THRESHOLD else ""
+            lines.append(
+                f"| {name} | {label}{mark} | {epoch[label]:.2f} | {epoch[label] / fastest:.2f}x "
+                f"| {peak[label]:,.0f} | {peak[label] / leanest:.2f}x |"
+            )
+        default = next(lb for lb, t in settings.items() if t == DEFAULT_MMAP_THRESHOLD)
+        ok = epoch[default] / fastest <= 1.05 and peak[default] / leanest <= 1.05
+        verdicts.append(
+            f"{name}: {epoch[default] / fastest:.2f}x the fastest, {peak[default] / leanest:.2f}x "
+            f"the leanest ({'PASS' if ok else 'FAIL'})"
+        )
+    lines += [
+        "",
+        "The default against the goal (within 1.05x of the fastest s/epoch and of the leanest "
+        f"peak): {'; '.join(verdicts)}.",
+        "",
+        f"Each recipe's config.yaml as shipped, {epochs} epochs, no per-epoch validation, one "
+        f"test pass; median over {reps} repetition(s), settings interleaved, each run a fresh "
+        "process. s/epoch: median after the first (warm-up) epoch (`perf/epoch_s`). Peak RSS: "
+        "the largest `VmHWM` of the run's processes. Set with `GNNSCALE_MMAP_THRESHOLD=<bytes>`"
+        " (0: glibc's dynamic threshold); `MALLOC_MMAP_THRESHOLD_`, if set, wins.",
+    ]
+    return [Block(REPO / "README.md", "allocator", "\n".join(lines))]

@@ -1,0 +1,333 @@
+"""One training step of each sampler recipe against what the machine can do (the roofline).
+
+Written by ``python benchmarks/figures.py roofline`` (the ``roofline`` block of README.md);
+``--size tiny`` checks the pipeline in seconds.
+
+For each sampler recipe (``neighbor_sage``, ``cluster_gcn``, ``graphsaint``), its ``config.yaml``
+as shipped (generated graph, model, precision) builds the DataModule and model through the real
+CLI; a few training batches are drawn once, and on the same batches, in one process:
+
+* **step**: forward, weighted loss, backward and Adam step, as ``NodeClassifier.training_step``
+  computes them (the Lightning loop is not in it); median ms per batch over interleaved passes.
+* **GEMMs alone**: every dense matrix product the step ran (forward and backward: ``aten::mm``,
+  ``addmm``, ``bmm``, seen with their shapes, strides and dtype by a ``TorchDispatchMode``),
+  replayed on their own. *GEMM share* = GEMMs / step; *headroom* = step / GEMMs, how much
+  faster the step would be if it did nothing but its matrix products.
+* **gather**: a batch's feature bytes over the machine's random-row gather bandwidth
+  (``x.index_select`` of as many random rows of the same matrix): the time the loader's worker
+  spends gathering features, against the step.
+* **top operators**: ``torch.profiler``'s self CPU time per operator over the batches.
+
+The neighbour recipe's step also runs as it was before target-only layers (PyG's
+``BasicGNN.forward`` with ``trim_to_layer``, ``torch.nn.Dropout``, scatter aggregation) and as the
+hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``), and under
+``torch.compile(dynamic=True)``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from blocks import Block
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gnnscale.registry import REPO, recipe
+
+SAMPLERS = {"neighbor_sage": "neighbour", "cluster_gcn": "Cluster-GCN", "graphsaint": "GraphSAINT"}
+GEMMS = {"mm", "addmm", "bmm"}
+TINY = [
+    "--data.init_args.synthetic.num_nodes=3000",
+    "--data.init_args.synthetic.num_features=32",
+    "--data.init_args.synthetic.num_classes=5",
+]
+
+
+class _GemmRecorder(TorchDispatchMode):
+    """Records every dense matrix product (op, shapes, strides, dtype) run inside it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple[Any, list[tuple[tuple[int, ...], tuple[int, ...]]], Any]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func.overloadpacket.__name__ in GEMMS:
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            if not any(t.is_sparse or t.layout != torch.strided for t in tensors):
+                layout = [(tuple(t.shape), tuple(t.stride())) for t in tensors]
+                self.calls.append((func, layout, tensors[0].dtype))
+        return func(*args, **(kwargs or {}))
+
+
+def _replay_ms(calls: list, repeats: int) -> float:
+    """Median ms of the recorded products run back to back on random inputs of their layout."""
+    inputs = [
+        [torch.empty_strided(s, st, dtype=dtype).normal_() for s, st in layout]
+        for _, layout, dtype in calls
+    ]
+    times = []
+    for _ in range(repeats + 1):  # the first warms up
+        start = time.perf_counter()
+        for (func, _, _), args in zip(calls, inputs, strict=True):
+            func(*args)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times[1:])
+
+
+def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
+    """The recipe's model and DataModule (set up, batches in this process) and precision."""
+    from gnnscale.cli import TRAINER_DEFAULTS, GnnscaleCLI, Trainer
+    from gnnscale.data import _GraphDataModule
+    from gnnscale.models import NodeClassifier
+
+    args = [
+        "--config",
+        str(recipe(name).config),
+        "--data.init_args.loader.num_workers=0",
+        "--data.init_args.loader.persistent_workers=false",
+        *(TINY if tiny else []),
+    ]
+    torch.manual_seed(0)
+    cli = GnnscaleCLI(
+        NodeClassifier,
+        _GraphDataModule,
+        trainer_class=Trainer,
+        subclass_mode_model=True,
+        subclass_mode_data=True,
+        trainer_defaults=TRAINER_DEFAULTS,
+        args=args,
+        run=False,
+    )
+    cli.datamodule.setup("fit")
+    return cli.model, cli.datamodule, cli.config["trainer"]["precision"]
+
+
+def _batches(dm: Any, count: int) -> list[Any]:
+    batches = []
+    for batch in dm.train_dataloader():
+        batch.loss_weight, batch.num_loss_nodes = dm._loss_weight(batch)
+        batches.append(batch)
+        if len(batches) == count:
+            break
+    return batches
+
+
+def _step_fn(model: Any, precision: str, forward: Callable | None = None) -> Callable:
+    """One optimizer step on a batch, as ``training_step`` computes it (``forward``: another)."""
+    optimizer = model.configure_optimizers()
+    optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+    bf16 = precision.startswith("bf16")
+    model.train()
+
+    def step(batch: Any) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            if forward is None:
+                loss = model.training_step(batch, 0)
+            else:
+                out = forward(batch)[: batch.batch_size]
+                loss = torch.nn.functional.cross_entropy(out.float(), batch.y[: batch.batch_size])
+        loss.backward()
+        optimizer.step()
+
+    return step
+
+
+def _time_ms(steps: dict[str, Callable], batches: list[Any], passes: int) -> dict[str, float]:
+    """Median ms per batch of each step, passes interleaved, after one warm-up pass each."""
+    runs: dict[str, list[float]] = {name: [] for name in steps}
+    for p in range(passes + 1):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            for batch in batches:
+                step(batch)
+            if p:
+                runs[name].append((time.perf_counter() - start) * 1e3 / len(batches))
+    return {name: statistics.median(v) for name, v in runs.items()}
+
+
+def _gemm_ms(step: Callable, batches: list[Any], repeats: int) -> float:
+    """Milliseconds per batch of the step's dense matrix products alone."""
+    total = 0.0
+    for batch in batches:
+        with _GemmRecorder() as recorder:
+            step(batch)
+        total += _replay_ms(recorder.calls, repeats)
+    return total / len(batches)
+
+
+def _gather_gbps(x: torch.Tensor, rows: int, repeats: int) -> float:
+    """Random-row gather bandwidth of ``x``, GB/s of gathered bytes."""
+    times = []
+    for _ in range(repeats + 1):
+        idx = torch.randint(0, x.size(0), (rows,))
+        start = time.perf_counter()
+        x.index_select(0, idx)
+        times.append(time.perf_counter() - start)
+    return rows * x[0].numel() * x.element_size() / statistics.median(times[1:]) / 1e9
+
+
+def _top_ops(step: Callable, batches: list[Any], limit: int) -> list[tuple[str, float, float]]:
+    """(operator, share of self CPU time, ms per batch) of the most expensive operators."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches:
+            step(batch)
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events)
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [
+        (e.key, e.self_cpu_time_total / total, e.self_cpu_time_total / 1e3 / len(batches))
+        for e in events[:limit]
+    ]
+
+
+def _pyg_trim_forward(model: Any) -> Callable:
+    """The forward gnnscale ran before target-only layers: PyG's trim_to_layer, torch dropout."""
+    gnn = model.gnn
+    dropout = torch.nn.Dropout(gnn.dropout.p)
+
+    def forward(batch: Any) -> torch.Tensor:
+        saved, gnn.dropout = gnn.dropout, dropout
+        try:
+            return gnn(
+                batch.x.float(),
+                batch.edge_index,
+                num_sampled_nodes_per_hop=batch.num_sampled_nodes,
+                num_sampled_edges_per_hop=batch.num_sampled_edges,
+            )
+        finally:
+            gnn.dropout = saved
+
+    return forward
+
+
+def measure(name: str, tiny: bool) -> dict[str, Any]:
+    """Every figure of one recipe's step."""
+    import copy
+
+    from gnnscale.models import _hops
+
+    model, dm, precision = _build(name, tiny)
+    batches = _batches(dm, 2 if tiny else 5)
+    passes, repeats = (1, 1) if tiny else (3, 3)
+    variants = {"gnnscale": model}
+    if name == "neighbor_sage":
+        variants["before"] = copy.deepcopy(model)
+        variants["hand"] = copy.deepcopy(model)
+    steps = {"gnnscale": _step_fn(model, precision)}
+    if name == "neighbor_sage":
+        steps["before"] = _step_fn(
+            variants["before"], precision, _pyg_trim_forward(variants["before"])
+        )
+        hand = variants["hand"]
+        dropout = torch.nn.Dropout(hand.gnn.dropout.p)
+        hand.gnn.dropout = dropout
+        steps["hand"] = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
+    result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, batches, passes)}
+    result["gemm_ms"] = {k: _gemm_ms(s, batches, repeats) for k, s in steps.items()}
+    result["top_ops"] = _top_ops(steps["gnnscale"], batches, 6)
+    x = dm.data.x
+    nodes = statistics.mean(b.num_nodes for b in batches)
+    result["nodes"] = nodes
+    result["seeds"] = statistics.mean(b.num_loss_nodes for b in batches)
+    result["gather_bytes"] = nodes * x[0].numel() * x.element_size()
+    result["gather_gbps"] = _gather_gbps(x, int(nodes), 5 if tiny else 20)
+    if name == "neighbor_sage":
+        result["compile"] = _compiled(model, precision, batches, passes, _hops)
+    return result
+
+
+def _compiled(model: Any, precision: str, batches: list, passes: int, hops: Callable) -> dict:
+    """torch.compile(dynamic=True) on the model's forward: compile time and step, or why not."""
+    import copy
+
+    compiled = copy.deepcopy(model)
+    forward = torch.compile(compiled.forward, dynamic=True)
+    step = _step_fn(compiled, precision, lambda b: forward(b.x, b.edge_index, *hops(b)))
+    start = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for batch in batches:  # a batch of each shape compiles (dynamic: once or twice)
+                step(batch)
+    except Exception as err:  # noqa: BLE001 - reported, not hidden: the figure says why
+        return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
+    compile_s = time.perf_counter() - start
+    return {"compile_s": compile_s, "step_ms": _time_ms({"c": step}, batches, passes)["c"]}
+
+
+def blocks(tiny: bool) -> list[Block]:
+    """README.md's ``roofline`` block."""
+    results = {name: measure(name, tiny) for name in SAMPLERS}
+    lines = [
+        "| recipe | step (ms) | GEMMs alone (ms) | GEMM share | headroom | nodes per batch "
+        "| feature gather in the worker (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    labels = {
+        "gnnscale": "{}",
+        "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
+        "hand": "{}, the hand loop's forward (no trimming)",
+    }
+    for name, r in results.items():
+        gather_ms = r["gather_bytes"] / r["gather_gbps"] / 1e6
+        for variant, step_ms in r["step_ms"].items():
+            gemm = r["gemm_ms"][variant]
+            lines.append(
+                f"| {labels[variant].format(SAMPLERS[name])} | {step_ms:,.1f} | {gemm:,.1f} "
+                f"| **{gemm / step_ms:.0%}** | {step_ms / gemm:.1f}x | {r['nodes']:,.0f} "
+                f"| {gather_ms:,.1f} |"
+            )
+    neighbour = results["neighbor_sage"]
+    c = neighbour["compile"]
+    if "error" in c:
+        compiled = f"failed here ({c['error']})"
+    else:
+        ratio = c["step_ms"] / neighbour["step_ms"]["gnnscale"]
+        compiled = (
+            f"{c['step_ms']:,.1f} ms per step ({ratio:.2f}x eager) after {c['compile_s']:,.0f} s "
+            "of compiling"
+        )
+    share = {k: neighbour["gemm_ms"][k] / neighbour["step_ms"][k] for k in neighbour["step_ms"]}
+    lines += [
+        "",
+        f"GEMM share of a neighbour step: **{share['gnnscale']:.0%}** (before target-only "
+        f"layers: {share['before']:.0%}; goal: at least 40%). "
+        f"`torch.compile(dynamic=True)` on gnnscale's neighbour forward: {compiled}.",
+        "",
+        "Top operators of gnnscale's steps (self CPU time, torch.profiler):",
+        "",
+        "| recipe | operator | share | ms per step |",
+        "|---|---|---:|---:|",
+    ]
+    for name, r in results.items():
+        for op, share, ms in r["top_ops"]:
+            lines.append(f"| {SAMPLERS[name]} | `{op}` | {share:.0%} | {ms:,.1f} |")
+    gbps = statistics.mean(r["gather_gbps"] for r in results.values())
+    precisions = ", ".join(sorted({r["precision"] for r in results.values()}))
+    lines += [
+        "",
+        f"Each recipe's config.yaml ({precisions}, "
+        "the generated graph at recipe size), batches drawn once in the main process, one "
+        "process. Step: forward, weighted loss, backward, Adam; median over interleaved passes "
+        "of the same batches. GEMMs alone: the step's dense matrix products (forward and "
+        "backward, as recorded by a TorchDispatchMode, with their shapes, strides and dtype) "
+        "replayed back to back. Headroom: step / GEMMs. Feature gather: a batch's feature bytes "
+        f"at the measured random-row gather bandwidth ({gbps:.2f} GB/s), which the loader's "
+        "worker spends beside the step. Rows marked before / hand loop: the same model and "
+        "batches through PyG's own forward (`benchmarks/roofline.py` says how).",
+    ]
+    return [Block(REPO / "README.md", "roofline", "\n".join(lines))]
+
+
+if __name__ == "__main__":
+    import sys
+
+    for block in blocks("--size" in sys.argv and "tiny" in sys.argv):
+        print(block.text)
