@@ -18,10 +18,10 @@ import tempfile
 from pathlib import Path
 
 from blocks import Block
-from recipes import measure
 
 from gnnscale.cli import DEFAULT_MMAP_THRESHOLD
 from gnnscale.registry import REPO, recipe
+from recipes import measure
 
 SETTINGS = {  # label: GNNSCALE_MMAP_THRESHOLD (0: glibc's own, dynamic threshold)
     "glibc's dynamic threshold": 0,
@@ -52,8 +52,10 @@ def blocks(tiny: bool) -> list[Block]:
                     finally:
                         del os.environ["GNNSCALE_MMAP_THRESHOLD"]
                     runs.setdefault((name, label), []).append(result)
-                    print(f"{name} {label}: {result.epoch_s:.2f} s/epoch, "
-                          f"{result.peak_mb:,.0f} MiB", flush=True)
+                    print(
+                        f"{name} {label}: {result.epoch_s:.2f} s/epoch, {result.peak_mb:,.0f} MiB",
+                        flush=True,
+                    )
     lines = [
         "| recipe | mmap threshold | s/epoch | ÷ fastest | peak RSS (MiB) | ÷ leanest |",
         "|---|---|---:|---:|---:|---:|",
