@@ -2,10 +2,11 @@
 
 Written by ``python benchmarks/figures.py allocator`` (the ``allocator`` block of README.md).
 
-``gnnscale`` fixes glibc's mmap threshold (``GNNSCALE_MMAP_THRESHOLD``, see
+``gnnscale`` can fix glibc's mmap threshold (``GNNSCALE_MMAP_THRESHOLD``, see
 ``gnnscale.cli._steady_cpu_memory``): tensors above it get their own mapping, returned to the
 system when freed, so resident memory stays flat over batches of varying size; below it they come
-from the heap, fast to reuse. Each setting runs ``neighbor_sage`` and ``cluster_gcn`` through
+from the heap, fast to reuse. Unset (0), glibc's dynamic threshold holds. Each setting runs
+``neighbor_sage`` and ``cluster_gcn`` through
 ``gnnscale fit`` as shipped, in a fresh process, settings interleaved; the default should be
 within 1.05x of the fastest s/epoch and of the leanest peak.
 """

@@ -52,26 +52,24 @@ TRAINER_DEFAULTS = {
 }
 
 
-# glibc's mmap threshold that gnnscale fixes, in bytes (0: glibc's dynamic one); measured in
-# benchmarks/allocator.py, whose README table marks it.
-DEFAULT_MMAP_THRESHOLD = 128 * 1024
+# glibc's mmap threshold gnnscale fixes at start, in bytes; 0 keeps glibc's dynamic one (speed).
+# benchmarks/allocator.py measures each setting; its README table marks this one.
+DEFAULT_MMAP_THRESHOLD = 0
+LEAN_MMAP_THRESHOLD = 128 * 1024  # GNNSCALE_MMAP_THRESHOLD=131072: lower peaks, for time
 
 
 def _steady_cpu_memory() -> None:
-    """Keep resident memory flat and predictable across batches of varying size, on Linux CPUs.
+    """Allocator settings for steady CPU memory, on Linux.
 
-    Two caches grow with every new batch shape, and sampled batches all differ in size:
-
-    - glibc raises its mmap threshold each time a large block is freed, so later tensors of a
-      few MB come from the heap, whose holes only smaller ones reuse. A fixed threshold (128 KiB)
-      gives every large tensor its own mapping, returned to the system when freed, as
-      ``MALLOC_MMAP_THRESHOLD_`` would. Measured over 3-4 epochs: neighbor_sage peaks at 1,392
-      MiB instead of 1,777, Cluster-GCN at 1,505 instead of 1,708-1,888, and ``gnnscale plan``
-      stays within 25% (with glibc's default it overestimated Cluster-GCN by 1.41x, taking
-      early heap growth for a steady one). The price is the page faults of every fresh mapping:
-      12.4 s per epoch instead of 8.4 for neighbor_sage, 4.5-4.9 instead of 2.2-2.4 for
-      Cluster-GCN. ``GNNSCALE_MMAP_THRESHOLD=0`` keeps glibc's default, for speed when memory
-      is plentiful.
+    - glibc's mmap threshold: by default glibc's own, which rises each time a large block is
+      freed, so later tensors of a few MB come from the heap, fast to reuse but fragmenting it.
+      ``GNNSCALE_MMAP_THRESHOLD=<bytes>`` fixes it (as ``MALLOC_MMAP_THRESHOLD_`` would): every
+      tensor above it gets its own mapping, returned when freed. Measured (``figures.py
+      allocator``) once the training step became target-only: 128 KiB cut the peaks by about
+      15% (neighbor_sage 1,224 MiB instead of 1,441, Cluster-GCN 1,442 instead of 1,689) but
+      doubled Cluster-GCN's s/epoch (2.73 instead of 1.37; 16 MiB and a 1 GiB trim threshold did
+      not help); so speed is the default and the lean setting is opt-in. ``gnnscale plan`` is
+      within 25% of both.
     - oneDNN, which runs bf16 matrix products on CPUs, caches a primitive per shape (1024 by
       default): bf16 runs grew by 75 MB per epoch of 20 batches; fp32 stayed flat. A cache of 8
       keeps the growth at 33 MB, at no cost in speed (8.4 s per epoch with 8, 9.1 s with 1024).
