@@ -297,30 +297,42 @@ def _identity(item: Any) -> Any:
     return item
 
 
-def hop_layout(batch: Data, num_layers: int) -> Data:
-    """Lay a neighbour batch out for target-only layers; the loaders run this in their workers.
+def csr_layout(batch: Data) -> Data:
+    """Sort a batch's edges by target node and add ``rowptr``, their CSR row pointer.
 
-    Adds the nodes and edges each hop sampled (pyg-lib reports them, torch-sparse does not) and
-    ``rowptr``, the CSR row pointer of the edges grouped by target node. Both backends list a
-    batch's nodes hop by hop, seeds first; with the edges sorted by target (they already are,
-    else they are sorted here), the edges into the first ``n`` nodes are the first
-    ``rowptr[n]``, and their sources lie one hop further out at most. So each layer reads a
-    prefix of the nodes and of the edges, and ``rowptr[: n + 1]`` is its sparse adjacency,
-    built here once instead of on the training step's path.
+    GraphSAGE then aggregates with a sparse-dense product instead of a scatter
+    (``gnnscale.models``). The loaders run this in their workers, off the training step's path;
+    edges already in target order (as neighbour samplers list them) are not moved.
 
     Args:
-        batch: A neighbour-sampled batch (seed nodes first, then each hop's new nodes).
-        num_layers: Hops sampled (entries of ``num_neighbors``).
+        batch: Any batch with ``edge_index``; edge attributes follow their edges.
     """
-    src, dst = batch.edge_index
+    dst = batch.edge_index[1]
     if dst.numel() and not bool((dst[1:] >= dst[:-1]).all()):
         perm = torch.argsort(dst, stable=True)
         for key, value in batch.items():
             if isinstance(value, Tensor) and batch.is_edge_attr(key):
                 batch[key] = value[:, perm] if key == "edge_index" else value[perm]
-        src, dst = batch.edge_index
-    batch.rowptr = index2ptr(dst, batch.num_nodes)
+    batch.rowptr = index2ptr(batch.edge_index[1], batch.num_nodes)
+    return batch
+
+
+def hop_layout(batch: Data, num_layers: int) -> Data:
+    """Lay a neighbour batch out for target-only layers; the loaders run this in their workers.
+
+    Adds the nodes and edges each hop sampled (pyg-lib reports them, torch-sparse does not) and
+    the CSR layout of :func:`csr_layout`. Both backends list a batch's nodes hop by hop, seeds
+    first; with the edges sorted by target, the edges into the first ``n`` nodes are the first
+    ``rowptr[n]``, and their sources lie one hop further out at most. So each layer reads a
+    prefix of the nodes and of the edges, and ``rowptr[: n + 1]`` is its sparse adjacency.
+
+    Args:
+        batch: A neighbour-sampled batch (seed nodes first, then each hop's new nodes).
+        num_layers: Hops sampled (entries of ``num_neighbors``).
+    """
+    batch = csr_layout(batch)
     if "num_sampled_nodes" not in batch:
+        src, dst = batch.edge_index
         hop = torch.full((batch.num_nodes,), num_layers + 1, dtype=torch.long)
         hop[: batch.batch_size] = 0
         for k in range(1, num_layers + 1):
@@ -470,7 +482,9 @@ class _GraphDataModule(L.LightningDataModule):
     def _setup_train(self) -> None:
         """Precompute what the training loader needs (partitions, statistics); none by default."""
 
-    def _resumable(self, loader: DataLoader, shuffle: bool) -> ResumableLoader:
+    def _resumable(
+        self, loader: DataLoader, shuffle: bool, transform: Any = None
+    ) -> ResumableLoader:
         """``loader``'s batches, seeded per epoch and batch, resumable mid-epoch (gnnscale.resume).
 
         Every rank uses rank 0's seed, drawn from the global stream (``seed_everything`` fixes
@@ -479,9 +493,10 @@ class _GraphDataModule(L.LightningDataModule):
         trainer = self.trainer
         seed = int(torch.randint(0, 2**31 - 1, ()).item())
         if trainer is None:
-            return ResumableLoader(loader, shuffle, seed)
+            return ResumableLoader(loader, shuffle, seed, transform=transform)
         seed = trainer.strategy.broadcast(seed)
-        return ResumableLoader(loader, shuffle, seed, trainer.global_rank, trainer.world_size)
+        rank, world_size = trainer.global_rank, trainer.world_size
+        return ResumableLoader(loader, shuffle, seed, rank, world_size, transform)
 
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or [-1] * max(self._model_num_layers(), 1)
@@ -815,7 +830,7 @@ class ClusterDataModule(_GraphDataModule):
         loader = ClusterLoader(
             self._cluster_data, batch_size=self.clusters_per_batch, **self.loader.kwargs()
         )
-        return self._resumable(loader, shuffle=True)
+        return self._resumable(loader, shuffle=True, transform=csr_layout)
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         return batch.loss_weight, int(batch.train_mask.sum())
@@ -919,7 +934,7 @@ class SAINTDataModule(_GraphDataModule):
             )
 
         if self._save_dir is None:
-            return self._resumable(sampler(None), shuffle=False)
+            return self._resumable(sampler(None), shuffle=False, transform=csr_layout)
         cached_folder(self._save_dir, sampler, "GraphSAINT normalisation")
         loader = sampler(self._save_dir)  # reads the normalisation back
         bad = int((~torch.isfinite(loader.node_norm)).sum())
@@ -928,7 +943,7 @@ class SAINTDataModule(_GraphDataModule):
                 f"the GraphSAINT normalisation in {self._save_dir} has {bad} non-finite node "
                 "weights; delete the folder to rebuild it"
             )
-        return self._resumable(loader, shuffle=False)
+        return self._resumable(loader, shuffle=False, transform=csr_layout)
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         train = batch.train_mask

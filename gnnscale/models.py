@@ -8,8 +8,8 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
 
 - On neighbour batches each layer computes only the rows the next layer (or the loss) reads,
   as GraphSAGE is defined (``conv((x, x[:num_targets]), edges)``): :func:`target_only`.
-- GraphSAGE aggregates them with a sparse-dense product on a CSR adjacency the loader's
-  worker built (``gnnscale.data.hop_layout``), not a scatter.
+- GraphSAGE aggregates with a sparse-dense product on a CSR adjacency the loader's worker
+  built (``gnnscale.data.csr_layout``), not a scatter: neighbour, Cluster-GCN and SAINT batches.
 - :class:`Dropout` draws its CPU mask 4 elements per random 64-bit word.
 """
 
@@ -188,6 +188,9 @@ class NodeClassifier(L.LightningModule):
     ) -> Tensor:
         """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
 
+        Given ``rowptr`` (``gnnscale.data.csr_layout``: edges sorted by target), a model with
+        ``sparse_aggregation`` aggregates with a sparse-dense product.
+
         Given a neighbour batch's layout (``gnnscale.data.hop_layout``), each layer computes
         only the rows the next one reads (:func:`target_only`) and the logits cover the
         seeds. Models without ``target_only_layers`` (and any with a ``norm``, whose statistics
@@ -197,7 +200,9 @@ class NodeClassifier(L.LightningModule):
         float64 under ``*-true``).
         """
         x = x.to(self.dtype)
-        if num_sampled_nodes is None or num_sampled_edges is None:
+        if num_sampled_nodes is None or num_sampled_edges is None:  # every node is computed
+            if rowptr is not None and self.sparse_aggregation:  # a Cluster-GCN or SAINT batch
+                edge_index = _csr(x, edge_index, rowptr, x.size(0), edge_index.size(1))
             return self.gnn(x, edge_index)
         if not self.target_only_layers:
             return self.gnn(

@@ -20,7 +20,7 @@ repeated so every rank has as many); Lightning's ``DistributedSampler`` is not u
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -39,8 +39,8 @@ def _seed(*key: int) -> int:
 class _SeededBatches(Dataset):
     """Builds one whole batch per item, ``(seed, indices)``, as the wrapped loader would."""
 
-    def __init__(self, loader: DataLoader) -> None:
-        self.dataset, self.collate_fn = loader.dataset, loader.collate_fn
+    def __init__(self, loader: DataLoader, transform: Callable[[Any], Any] | None) -> None:
+        self.dataset, self.collate_fn, self.transform = loader.dataset, loader.collate_fn, transform
         # A NodeLoader turns sampler output into Data in the main process unless told to in
         # its workers; done here, it runs wherever the batch is sampled.
         self.filter_fn = None
@@ -55,7 +55,8 @@ class _SeededBatches(Dataset):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             batch = self.collate_fn([self.dataset[i] for i in indices])
-            return batch if self.filter_fn is None else self.filter_fn(batch)
+            batch = batch if self.filter_fn is None else self.filter_fn(batch)
+            return batch if self.transform is None else self.transform(batch)
 
 
 class _Order(Sampler):
@@ -83,6 +84,7 @@ class ResumableLoader:
             the global stream (so ``seed_everything`` fixes it), kept in the checkpoint.
         rank: This process's rank, of ``world_size`` data-parallel processes.
         world_size: Data-parallel processes; each draws ``1 / world_size`` of the batches.
+        transform: Applied to each batch where it is built (in the workers, if any).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class ResumableLoader:
         seed: int | None = None,
         rank: int = 0,
         world_size: int = 1,
+        transform: Callable[[Any], Any] | None = None,
     ) -> None:
         self.loader, self.shuffle, self.rank, self.world_size = loader, shuffle, rank, world_size
         if seed is None:
@@ -109,7 +112,7 @@ class ResumableLoader:
             "persistent_workers": loader.persistent_workers,
         }
         self.batches = DataLoader(
-            _SeededBatches(loader),
+            _SeededBatches(loader, transform),
             sampler=_Order(self),
             batch_size=None,
             collate_fn=_identity,

@@ -270,3 +270,22 @@ def test_dropout_keeps_its_rate_and_its_mean(p):
     assert not torch.equal(draws[0], draws[1])  # a fresh mask per call
     assert torch.equal(dropout.eval()(x), x)
     assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))
+
+
+@requires_torch_sparse
+@pytest.mark.parametrize("dm_name", ["cluster", "saint"])
+def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, dm_name):
+    dm = DATAMODULES[dm_name][0](tmp_path)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    dst = batch.edge_index[1]
+    assert bool((dst[1:] >= dst[:-1]).all())  # sorted by target in the loader
+    assert torch.equal(batch.rowptr.diff(), torch.bincount(dst, minlength=batch.num_nodes))
+    outputs = []
+    for sparse in (True, False):
+        torch.manual_seed(0)
+        model = GraphSAGE(TINY.num_features, 5, sparse_aggregation=sparse).eval()
+        with torch.no_grad():
+            outputs.append(model(batch.x, batch.edge_index, None, None, batch.rowptr))
+    assert outputs[0].shape == (batch.num_nodes, 5)
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
