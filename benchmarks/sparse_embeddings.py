@@ -1,17 +1,14 @@
 """Sparse against dense embedding tables: step time and memory (the recipe README's ``memory``).
 
 Written by ``python benchmarks/figures.py sparse``. For each table size, one graph with that many
-nodes; trains ``steps`` micro-batches of the recipe's model (``recipes/sparse_embeddings/
-train.py``) with a sparse table + SparseAdam, then a dense table + Adam, and reports the peak
-memory during training and the median time of one training step (forward, backward, both
-optimizer steps).
+nodes; trains ``steps`` micro-batches of the recipe's model (``gnnscale.EmbeddingSAGE``) with
+a sparse table + SparseAdam, then a dense table + Adam, and reports the peak memory during
+training and the median time of one training step (forward, backward, both optimizer steps).
 """
 
 import argparse
 import gc
-import importlib.util
 import statistics
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -20,20 +17,10 @@ import lightning as L
 import torch
 from blocks import Block
 
-from gnnscale import EvalArgs, NeighborDataModule, SyntheticGraph
+from gnnscale import EmbeddingSAGE, EvalArgs, NeighborDataModule, SyntheticGraph
 from gnnscale.measure import peak_rss_mb, reset_peak_rss, rss_mb
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "sparse_embeddings"
-
-
-def _recipe_model() -> type:
-    """``EmbeddingSAGE`` from the recipe's train.py (recipes are not a package)."""
-    spec = importlib.util.spec_from_file_location("sparse_embeddings_train", RECIPE / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module.EmbeddingSAGE
 
 
 class StepTimer(L.Callback):
@@ -64,7 +51,7 @@ def _mib(num_bytes: float) -> float:
 def bench_one(dm: NeighborDataModule, variant: str, args: argparse.Namespace) -> dict[str, float]:
     """Train ``args.steps`` micro-batches with one table variant; its step time and memory."""
     sparse = variant.startswith("sparse")
-    model = _recipe_model()(
+    model = EmbeddingSAGE(
         in_channels=1,
         num_classes=dm.num_classes,
         embedding_dim=args.dim,

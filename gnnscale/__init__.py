@@ -14,12 +14,14 @@ from gnnscale.data import (
     load_dataset,
     sampling_backend,
 )
+from gnnscale.embedding import EmbeddingSAGE
 from gnnscale.models import GATv2, GraphSAGE, NodeClassifier
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
 
 __all__ = [
     "DATASETS",
     "ClusterDataModule",
+    "EmbeddingSAGE",
     "EvalArgs",
     "FullBatchDataModule",
     "GATv2",

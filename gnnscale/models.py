@@ -50,6 +50,13 @@ def _hops(batch: Data) -> tuple[list[int] | None, list[int] | None, Tensor | Non
     return batch.get("num_sampled_nodes"), batch.get("num_sampled_edges"), batch.get("rowptr")
 
 
+def _check_probabilities(**values: float) -> None:
+    """Refuse a dropout rate outside [0, 1], naming its flag (before PyG builds anything)."""
+    for name, p in values.items():
+        if not 0 <= p <= 1:
+            raise ConfigError(f"--model.{name} must be in [0, 1] (got {p})")
+
+
 class Dropout(torch.nn.Module):
     """``torch.nn.Dropout`` with a cheaper mask on the CPU; ``F.dropout`` elsewhere.
 
@@ -65,8 +72,7 @@ class Dropout(torch.nn.Module):
 
     def __init__(self, p: float = 0.5) -> None:
         super().__init__()
-        if not 0 <= p <= 1:
-            raise ConfigError(f"--model.dropout must be in [0, 1] (got {p})")
+        _check_probabilities(dropout=p)
         self.p = p
 
     def forward(self, x: Tensor) -> Tensor:
@@ -78,11 +84,26 @@ class Dropout(torch.nn.Module):
             return F.dropout(x, self.p, training=True)
         words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
         bits = words.view(torch.int16)[: x.numel()].view(x.shape)
-        return x * (bits < keep - 2**15).to(x.dtype).mul_(2**16 / keep)
+        return _MaskedScale.apply(x, bits < keep - 2**15, 2**16 / keep)
 
     def extra_repr(self) -> str:
         """Shown in the model's printout."""
         return f"p={self.p}"
+
+
+class _MaskedScale(torch.autograd.Function):
+    """``x * keep * scale``, saving only the boolean mask for backward (as ``F.dropout`` does)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, keep: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return (x * keep).mul_(scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (keep,) = ctx.saved_tensors
+        return (grad * keep).mul_(ctx.scale), None, None
 
 
 def _csr(x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int) -> Any:
@@ -316,6 +337,7 @@ class GraphSAGE(NodeClassifier):
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
+        _check_probabilities(dropout=dropout)
         self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
         self.gnn = pyg_nn.GraphSAGE(
             in_channels,
@@ -370,6 +392,7 @@ class GATv2(NodeClassifier):
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
+        _check_probabilities(dropout=dropout, attention_dropout=attention_dropout)
         if hidden_channels % heads:
             raise ConfigError(
                 f"--model.hidden_channels ({hidden_channels}) must be divisible by "

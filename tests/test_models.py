@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 import torch_geometric.typing
 from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.autograd.graph import saved_tensors_hooks
 from torch_geometric.nn import MLP
 
 from gnnscale import (
@@ -268,6 +269,14 @@ def test_dropout_keeps_its_rate_and_its_mean(p):
     assert draws.mean().item() == pytest.approx(1.0, rel=0.01)  # unbiased
     assert torch.allclose(draws[kept], torch.tensor(1 / (1 - p)), rtol=1e-4)
     assert not torch.equal(draws[0], draws[1])  # a fresh mask per call
+    # Backward scales the kept gradients alike; only a boolean mask is saved for it.
+    x = torch.ones(1000, requires_grad=True)
+    with saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        saved = []
+        out = dropout(x)
+    out.sum().backward()
+    assert torch.equal(x.grad, out.detach())
+    assert [t.dtype for t in saved] == [torch.bool]
     assert torch.equal(dropout.eval()(x), x)
     assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))
 

@@ -1,15 +1,14 @@
-"""recipes/sparse_embeddings: run train.py's model through the real CLI on a tiny graph."""
+"""recipes/sparse_embeddings: gnnscale.EmbeddingSAGE through the real CLI on a tiny graph."""
 
 import csv
-import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
 
+from gnnscale import EmbeddingSAGE
 from gnnscale.cli import main
 from gnnscale.testing import requires_sampler
 
@@ -61,17 +60,6 @@ class Probe(L.Callback):
         self.looked_up, self.before = [], None
 
 
-@pytest.fixture
-def recipe(monkeypatch):
-    """train.py loaded by path; config.yaml names ``__main__.EmbeddingSAGE``, as in a script run."""
-    spec = importlib.util.spec_from_file_location("sparse_embeddings_train", RECIPE / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    monkeypatch.setattr(sys.modules["__main__"], "EmbeddingSAGE", module.EmbeddingSAGE, False)
-    return module
-
-
 def _metrics(log_dir: Path) -> list[dict[str, str]]:
     (path,) = log_dir.rglob("metrics.csv")
     with path.open() as f:
@@ -80,7 +68,7 @@ def _metrics(log_dir: Path) -> list[dict[str, str]]:
 
 @requires_sampler
 @pytest.mark.parametrize("embedding_device", ["model", "cpu"])
-def test_sparse_embeddings_recipe(tmp_path, recipe, embedding_device):
+def test_sparse_embeddings_recipe(tmp_path, embedding_device):
     cli = main(
         [
             "fit",
@@ -118,13 +106,13 @@ def test_sparse_embeddings_recipe(tmp_path, recipe, embedding_device):
 
     # The checkpoint reloads on its own: the table size travels in its hyperparameters.
     best = cli.trainer.checkpoint_callback.best_model_path
-    reloaded = recipe.EmbeddingSAGE.load_from_checkpoint(best)
+    reloaded = EmbeddingSAGE.load_from_checkpoint(best)
     torch.testing.assert_close(reloaded.embedding.weight, model.embedding.weight)
 
 
-def test_cpu_table_stays_on_host_when_the_model_moves(recipe):
+def test_cpu_table_stays_on_host_when_the_model_moves():
     # No GPU here: moving to the meta device stands in for .to("cuda").
-    model = recipe.EmbeddingSAGE(1, 5, embedding_dim=8, num_nodes=100, embedding_device="cpu")
+    model = EmbeddingSAGE(1, 5, embedding_dim=8, num_nodes=100, embedding_device="cpu")
     model.to("meta")
     assert model.embedding.weight.device.type == "cpu"
     assert all(p.device.type == "meta" for p in model.gnn.parameters())

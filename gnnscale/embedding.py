@@ -1,9 +1,14 @@
-"""GraphSAGE on nodes without features: a learned embedding per node, sparse updates.
+"""GraphSAGE over a learned embedding per node: for nodes without features.
 
-python recipes/sparse_embeddings/train.py fit --config recipes/sparse_embeddings/config.yaml
+The table is one row per node, trained with sparse gradients (only the rows a batch looked up)
+and its own optimizer (``SparseAdam``), and can stay in host memory while the GNN runs on an
+accelerator (``embedding_device: cpu``). Usable from YAML (``model.class_path:
+gnnscale.EmbeddingSAGE``), so ``gnnscale fit`` and ``gnnscale plan`` load it.
 """
 
-from typing import Literal
+from __future__ import annotations
+
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -12,14 +17,16 @@ from torch import Tensor, nn
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 
-from gnnscale import NodeClassifier
-from gnnscale.cli import main
+from gnnscale.errors import ConfigError
+from gnnscale.models import Dropout, NodeClassifier, _check_probabilities, _hops
+
+__all__ = ["EmbeddingSAGE"]
 
 
 class _HostEmbedding(nn.Embedding):
     """An embedding table that ``.to(device)`` leaves on the CPU (with its optimizer state)."""
 
-    def _apply(self, fn, recurse=True):
+    def _apply(self, fn: Any, recurse: bool = True) -> _HostEmbedding:
         return self
 
 
@@ -44,6 +51,9 @@ class EmbeddingSAGE(NodeClassifier):
         optimizer: Optimizer of the dense GNN weights.
     """
 
+    target_only_layers = True
+    sparse_aggregation = True
+
     def __init__(
         self,
         in_channels: int,
@@ -60,8 +70,9 @@ class EmbeddingSAGE(NodeClassifier):
         optimizer: OptimizerCallable = torch.optim.Adam,
     ) -> None:
         super().__init__(num_classes, num_layers, optimizer, None)
+        _check_probabilities(dropout=dropout)
         if accumulate_grad_batches < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"--model.accumulate_grad_batches must be >= 1 (got {accumulate_grad_batches})"
             )
         self.save_hyperparameters(ignore=["optimizer", "embedding_optimizer"])
@@ -73,6 +84,7 @@ class EmbeddingSAGE(NodeClassifier):
         self.gnn = pyg_nn.GraphSAGE(
             embedding_dim, hidden_channels, num_layers, out_channels=num_classes, dropout=dropout
         )
+        self.gnn.dropout = Dropout(dropout)
 
     def _make_table(self, num_nodes: int) -> None:
         cls = _HostEmbedding if self.hparams.embedding_device == "cpu" else nn.Embedding
@@ -83,7 +95,7 @@ class EmbeddingSAGE(NodeClassifier):
         """Size the table from the data; evaluation must sample (the model never reads ``x``)."""
         datamodule = self.trainer.datamodule
         if datamodule.eval.mode != "sampled":
-            raise ValueError(
+            raise ConfigError(
                 "--data.init_args.eval.mode must be 'sampled' for EmbeddingSAGE: layer-wise and "
                 "full evaluation feed node features, which it does not use (got "
                 f"{datamodule.eval.mode!r})"
@@ -91,16 +103,17 @@ class EmbeddingSAGE(NodeClassifier):
         if self.embedding is None:
             self._make_table(datamodule.data.num_nodes)
 
-    def forward(self, n_id: Tensor, edge_index: Tensor) -> Tensor:
-        """Class logits for the nodes ``n_id`` (global ids) of a sampled subgraph."""
-        rows = self.embedding(n_id.to(self.embedding.weight.device))
-        return self.gnn(rows.to(self.device), edge_index)
+    def embed(self, n_id: Tensor) -> Tensor:
+        """The embedding rows of the nodes ``n_id`` (global ids), on the GNN's device."""
+        assert self.embedding is not None, "the table is sized in setup() or by num_nodes"
+        return self.embedding(n_id.to(self.embedding.weight.device)).to(self.device)
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted loss; step both optimizers every ``accumulate_grad_batches`` micro-batches."""
         k = self.hparams.accumulate_grad_batches
-        out = self(batch.n_id, batch.edge_index)
-        loss = (F.cross_entropy(out.float(), batch.y, reduction="none") * batch.loss_weight).sum()
+        out = self(self.embed(batch.n_id), batch.edge_index, *_hops(batch))
+        y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
+        loss = (F.cross_entropy(out.float(), y, reduction="none") * weight).sum()
         self.manual_backward(loss / k)  # loss_weight sums to ~1 per micro-batch: mean over k
         if (batch_idx + 1) % k == 0 or self.trainer.is_last_batch:
             for opt in self.optimizers():
@@ -109,17 +122,14 @@ class EmbeddingSAGE(NodeClassifier):
         self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
         return loss
 
-    def _logits(self, batch: Data) -> tuple[Tensor, Tensor]:
-        out = self(batch.n_id, batch.edge_index)  # sampled evaluation: seed nodes come first
+    def _logits(self, batch: Data) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+        out = self(self.embed(batch.n_id), batch.edge_index, *_hops(batch))  # sampled: seeds
         return out[: batch.batch_size], batch.y[: batch.batch_size]
 
-    def configure_optimizers(self) -> list[torch.optim.Optimizer]:
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
         """Dense optimizer for the GNN, sparse one for the table."""
+        assert self.optimizer is not None and self.embedding is not None
         return [
             self.optimizer(self.gnn.parameters()),
             self.embedding_optimizer(self.embedding.parameters()),
         ]
-
-
-if __name__ == "__main__":
-    main()
