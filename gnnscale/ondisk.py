@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
+import psutil
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
@@ -386,10 +387,14 @@ class PreparedGraph:
         Mapped shared and read-only (``mmap``, ``ACCESS_READ``), not with ``torch.from_file``:
         its private, writable mapping is charged against the kernel's overcommit limit, which
         refuses a file larger than memory. An in-place write to the tensor is a fault, never a
-        silent private copy. Files a sampler reads at random rows (all but the masks) are
-        advised ``MADV_RANDOM``: the kernel's readahead would read 128 KiB around each 256-byte
-        feature row it faults in; without it, cold gathers from the papers100M-sized graph's
-        features ran 25-40 times faster here (``benchmarks/on_disk_large.py``).
+        silent private copy. When the files a sampler reads at random rows (all but the masks)
+        are larger than half the machine's memory, so that the page cache cannot keep them, they
+        are advised ``MADV_RANDOM``: the kernel's readahead would read 128 KiB around each
+        256-byte feature row it faults in; without it, cold gathers from the papers100M-sized
+        graph's features ran 25-40 times faster here (``benchmarks/on_disk_large.py``). A graph
+        that fits keeps the readahead, which fills the cache sooner and maps pages 16 at a time:
+        with ``MADV_RANDOM`` the recipe's 375 MiB graph trained 1.22x slower than in memory
+        (``figures.py ondisk``).
         """
         entry = self.manifest["files"][name]
         dtype = _DTYPES[entry["dtype"]]
@@ -397,7 +402,7 @@ class PreparedGraph:
             return torch.empty(entry["shape"], dtype=dtype)
         with (self.folder / f"{name}.bin").open("rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if not name.endswith("_mask"):
+        if not name.endswith("_mask") and self._larger_than_cache:
             mapped.madvise(mmap.MADV_RANDOM)
         # numpy has no bfloat16: read 2-byte floats as integers and view them as torch's dtype.
         np_dtype = np.uint16 if dtype.itemsize == 2 and dtype.is_floating_point else None
@@ -405,6 +410,17 @@ class PreparedGraph:
         with warnings.catch_warnings():  # read-only on purpose: see above
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return torch.from_numpy(array.reshape(entry["shape"])).view(dtype)
+
+    @cached_property
+    def _larger_than_cache(self) -> bool:
+        """Whether the randomly read files exceed half the machine's memory."""
+        files = self.manifest["files"]
+        size = sum(
+            math.prod(f["shape"]) * _DTYPES[f["dtype"]].itemsize
+            for name, f in files.items()
+            if not name.endswith("_mask")
+        )
+        return size > psutil.virtual_memory().total / 2
 
     @property
     def nbytes(self) -> int:

@@ -170,7 +170,7 @@ RECIPES: tuple[Recipe, ...] = (
             "--model.init_args.hidden_channels=64",
             "--trainer.max_epochs=4",
         ),
-        # As shipped, 10 epochs of 586 batches take about an hour here.
+        # As shipped, 10 epochs of 586 batches: the figures train 2 epochs of 150.
         figure_args=("--trainer.max_epochs=2", "--trainer.limit_train_batches=150"),
     ),
     Recipe(
