@@ -214,8 +214,8 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     from gnnscale.models import _hops
 
     model, dm, precision = _build(name, tiny)
-    batches = _batches(dm, 2 if tiny else 5)
-    passes, repeats = (1, 1) if tiny else (3, 3)
+    batches = _batches(dm, 2 if tiny else 8)
+    passes, repeats = (1, 1) if tiny else (5, 3)
     variants = {"gnnscale": model}
     if name == "neighbor_sage":
         variants["before"] = copy.deepcopy(model)
