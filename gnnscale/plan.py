@@ -175,29 +175,28 @@ def _quiet_trainer(trainer_kwargs: dict[str, Any], probe: L.Callback, **limits: 
 
 
 class _EvalProbe(L.Callback):
-    """Samples resident memory over validation batches and records their sizes."""
+    """Samples resident memory over validation and test batches and records their sizes."""
 
     def __init__(self) -> None:
         self.nodes: list[int] = []
+        self.used_mb = 0.0  # the larger rise above the start, validation or test
 
-    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _start(self, *args: Any) -> None:
         self.before_mb = rss_mb()
         self._peak = PeakRSS().__enter__()
 
-    def on_validation_batch_end(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
+    def _batch(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
     ) -> None:
         self.nodes.append(int(batch.num_nodes))
 
-    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _end(self, *args: Any) -> None:
         self._peak.__exit__()
-        self.peak_mb = self._peak.peak_mb
+        self.used_mb = max(self.used_mb, self._peak.peak_mb - self.before_mb)
+
+    on_validation_start = on_test_start = _start
+    on_validation_batch_end = on_test_batch_end = _batch
+    on_validation_end = on_test_end = _end
 
 
 def _validate_mb(
@@ -207,7 +206,7 @@ def _validate_mb(
     num_batches: int,
     world_size: int,
 ) -> float:
-    """Sampled or full-graph evaluation, measured: a few validation batches through a Trainer.
+    """Sampled or full-graph evaluation, measured: a few validation and test batches.
 
     Evaluation batches have their own size and fan-out (``--data.eval.*``; full neighbourhoods
     by default for samplers other than neighbour sampling), so they are measured rather than
@@ -215,11 +214,16 @@ def _validate_mb(
     batches.
     """
     probe = _EvalProbe()
-    trainer = _quiet_trainer(trainer_kwargs, probe, limit_val_batches=num_batches)
+    trainer = _quiet_trainer(
+        trainer_kwargs, probe, limit_val_batches=num_batches, limit_test_batches=num_batches
+    )
+    # Both splits: their batches differ in size (a validation split smaller than one batch),
+    # and layers that compute only the rows read grow with the seeds, not the batch's nodes.
     trainer.validate(model, datamodule=dm, verbose=False)
+    trainer.test(model, datamodule=dm, verbose=False)
     draws = sum(math.ceil(len(dm._eval_loader(m)) / world_size) for m in ("val_mask", "test_mask"))
     scale = _expected_max(probe.nodes, draws) / max(probe.nodes)
-    return (probe.peak_mb - probe.before_mb) * scale
+    return probe.used_mb * scale
 
 
 def _expected_max(values: list[int], draws: int) -> float:

@@ -122,13 +122,15 @@ def test_plan_refuses_an_unknown_option(tmp_path):
         main(["plan", *NEIGHBOR, "--data.batch_sise=64"])
 
 
-# Large enough that the step, not the Python process, makes up a good part of the peak.
-STEP_DOMINATES = ["--data.batch_size=2048", "--data.num_neighbors=[25, 15]"]
-# Small training batches, evaluation over full two-hop neighbourhoods of 4,096 seeds each.
+# Large enough that the step, not the Python process, makes up a good part of the peak (layers
+# compute only the rows the next one reads, so it takes wide layers and large batches).
+STEP_DOMINATES = ["--data.batch_size=4096", "--data.num_neighbors=[25, 15]"]
+# Small training batches, evaluation over full two-hop neighbourhoods of 8,192 seeds each.
 EVAL_DOMINATES = [
     "--data.batch_size=256",
     "--data.num_neighbors=[10, 5]",
     "--data.eval.num_neighbors=[-1, -1]",
+    "--data.eval.batch_size=8192",
 ]
 
 
@@ -140,7 +142,7 @@ def test_plan_predicts_the_measured_peak_within_25_percent(tmp_path, dominant):
         *TINY_ARGS,
         "--data.synthetic.num_nodes=40000",
         "--data.synthetic.train_fraction=0.3",
-        "--model.init_args.hidden_channels=1024",
+        "--model.init_args.hidden_channels=2048",
         "--data.eval.mode=sampled",
         *(STEP_DOMINATES if dominant == "training" else EVAL_DOMINATES),
         f"--data.root={tmp_path}",
