@@ -80,9 +80,7 @@ def _replay_ms(calls: list, repeats: int) -> float:
 
 def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
     """The recipe's model and DataModule (set up, batches in this process) and precision."""
-    from gnnscale.cli import TRAINER_DEFAULTS, GnnscaleCLI, Trainer
-    from gnnscale.data import _GraphDataModule
-    from gnnscale.models import NodeClassifier
+    from gnnscale.cli import main
 
     args = [
         "--config",
@@ -92,16 +90,7 @@ def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
         *(TINY if tiny else []),
     ]
     torch.manual_seed(0)
-    cli = GnnscaleCLI(
-        NodeClassifier,
-        _GraphDataModule,
-        trainer_class=Trainer,
-        subclass_mode_model=True,
-        subclass_mode_data=True,
-        trainer_defaults=TRAINER_DEFAULTS,
-        args=args,
-        run=False,
-    )
+    cli = main(args, run=False)
     cli.datamodule.setup("fit")
     return cli.model, cli.datamodule, cli.config["trainer"]["precision"]
 
@@ -216,18 +205,11 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     model, dm, precision = _build(name, tiny)
     batches = _batches(dm, 2 if tiny else 8)
     passes, repeats = (1, 1) if tiny else (5, 3)
-    variants = {"gnnscale": model}
-    if name == "neighbor_sage":
-        variants["before"] = copy.deepcopy(model)
-        variants["hand"] = copy.deepcopy(model)
     steps = {"gnnscale": _step_fn(model, precision)}
     if name == "neighbor_sage":
-        steps["before"] = _step_fn(
-            variants["before"], precision, _pyg_trim_forward(variants["before"])
-        )
-        hand = variants["hand"]
-        dropout = torch.nn.Dropout(hand.gnn.dropout.p)
-        hand.gnn.dropout = dropout
+        before, hand = copy.deepcopy(model), copy.deepcopy(model)
+        steps["before"] = _step_fn(before, precision, _pyg_trim_forward(before))
+        hand.gnn.dropout = torch.nn.Dropout(hand.gnn.dropout.p)
         steps["hand"] = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
     result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, batches, passes)}
     result["gemm_ms"] = {k: _gemm_ms(s, batches, repeats) for k, s in steps.items()}

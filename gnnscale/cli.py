@@ -360,11 +360,13 @@ def _resume_last(config: Any) -> None:
     rank_zero_info(f"gnnscale: --ckpt_path last resumes {config.ckpt_path}")
 
 
-def main(args: list[str] | None = None) -> GnnscaleCLI:
+def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     """Build the CLI and run its subcommand: every entry point (command, recipe script) does.
 
     Args:
         args: Command-line arguments, subcommand first; ``None`` reads ``sys.argv``.
+        run: ``False`` only builds the model, DataModule and Trainer from ``args`` (given
+            without a subcommand), as the benchmarks do.
     """
     _steady_cpu_memory()
     return GnnscaleCLI(
@@ -377,6 +379,7 @@ def main(args: list[str] | None = None) -> GnnscaleCLI:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"exit_on_error": False},  # refusals raise ConfigError: one line, exit 2
         args=args,
+        run=run,
     )
 
 
