@@ -8,7 +8,7 @@ gnnscale.EmbeddingSAGE``), so ``gnnscale fit`` and ``gnnscale plan`` load it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -87,13 +87,14 @@ class EmbeddingSAGE(NodeClassifier):
         self.gnn.dropout = Dropout(dropout)
 
     def _make_table(self, num_nodes: int) -> None:
-        cls = _HostEmbedding if self.hparams.embedding_device == "cpu" else nn.Embedding
-        self.embedding = cls(num_nodes, self.hparams.embedding_dim, sparse=self.hparams.sparse)
-        self.hparams.num_nodes = num_nodes
+        hp = self.hparams
+        cls = _HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
+        self.embedding = cls(num_nodes, hp["embedding_dim"], sparse=hp["sparse"])
+        hp["num_nodes"] = num_nodes
 
     def setup(self, stage: str) -> None:
         """Size the table from the data; evaluation must sample (the model never reads ``x``)."""
-        datamodule = self.trainer.datamodule
+        datamodule = self.trainer.datamodule  # type: ignore[attr-defined]
         if datamodule.eval.mode != "sampled":
             raise ConfigError(
                 "--data.init_args.eval.mode must be 'sampled' for EmbeddingSAGE: layer-wise and "
@@ -110,13 +111,13 @@ class EmbeddingSAGE(NodeClassifier):
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted loss; step both optimizers every ``accumulate_grad_batches`` micro-batches."""
-        k = self.hparams.accumulate_grad_batches
+        k = self.hparams["accumulate_grad_batches"]
         out = self(self.embed(batch.n_id), batch.edge_index, *_hops(batch))
         y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
         loss = (F.cross_entropy(out.float(), y, reduction="none") * weight).sum()
         self.manual_backward(loss / k)  # loss_weight sums to ~1 per micro-batch: mean over k
         if (batch_idx + 1) % k == 0 or self.trainer.is_last_batch:
-            for opt in self.optimizers():
+            for opt in cast(list, self.optimizers()):  # two: the table's and the GNN's
                 opt.step()
                 opt.zero_grad()
         self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)

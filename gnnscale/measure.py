@@ -145,6 +145,7 @@ class SavedTensors:
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _unpack)
 
     def _pack(self, t: Tensor) -> Tensor:
+        parts: tuple[Tensor, ...]
         if t.layout in (torch.sparse_csr, torch.sparse_csc):  # no storage: its three parts
             parts = (t.crow_indices(), t.col_indices(), t.values())
         elif t.layout == torch.sparse_coo:
