@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
-from torch_geometric.loader import NodeLoader
+from torch_geometric.loader import LinkLoader, NodeLoader
 
 __all__ = ["ResumableLoader"]
 
@@ -41,10 +41,10 @@ class _SeededBatches(Dataset):
 
     def __init__(self, loader: DataLoader, transform: Callable[[Any], Any] | None) -> None:
         self.dataset, self.collate_fn, self.transform = loader.dataset, loader.collate_fn, transform
-        # A NodeLoader turns sampler output into Data in the main process unless told to in
+        # A Node- or LinkLoader turns sampler output into Data in the main process unless told to in
         # its workers; done here, it runs wherever the batch is sampled.
         self.filter_fn = None
-        if isinstance(loader, NodeLoader) and not loader.filter_per_worker:
+        if isinstance(loader, NodeLoader | LinkLoader) and not loader.filter_per_worker:
             self.filter_fn = loader.filter_fn
 
     def __len__(self) -> int:

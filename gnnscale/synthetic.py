@@ -13,12 +13,18 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.transforms import ToUndirected
 from torch_geometric.utils import coalesce, remove_self_loops
 
 from gnnscale.errors import ConfigError
 
-__all__ = ["SyntheticGraph", "make_synthetic_graph"]
+__all__ = [
+    "SyntheticGraph",
+    "SyntheticRecommender",
+    "make_recommender_graph",
+    "make_synthetic_graph",
+]
 
 
 @dataclass(frozen=True)
@@ -126,3 +132,117 @@ def make_synthetic_graph(cfg: SyntheticGraph) -> Data:
     return Data(
         x=x, edge_index=edge_index, y=y, train_mask=masks[0], val_mask=masks[1], test_mask=masks[2]
     )
+
+
+@dataclass(frozen=True)
+class SyntheticRecommender:
+    """Size and structure of the generated recommender graph (``LinkDataModule``'s default).
+
+    Users, items and categories; every user and item belongs to one of ``num_communities``
+    hidden communities, and a user's interactions fall inside its community with probability
+    ``affinity`` (items drawn by a power-law popularity), else anywhere. Items carry noisy
+    features (their community's centroid plus noise); users and categories have none. Each
+    item is in one category, and categories nest in communities. Recommending the most popular
+    items ignores the communities; a model must find them through the graph.
+
+    Args:
+        num_users: Users (featureless).
+        num_items: Items (with ``num_features`` features).
+        num_categories: Categories (featureless); at least ``num_communities``.
+        num_communities: Hidden communities that users' interactions follow.
+        interactions_per_user: Mean interactions (``user rates item`` edges) per user.
+        affinity: Probability that an interaction stays in the user's community.
+        num_features: Item feature dimension.
+        feature_noise: Standard deviation of the noise on the items' unit community centroids.
+        popularity_exponent: Power-law exponent of item popularity (> 2; smaller: more skewed).
+        seed: Random seed; the same settings and seed give the same graph.
+    """
+
+    num_users: int = 20_000
+    num_items: int = 10_000
+    num_categories: int = 200
+    num_communities: int = 50
+    interactions_per_user: float = 20.0
+    affinity: float = 0.8
+    num_features: int = 32
+    feature_noise: float = 3.0
+    popularity_exponent: float = 2.5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse settings that cannot make a graph."""
+        rules = {  # key: (holds, what it must be)
+            "num_users": (self.num_users >= 2, ">= 2"),
+            "num_items": (self.num_items >= 2, ">= 2"),
+            "num_communities": (
+                1 <= self.num_communities <= min(self.num_users, self.num_items),
+                "between 1 and the number of users and of items",
+            ),
+            "num_categories": (
+                self.num_communities <= self.num_categories <= self.num_items,
+                f"between --data.synthetic.num_communities ({self.num_communities}) and "
+                f"--data.synthetic.num_items ({self.num_items})",
+            ),
+            "interactions_per_user": (self.interactions_per_user >= 2, ">= 2"),
+            "affinity": (0.0 <= self.affinity <= 1.0, "between 0 and 1"),
+            "num_features": (self.num_features >= 1, ">= 1"),
+            "feature_noise": (self.feature_noise >= 0, ">= 0"),
+            "popularity_exponent": (self.popularity_exponent > 2, "> 2 (a finite mean)"),
+        }
+        for key, (holds, rule) in rules.items():
+            if not holds:
+                raise ConfigError(
+                    f"--data.synthetic.{key} must be {rule} (got {getattr(self, key)!r})"
+                )
+
+
+def make_recommender_graph(cfg: SyntheticRecommender) -> HeteroData:
+    """Generate the graph ``cfg`` describes: ``user rates item`` and ``item in category`` edges.
+
+    Both relations come with their reverses (``rev_rates``, ``rev_in``) so that messages flow
+    both ways; ``data[t].community`` holds the planted communities (for analysis, never fed to a
+    model).
+    """
+    g = torch.Generator().manual_seed(cfg.seed)
+    k = cfg.num_communities
+    user_c = torch.randint(k, (cfg.num_users,), generator=g)
+    item_c = torch.randint(k, (cfg.num_items,), generator=g)
+    pop = torch.rand(cfg.num_items, generator=g, dtype=torch.float64)
+    pop = pop.pow_(-1 / (cfg.popularity_exponent - 1)).clamp_(max=cfg.num_items**0.5)
+
+    counts = (
+        1
+        + torch.poisson(
+            torch.full((cfg.num_users,), cfg.interactions_per_user - 1.0), generator=g
+        ).long()
+    )
+    user = torch.repeat_interleave(torch.arange(cfg.num_users), counts)
+    # In-community partner: sample within the user's community block of the sorted items.
+    order = torch.argsort(item_c, stable=True)
+    cdf_sorted = pop[order].cumsum(0)
+    block = torch.zeros(k, dtype=pop.dtype).index_add_(0, item_c, pop)
+    start = block.cumsum(0) - block
+    c = user_c[user]
+    inside = order[_sample_proportional(cdf_sorted, start[c], block[c], g)]
+    cdf = pop.cumsum(0)
+    anywhere = _sample_proportional(cdf, torch.zeros(user.numel(), dtype=cdf.dtype), cdf[-1], g)
+    item = torch.where(torch.rand(user.numel(), generator=g) < cfg.affinity, inside, anywhere)
+    rates = coalesce(torch.stack([user, item]))  # repeated interactions count once
+
+    per_community = cfg.num_categories // k  # category j is in community j % k
+    category = item_c + k * torch.randint(per_community, (cfg.num_items,), generator=g)
+
+    centroids = torch.randn(k, cfg.num_features, generator=g)
+    x = centroids[item_c].add_(
+        torch.randn(cfg.num_items, cfg.num_features, generator=g), alpha=cfg.feature_noise
+    )
+
+    data = HeteroData()
+    data["user"].num_nodes = cfg.num_users
+    data["user"].community = user_c
+    data["item"].x = x
+    data["item"].community = item_c
+    data["category"].num_nodes = cfg.num_categories
+    data["user", "rates", "item"].edge_index = rates
+    data["item", "in", "category"].edge_index = torch.stack([torch.arange(cfg.num_items), category])
+    return ToUndirected()(data)

@@ -1,0 +1,657 @@
+"""Link prediction on homogeneous and heterogeneous graphs: ``LinkDataModule``.
+
+Training batches come from PyG's ``LinkNeighborLoader``: supervision edges (positives, and
+negatives drawn for them) with the sampled neighbourhoods of their endpoints, every edge type
+with its own fan-out. The splits come from PyG's ``RandomLinkSplit`` and do not leak:
+
+- validation and test edges (and their reverses) are absent from the training graph;
+- with ``split.disjoint_train_ratio > 0``, the training edges a batch supervises are absent
+  from the graph it passes messages on (else a model learns to find the edge it is asked about);
+- validation passes messages over training edges only, test over training and validation ones.
+
+Evaluation ranks candidates for every evaluated source node (recall@k, MRR@k with PyG's
+link-prediction metrics, AUC with torchmetrics): exact over every destination node by default,
+or over a random sample of them (``eval.candidates``; the metric names then say so). Already
+known edges are never counted as hits (they are masked out of the ranking).
+
+A homogeneous graph (``dataset: Cora``...) becomes one node type ``node`` and one edge type
+``node__to__node``, so one code path serves both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch_geometric.transforms as T
+from torch import Tensor
+from torch_geometric.data import HeteroData
+from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
+from torch_geometric.sampler import NegativeSampling
+from torch_geometric.typing import EdgeType
+
+from gnnscale.data import (
+    DATASETS,
+    LoaderArgs,
+    _check_root,
+    _log_backend_once,
+    _single,
+    load_dataset,
+)
+from gnnscale.errors import ConfigError
+from gnnscale.resume import ResumableLoader
+from gnnscale.synthetic import SyntheticRecommender, make_recommender_graph
+
+__all__ = ["LinkDataModule", "LinkEval", "LinkEvalArgs", "LinkSplit", "PinSAGENeighbors"]
+
+_HOMOGENEOUS: EdgeType = ("node", "to", "node")
+
+
+def edge_key(edge_type: EdgeType) -> str:
+    """``("user", "rates", "item")`` as written in YAML keys: ``user__rates__item``."""
+    return "__".join(edge_type)
+
+
+@dataclass(frozen=True)
+class LinkSplit:
+    """How ``RandomLinkSplit`` divides the supervised relation's edges.
+
+    Args:
+        val_fraction: Fraction of edges held out for validation.
+        test_fraction: Fraction of edges held out for test.
+        disjoint_train_ratio: Fraction of the training edges used only as supervision, never
+            for message passing (0: every training edge is both, and a batch's model sees the
+            edges it must predict).
+    """
+
+    val_fraction: float = 0.05
+    test_fraction: float = 0.1
+    disjoint_train_ratio: float = 0.3
+
+    def __post_init__(self) -> None:
+        """Refuse fractions that leave no training edges."""
+        for key in ("val_fraction", "test_fraction"):
+            if not 0 < getattr(self, key) < 1:
+                raise ConfigError(
+                    f"--data.split.{key} must be between 0 and 1 (got {getattr(self, key)})"
+                )
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ConfigError(
+                "--data.split.val_fraction + --data.split.test_fraction must be below 1 (got "
+                f"{self.val_fraction + self.test_fraction:g}): no edges would be left to train on"
+            )
+        if not 0 <= self.disjoint_train_ratio < 1:
+            raise ConfigError(
+                "--data.split.disjoint_train_ratio must be >= 0 and < 1 "
+                f"(got {self.disjoint_train_ratio})"
+            )
+
+
+@dataclass(frozen=True)
+class LinkEvalArgs:
+    """How validation and test rank candidates.
+
+    Args:
+        k: Cut-off of recall@k and MRR@k.
+        candidates: ``None``: rank every destination node (exact). A number: rank that many
+            destination nodes drawn at random (once per evaluation, shared by all sources) plus
+            each source's true ones; cheaper on large graphs, optimistic (metric names gain
+            ``_of<candidates>``).
+        batch_size: Nodes per batch when computing every node's embedding, and sources per
+            ranking chunk.
+        num_neighbors: Fan-out per layer for the embeddings (every edge type); default: the
+            training fan-out.
+    """
+
+    k: int = 20
+    candidates: int | None = None
+    batch_size: int = 4096
+    num_neighbors: list[int] | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse non-positive sizes."""
+        if (
+            self.k < 1
+            or self.batch_size < 1
+            or (self.candidates is not None and self.candidates < 1)
+        ):
+            raise ConfigError(
+                "--data.eval.k, --data.eval.batch_size and --data.eval.candidates must be >= 1 "
+                f"(got {self.k}, {self.batch_size}, {self.candidates})"
+            )
+
+
+@dataclass(frozen=True)
+class PinSAGENeighbors:
+    """PinSAGE's importance neighbours: the destination nodes most visited by random walks.
+
+    From every destination node (an item), ``num_walks`` walks of ``walk_length`` round trips
+    over the training graph (item -> user -> item) count visits; each item's ``top_k`` most
+    visited other items become its neighbours through a new relation
+    ``item__similar__item``. Walks read training message-passing edges only (no leakage).
+
+    Args:
+        num_walks: Walks started from every item.
+        walk_length: Round trips (item -> user -> item) per walk.
+        top_k: Importance neighbours kept per item.
+    """
+
+    num_walks: int = 50
+    walk_length: int = 2
+    top_k: int = 10
+
+    def __post_init__(self) -> None:
+        """Refuse non-positive sizes."""
+        if min(self.num_walks, self.walk_length, self.top_k) < 1:
+            raise ConfigError(
+                "--data.pinsage.num_walks, walk_length and top_k must be >= 1 (got "
+                f"{self.num_walks}, {self.walk_length}, {self.top_k})"
+            )
+
+
+def _as_hetero(data: Any) -> HeteroData:
+    """A homogeneous ``Data`` as one node type and one edge type; ``HeteroData`` as it is."""
+    if isinstance(data, HeteroData):
+        return data
+    out = HeteroData()
+    out["node"].x = data.x
+    out["node"].num_nodes = data.num_nodes
+    out[_HOMOGENEOUS].edge_index = data.edge_index
+    return out
+
+
+def _pair_keys(index: Tensor, num_dst: int) -> Tensor:
+    """Each (src, dst) pair as one sortable integer."""
+    return index[0] * num_dst + index[1]
+
+
+def _random_walk_step(rowptr: Tensor, col: Tensor, at: Tensor, gen: torch.Generator) -> Tensor:
+    """One uniform step from every node in ``at`` (nodes without edges stay where they are)."""
+    deg = rowptr[at + 1] - rowptr[at]
+    offset = (torch.rand(at.numel(), generator=gen) * deg).long()
+    step = col[(rowptr[at] + offset).clamp_(max=max(col.numel() - 1, 0))]
+    return torch.where(deg > 0, step, at)
+
+
+def pinsage_neighbors(
+    edge_index: Tensor, num_src: int, num_dst: int, args: PinSAGENeighbors, seed: int = 0
+) -> Tensor:
+    """``(2, E)`` importance edges ``neighbour -> item`` between destination nodes (items).
+
+    Args:
+        edge_index: ``src -> dst`` edges (users rate items) to walk on, both ways.
+        num_src: Source nodes (users).
+        num_dst: Destination nodes (items).
+        args: Walks per item, their length, neighbours kept.
+        seed: Seed of the walks.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    src, dst = edge_index
+    # item -> user adjacency (CSR by item) and user -> item (CSR by user).
+    by_item = torch.argsort(dst, stable=True)
+    item_ptr = torch.zeros(num_dst + 1, dtype=torch.long)
+    item_ptr[1:] = torch.bincount(dst, minlength=num_dst).cumsum(0)
+    by_user = torch.argsort(src, stable=True)
+    user_ptr = torch.zeros(num_src + 1, dtype=torch.long)
+    user_ptr[1:] = torch.bincount(src, minlength=num_src).cumsum(0)
+    start = torch.arange(num_dst).repeat_interleave(args.num_walks)
+    at, visits = start, []
+    for _ in range(args.walk_length):
+        user = _random_walk_step(item_ptr, src[by_item], at, gen)
+        has_user = item_ptr[at + 1] > item_ptr[at]
+        at = torch.where(has_user, _random_walk_step(user_ptr, dst[by_user], user, gen), at)
+        visits.append(torch.stack([start, at]))
+    pairs = torch.cat(visits, dim=1)
+    pairs = pairs[:, pairs[0] != pairs[1]]
+    keys, counts = torch.unique(_pair_keys(pairs, num_dst), return_counts=True)
+    item, other = keys // num_dst, keys % num_dst
+    # Most visited first within each item: sort by (item, -count), keep the first top_k.
+    order = torch.argsort(item * (counts.max() + 1) - counts, stable=True)
+    item, other = item[order], other[order]
+    first = torch.zeros(num_dst + 1, dtype=torch.long)
+    first[1:] = torch.bincount(item, minlength=num_dst).cumsum(0)
+    rank = torch.arange(item.numel()) - first[item]
+    keep = rank < args.top_k
+    return torch.stack([other[keep], item[keep]])  # messages flow neighbour -> item
+
+
+class _HardNegatives:
+    """Adds ``per_positive`` hard negatives per positive, in the loader's workers.
+
+    Hard: destination nodes of the batch's own sampled neighbourhood (near the source in the
+    graph, unlike uniform ones) that are not known edges of the source.
+    """
+
+    def __init__(self, target: EdgeType, known: Tensor, num_dst: int, per_positive: int) -> None:
+        self.target, self.known, self.num_dst, self.per_positive = (
+            target,
+            known,
+            num_dst,
+            per_positive,
+        )
+
+    def __call__(self, batch: HeteroData) -> HeteroData:
+        store = batch[self.target]
+        src_type, _, dst_type = self.target
+        positive = store.edge_label_index[:, store.edge_label == 1]
+        src = positive[0].repeat(self.per_positive)
+        dst = torch.randint(batch[dst_type].num_nodes, (src.numel(),))
+        pairs = torch.stack([batch[src_type].n_id[src], batch[dst_type].n_id[dst]])
+        keys = _pair_keys(pairs, self.num_dst)
+        at = torch.searchsorted(self.known, keys).clamp_(max=max(self.known.numel() - 1, 0))
+        fresh = (
+            self.known[at] != keys
+            if self.known.numel()
+            else torch.ones_like(keys, dtype=torch.bool)
+        )
+        store.edge_label_index = torch.cat(
+            [store.edge_label_index, torch.stack([src, dst])[:, fresh]], 1
+        )
+        store.edge_label = torch.cat([store.edge_label, torch.zeros(int(fresh.sum()))])
+        return batch
+
+
+@dataclass
+class LinkEval:
+    """One evaluation step: every node's embedding, then a ranking of candidates per source.
+
+    Args:
+        graph: The graph evaluation passes messages on.
+        target: The supervised relation ``(src, rel, dst)``.
+        loaders: Per node type (the target's two), batches that embed each of its nodes.
+        positives: ``(2, P)`` true edges to find (global ids).
+        known: Sorted keys (``_pair_keys``) of edges already known: masked out of rankings.
+        label_index: ``(2, L)`` labelled pairs for AUC (true edges and sampled non-edges).
+        label: Their labels.
+        popularity: Each destination's degree in the known edges (the popularity baseline).
+        candidates: Destination nodes ranked (``None``: all).
+        k: Cut-off of the ranking metrics.
+        batch_size: Sources ranked per chunk.
+    """
+
+    graph: HeteroData
+    target: EdgeType
+    loaders: dict[str, NeighborLoader]
+    positives: Tensor
+    known: Tensor
+    label_index: Tensor
+    label: Tensor
+    popularity: Tensor
+    candidates: Tensor | None
+    k: int
+    batch_size: int
+
+    @property
+    def suffix(self) -> str:
+        """How the metrics' names say what was ranked: '' if every destination, else ``_of<n>``."""
+        return "" if self.candidates is None else f"_of{self.candidates.numel()}"
+
+    def rank(self, scores: Any) -> tuple[Tensor, Tensor]:
+        """Top-``k`` destinations of every source with positives, scored by ``scores``.
+
+        Args:
+            scores: ``scores(sources, dsts) -> (len(sources), len(dsts))``.
+
+        Returns:
+            ``(S, k)`` top destinations (global ids), and the positives as ``(row, dst)``: what
+            PyG's ``LinkPredMetric.update`` takes.
+        """
+        sources, row = torch.unique(self.positives[0], return_inverse=True)
+        num_dst = self.popularity.numel()
+        sampled = torch.zeros(num_dst, dtype=torch.bool)
+        if self.candidates is not None:
+            sampled[self.candidates] = True
+        tops = []
+        for chunk in torch.split(torch.arange(sources.numel()), self.batch_size):
+            mine = (row >= chunk[0]) & (row <= chunk[-1])
+            r, d = row[mine] - chunk[0], self.positives[1, mine]
+            if self.candidates is None:
+                cols = torch.arange(num_dst)
+            else:  # the sample, and this chunk's own positives
+                cols = torch.unique(torch.cat([self.candidates, d]))
+            local = torch.full((num_dst,), -1, dtype=torch.long)
+            local[cols] = torch.arange(cols.numel())
+            s = scores(sources[chunk], cols).float()
+            if self.candidates is not None:  # another source's positive is not a candidate
+                own = s[r, local[d]]
+                s[:, ~sampled[cols]] = float("-inf")
+                s[r, local[d]] = own
+            known_r, known_d = self._known(sources[chunk], num_dst)
+            ranked = local[known_d] >= 0
+            s[known_r[ranked], local[known_d[ranked]]] = float("-inf")
+            tops.append(cols[s.topk(min(self.k, cols.numel()), dim=1).indices])
+        return torch.cat(tops), torch.stack([row, self.positives[1]])
+
+    def _known(self, sources: Tensor, num_dst: int) -> tuple[Tensor, Tensor]:
+        """Known edges of ``sources``: ``(row in sources, dst)``."""
+        lo = torch.searchsorted(self.known, sources * num_dst)
+        hi = torch.searchsorted(self.known, (sources + 1) * num_dst)
+        counts = hi - lo
+        row = torch.arange(sources.numel()).repeat_interleave(counts)
+        offset = torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(
+            counts
+        )
+        return row, self.known[lo.repeat_interleave(counts) + offset] % num_dst
+
+
+class LinkDataModule(L.LightningDataModule):
+    """Link prediction batches from ``LinkNeighborLoader``, on one or several node and edge types.
+
+    Args:
+        dataset: ``synthetic`` (the generated recommender graph: users, items, categories), or
+            a homogeneous dataset of ``gnnscale.DATASETS`` (``Cora``...), whose edges become
+            ``node__to__node``.
+        root: Folder of the dataset files.
+        edge_type: The relation to predict, ``[src, rel, dst]``; default: ``user rates item``
+            on ``synthetic``, ``node to node`` on a homogeneous graph.
+        num_neighbors: Fan-out per layer: one list for every edge type, or one per edge type
+            keyed ``src__rel__dst`` (every edge type of the graph, and no other).
+        batch_size: Positive supervision edges per batch.
+        num_negatives: Uniform negatives per positive (random destination nodes).
+        num_hard_negatives: Hard negatives per positive: destination nodes from the batch's
+            sampled neighbourhood that are not known edges of the source.
+        neighbors: ``uniform``: the graph's own edges, sampled uniformly. ``pinsage``: adds
+            each destination node's random-walk importance neighbours (see ``pinsage``) as a
+            relation ``dst__similar__dst``.
+        pinsage: Random walks of ``neighbors: pinsage``.
+        synthetic: Size and structure of the generated graph (``dataset: synthetic``).
+        split: Validation and test fractions, and supervision edges kept out of message passing.
+        loader: DataLoader workers and memory pinning.
+        eval: Ranking cut-off, candidates and batch size of validation and test.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        root: Path = Path("data"),
+        edge_type: list[str] | None = None,
+        num_neighbors: list[int] | dict[str, list[int]] = [10, 5],  # noqa: B006 (never mutated)
+        batch_size: int = 1024,
+        num_negatives: int = 1,
+        num_hard_negatives: int = 0,
+        neighbors: Literal["uniform", "pinsage"] = "uniform",
+        pinsage: PinSAGENeighbors = PinSAGENeighbors(),  # noqa: B008 (frozen dataclass)
+        synthetic: SyntheticRecommender = SyntheticRecommender(),  # noqa: B008
+        split: LinkSplit = LinkSplit(),  # noqa: B008
+        loader: LoaderArgs = LoaderArgs(),  # noqa: B008
+        eval: LinkEvalArgs = LinkEvalArgs(),  # noqa: B008
+    ) -> None:
+        super().__init__()
+        if dataset not in DATASETS or dataset == "prepared":
+            known = ", ".join(d for d in DATASETS if d != "prepared")
+            raise ConfigError(f"--data.dataset {dataset!r} is not known; choose one of {known}")
+        if batch_size < 1 or num_negatives < 0 or num_hard_negatives < 0:
+            raise ConfigError(
+                "--data.batch_size must be >= 1 and --data.num_negatives, "
+                f"--data.num_hard_negatives >= 0 (got {batch_size}, {num_negatives}, "
+                f"{num_hard_negatives})"
+            )
+        if num_negatives + num_hard_negatives == 0:
+            raise ConfigError(
+                "--data.num_negatives and --data.num_hard_negatives are both 0: a model trained "
+                "on positives only learns to call every pair an edge; set one of them >= 1"
+            )
+        if edge_type is not None and len(edge_type) != 3:
+            raise ConfigError(f"--data.edge_type must be [src, relation, dst] (got {edge_type})")
+        _check_root(dataset, Path(root))
+        self.dataset, self.root = dataset, Path(root)
+        self._edge_type = edge_type
+        self._num_neighbors = num_neighbors
+        self.batch_size = batch_size
+        self.num_negatives, self.num_hard_negatives = num_negatives, num_hard_negatives
+        self.neighbors, self.pinsage = neighbors, pinsage
+        self.synthetic, self.split, self.loader, self.eval = synthetic, split, loader, eval
+
+    # -- the graph and its splits -------------------------------------------------------------
+
+    @cached_property
+    def data(self) -> HeteroData:
+        """The whole graph, heterogeneous (one node and edge type if the dataset is not)."""
+        if self.dataset == "synthetic":
+            data = make_recommender_graph(self.synthetic)
+            for store in data.node_stores:  # the planted answer is not an input
+                store.pop("community", None)
+            return data
+        return _as_hetero(load_dataset(self.dataset, self.root))
+
+    @property
+    def target(self) -> EdgeType:
+        """The relation to predict."""
+        if self._edge_type is not None:
+            target = tuple(self._edge_type)
+            if target not in self.data.edge_types:
+                known = ", ".join(edge_key(t) for t in self.data.edge_types)
+                raise ConfigError(
+                    f"--data.edge_type {edge_key(target)} is not an edge type of "
+                    f"{self.dataset}; choose one of {known}"
+                )
+            return target  # type: ignore[return-value]
+        return ("user", "rates", "item") if self.dataset == "synthetic" else _HOMOGENEOUS
+
+    @property
+    def undirected(self) -> bool:
+        """A homogeneous graph's edges are both ways: an edge and its reverse are one pair."""
+        src, _, dst = self.target
+        return src == dst and self.target not in self._reverse
+
+    @property
+    def _reverse(self) -> dict[EdgeType, EdgeType]:
+        """The reverse relation ``ToUndirected`` added, per relation."""
+        return {
+            t: (t[2], f"rev_{t[1]}", t[0])
+            for t in self.data.edge_types
+            if (t[2], f"rev_{t[1]}", t[0]) in self.data.edge_types
+        }
+
+    @cached_property
+    def splits(self) -> tuple[HeteroData, HeteroData, HeteroData]:
+        """Training, validation and test graphs (``RandomLinkSplit``), PinSAGE edges added."""
+        target = self.target
+        rev = self._reverse.get(target)
+        split = T.RandomLinkSplit(
+            num_val=self.split.val_fraction,
+            num_test=self.split.test_fraction,
+            is_undirected=self.undirected,
+            disjoint_train_ratio=self.split.disjoint_train_ratio,
+            neg_sampling_ratio=1.0,  # validation and test negatives, for AUC
+            add_negative_train_samples=False,  # drawn per batch instead
+            edge_types=[target],
+            rev_edge_types=[rev] if rev is not None else None,
+        )
+        torch.manual_seed(0)  # the same split in every process and run
+        train, val, test = split(self.data)
+        if self.neighbors == "pinsage":
+            src, _, dst = target
+            similar = pinsage_neighbors(
+                train[target].edge_index,  # message-passing edges of training only
+                self.data[src].num_nodes,
+                self.data[dst].num_nodes,
+                self.pinsage,
+            )
+            for graph in (train, val, test):
+                graph[dst, "similar", dst].edge_index = similar
+        return train, val, test
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types of the graphs the model sees (PyG's ``metadata()``)."""
+        return self.splits[0].metadata()
+
+    @property
+    def num_features(self) -> dict[str, int]:
+        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
+        data = self.data
+        return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in data.node_types}
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Nodes per type."""
+        return {t: int(self.data[t].num_nodes) for t in self.data.node_types}
+
+    def fanout(self, num_layers: int | None = None) -> dict[EdgeType, list[int]]:
+        """Fan-out per edge type; refuses unknown or missing edge types by name."""
+        edge_types = self.metadata[1]
+        given = self._num_neighbors
+        if isinstance(given, dict):
+            known = {edge_key(t): t for t in edge_types}
+            unknown = sorted(set(given) - set(known))
+            if unknown:
+                raise ConfigError(
+                    f"--data.num_neighbors names {', '.join(unknown)}, not an edge type of this "
+                    f"graph; its edge types are {', '.join(known)}"
+                )
+            missing = sorted(set(known) - set(given))
+            if missing:
+                raise ConfigError(
+                    f"--data.num_neighbors has no fan-out for {', '.join(missing)}; give every "
+                    "edge type one (or one list for all)"
+                )
+            fanout = {known[k]: list(v) for k, v in given.items()}
+        else:
+            fanout = {t: list(given) for t in edge_types}
+        lengths = {len(v) for v in fanout.values()}
+        if len(lengths) != 1 or any(k == 0 or k < -1 for v in fanout.values() for k in v):
+            raise ConfigError(
+                "--data.num_neighbors: every edge type needs one fan-out per layer, the same "
+                f"number of layers for all, each > 0 or -1 for all (got {given})"
+            )
+        if num_layers and lengths != {num_layers}:
+            raise ConfigError(
+                f"--data.num_neighbors has {lengths.pop()} layers but --model.num_layers is "
+                f"{num_layers}: give one fan-out per layer"
+            )
+        return fanout
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose depth differs from the fan-outs (before any data loads)."""
+        num_layers = int(getattr(model, "num_layers", 0))
+        if isinstance(self._num_neighbors, list) and num_layers:
+            if len(self._num_neighbors) != num_layers:
+                raise ConfigError(
+                    f"--data.num_neighbors has {len(self._num_neighbors)} layers but "
+                    f"--model.num_layers is {num_layers}: give one fan-out per layer"
+                )
+
+    # -- loaders ------------------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Download (if needed) and load the dataset."""
+        _ = self.data
+
+    def setup(self, stage: str) -> None:
+        """Split, check the fan-outs against the model."""
+        _log_backend_once()
+        num_layers = 0
+        if self.trainer is not None:
+            self.check_model(self.trainer.lightning_module)
+            num_layers = int(getattr(self.trainer.lightning_module, "num_layers", 0))
+        self.fanout(num_layers)
+
+    def _known(self, *graphs: HeteroData) -> Tensor:
+        """Sorted keys of the target edges (message passing and supervision) of ``graphs``."""
+        target, num_dst = self.target, self.data[self.target[2]].num_nodes
+        parts = []
+        for g in graphs:
+            parts.append(g[target].edge_index)
+            store = g[target]
+            if "edge_label_index" in store:
+                parts.append(store.edge_label_index[:, store.edge_label == 1])
+        keys = _pair_keys(torch.cat(parts, 1), num_dst)
+        if self.undirected:
+            keys = torch.cat([keys, _pair_keys(torch.cat(parts, 1).flip(0), num_dst)])
+        return torch.unique(keys)
+
+    def train_dataloader(self) -> ResumableLoader:
+        """Shuffled batches of supervision edges with negatives and sampled neighbourhoods."""
+        train = self.splits[0]
+        target, store = self.target, self.splits[0][self.target]
+        transform = None
+        if self.num_hard_negatives:
+            transform = _HardNegatives(
+                target, self._known(train), self.data[target[2]].num_nodes, self.num_hard_negatives
+            )
+        loader = LinkNeighborLoader(
+            train,
+            num_neighbors=self.fanout(),  # type: ignore[arg-type]
+            edge_label_index=(target, store.edge_label_index),
+            edge_label=store.edge_label,
+            neg_sampling=NegativeSampling("binary", self.num_negatives)
+            if self.num_negatives
+            else None,
+            batch_size=self.batch_size,
+            generator=torch.Generator(),
+            **self.loader.kwargs(),
+        )
+        trainer = self.trainer
+        seed = int(torch.randint(0, 2**31 - 1, ()).item())
+        if trainer is None:
+            return ResumableLoader(loader, True, seed, transform=transform)
+        seed = trainer.strategy.broadcast(seed)
+        return ResumableLoader(
+            loader, True, seed, trainer.global_rank, trainer.world_size, transform
+        )
+
+    def _eval(self, stage: Literal["val", "test"]) -> Any:
+        train, val, test = self.splits
+        graph = val if stage == "val" else test
+        target = self.target
+        src_type, _, dst_type = target
+        store = graph[target]
+        fanout = self.fanout()
+        if self.eval.num_neighbors is not None:
+            fanout = {t: list(self.eval.num_neighbors) for t in fanout}
+        loaders = {
+            t: NeighborLoader(
+                graph,
+                num_neighbors=fanout,  # type: ignore[arg-type]
+                input_nodes=t,
+                batch_size=self.eval.batch_size,
+                **self.loader.kwargs(),
+            )
+            for t in dict.fromkeys((src_type, dst_type))
+        }
+        positives = store.edge_label_index[:, store.edge_label == 1]
+        if self.undirected:
+            positives = torch.cat([positives, positives.flip(0)], 1)
+        known = self._known(train) if stage == "val" else self._known(train, val)
+        num_dst = self.data[dst_type].num_nodes
+        popularity = torch.bincount(known % num_dst, minlength=num_dst).float()
+        candidates = None
+        if self.eval.candidates is not None and self.eval.candidates < num_dst:
+            gen = torch.Generator().manual_seed(1)
+            candidates = torch.randperm(num_dst, generator=gen)[: self.eval.candidates]
+        return _single(
+            LinkEval(
+                graph,
+                target,
+                loaders,
+                positives,
+                known,
+                store.edge_label_index,
+                store.edge_label,
+                popularity,
+                candidates,
+                self.eval.k,
+                self.eval.batch_size,
+            )
+        )
+
+    def val_dataloader(self) -> Any:
+        """One step that ranks candidates for every validation source."""
+        return self._eval("val")
+
+    def test_dataloader(self) -> Any:
+        """One step that ranks candidates for every test source."""
+        return self._eval("test")
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Weight each labelled pair of a training batch: 1 / (expected pairs per batch)."""
+        if self.trainer is not None and self.trainer.training and isinstance(batch, HeteroData):
+            store = batch[self.target]
+            per_batch = self.batch_size * (1 + self.num_negatives + self.num_hard_negatives)
+            store.loss_weight = torch.full((store.edge_label.numel(),), 1.0 / per_batch)
+        return batch

@@ -1,0 +1,253 @@
+"""``LinkPredictor``: GraphSAGE over any node and edge types, scoring pairs by dot product.
+
+Node types with features enter through a linear layer; featureless ones (users, categories)
+through a learned embedding table, sparse and optionally in host memory as in
+``EmbeddingSAGE``. The encoder is one GraphSAGE stack made heterogeneous by PyG's
+``to_hetero`` (one ``SAGEConv`` per edge type and layer, summed per node type). It builds
+itself from ``LinkDataModule``'s node and edge types in ``setup`` and saves them in its
+hyperparameters, so checkpoints reload without the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor, nn
+from torch_geometric.data import HeteroData
+from torch_geometric.metrics import LinkPredMRR, LinkPredRecall
+from torch_geometric.nn import SAGEConv, to_hetero
+from torchmetrics.classification import BinaryAUROC
+
+from gnnscale.embedding import _HostEmbedding
+from gnnscale.errors import ConfigError, TrainingDiverged
+from gnnscale.link import LinkEval
+from gnnscale.models import _check_probabilities
+
+__all__ = ["LinkPredictor"]
+
+
+class _SAGE(nn.Module):
+    """GraphSAGE layers of one width (``to_hetero`` traces it once per edge type)."""
+
+    def __init__(self, channels: int, num_layers: int, dropout: float) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(SAGEConv(channels, channels) for _ in range(num_layers))
+        # A module, not F.dropout(training=self.training): tracing would freeze the flag.
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, edge_index: Tensor) -> Tensor:
+        for i, conv in enumerate(self.convs):
+            x = conv(x, edge_index)
+            if i < len(self.convs) - 1:
+                x = self.dropout(x.relu())
+        return x
+
+
+class LinkPredictor(L.LightningModule):
+    """Link prediction on ``LinkDataModule`` batches: embeddings, dot-product scores, BCE.
+
+    Args:
+        hidden_channels: Width of the embeddings and of every layer.
+        num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
+        dropout: Dropout between layers.
+        sparse: Sparse gradients for the featureless types' tables (only looked-up rows);
+            they then get ``embedding_optimizer`` (``SparseAdam``).
+        embedding_device: ``cpu`` keeps the tables and their optimizer state in host memory;
+            ``model``: they live with the GNN.
+        accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
+            ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
+        optimizer: Optimizer of the dense weights.
+        embedding_optimizer: Optimizer of the sparse tables.
+        graph: Node and edge types, sizes and target; ``None`` takes them from the DataModule
+            (saved in checkpoints, so they reload without the data).
+    """
+
+    def __init__(
+        self,
+        hidden_channels: int = 64,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+        sparse: bool = True,
+        embedding_device: Literal["model", "cpu"] = "model",
+        accumulate_grad_batches: int = 1,
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        graph: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        _check_probabilities(dropout=dropout)
+        if num_layers < 1 or hidden_channels < 1 or accumulate_grad_batches < 1:
+            raise ConfigError(
+                "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "
+                f"must be >= 1 (got {num_layers}, {hidden_channels}, {accumulate_grad_batches})"
+            )
+        self.save_hyperparameters(ignore=["optimizer", "embedding_optimizer"])
+        self.automatic_optimization = False  # up to two optimizers: Lightning steps neither
+        self.num_layers = num_layers
+        self.optimizer, self.embedding_optimizer = optimizer, embedding_optimizer
+        self.encoder: nn.Module | None = None
+        if graph is not None:
+            self._build(graph)
+
+    def _build(self, graph: dict[str, Any]) -> None:
+        """Input layers per node type, the heterogeneous encoder, the ranking metrics."""
+        hp = self.hparams
+        channels = hp["hidden_channels"]
+        table = _HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
+        self.inputs = nn.ModuleDict()
+        self.tables = nn.ModuleDict()
+        for t in graph["node_types"]:
+            if graph["num_features"][t]:
+                self.inputs[t] = nn.Linear(graph["num_features"][t], channels)
+            else:
+                self.tables[t] = table(graph["num_nodes"][t], channels, sparse=hp["sparse"])
+        edge_types = [tuple(e) for e in graph["edge_types"]]
+        metadata = (list(graph["node_types"]), edge_types)
+        self.encoder = to_hetero(_SAGE(channels, hp["num_layers"], hp["dropout"]), metadata)
+        self.target = tuple(graph["target"])
+        hp["graph"] = graph
+        k = graph["k"]
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": metric
+                for stage in ("val", "test")
+                for name, metric in (
+                    ("recall", LinkPredRecall(k)),
+                    ("mrr", LinkPredMRR(k)),
+                    ("popularity", LinkPredRecall(k)),
+                    ("auc", BinaryAUROC()),
+                )
+            }
+        )
+
+    def setup(self, stage: str) -> None:
+        """Build from the DataModule's types and sizes (unless a checkpoint gave them)."""
+        if self.encoder is not None:
+            return
+        dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
+        node_types, edge_types = dm.metadata
+        self._build(
+            {
+                "node_types": node_types,
+                "edge_types": [list(e) for e in edge_types],
+                "num_features": dm.num_features,
+                "num_nodes": dm.num_nodes,
+                "target": list(dm.target),
+                "k": dm.eval.k,
+            }
+        )
+
+    def forward(self, batch: HeteroData) -> dict[str, Tensor]:
+        """Embeddings of every node of the (sub)graph, per node type."""
+        x = {}
+        for t in batch.node_types:
+            if t in self.inputs:
+                x[t] = self.inputs[t](batch[t].x.to(self.dtype))
+            else:
+                table = self.tables[t]
+                ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
+                x[t] = table(ids.to(table.weight.device)).to(self.device)
+        assert self.encoder is not None, "built in setup() or from the checkpoint's graph"
+        return self.encoder(x, batch.edge_index_dict)
+
+    def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
+        src, _, dst = self.target
+        return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1)
+
+    def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
+        """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
+        store = batch[self.target]
+        score = self._score(self(batch), store.edge_label_index).float()
+        loss = (
+            F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
+            * store.loss_weight
+        ).sum()
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"the training loss is {loss.item()} at step {self.global_step}: the run "
+                "stopped; lower the learning rate (--model.optimizer)"
+            )
+        k = self.hparams["accumulate_grad_batches"]
+        self.manual_backward(loss / k)  # weights sum to ~1 per batch: a mean over k batches
+        if (batch_idx + 1) % k == 0 or self.trainer.is_last_batch:
+            optimizers = self.optimizers()
+            for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
+                opt.step()
+                opt.zero_grad()
+        self.log(
+            "train/loss", loss, prog_bar=True, on_epoch=True, batch_size=store.edge_label.numel()
+        )
+        return loss
+
+    @torch.no_grad()
+    def embed_all(self, evaluation: LinkEval) -> dict[str, Tensor]:
+        """Every node's embedding of the target's two types, one sampled batch at a time."""
+        out = {}
+        for t, loader in evaluation.loaders.items():
+            h = torch.empty(evaluation.graph[t].num_nodes, self.hparams["hidden_channels"])
+            for batch in loader:
+                batch = batch.to(self.device)
+                size = batch[t].batch_size
+                h[batch[t].n_id[:size].cpu()] = self(batch)[t][:size].float().cpu()
+            out[t] = h
+        return out
+
+    def _evaluate(self, evaluation: LinkEval, stage: str) -> None:
+        h = self.embed_all(evaluation)
+        src, _, dst = self.target
+        k, suffix = evaluation.k, evaluation.suffix
+
+        def scores(sources: Tensor, dsts: Tensor) -> Tensor:
+            return h[src][sources] @ h[dst][dsts].T
+
+        def popular(sources: Tensor, dsts: Tensor) -> Tensor:
+            return evaluation.popularity[dsts].expand(sources.numel(), -1).clone()
+
+        top, truth = evaluation.rank(scores)
+        num_sources = top.size(0)
+        for name, ranked in (
+            ("recall", top),
+            ("mrr", top),
+            ("popularity", evaluation.rank(popular)[0]),
+        ):
+            metric = self.metrics[f"{stage}_{name}"]
+            metric.update(ranked, truth)
+            label = (
+                f"{stage}/recall@{k}{suffix}_popularity"
+                if name == "popularity"
+                else f"{stage}/{name}@{k}{suffix}"
+            )
+            self.log(label, metric, batch_size=num_sources, prog_bar=name == "recall")
+        auc = self.metrics[f"{stage}_auc"]
+        auc.update(self._score(h, evaluation.label_index), evaluation.label.long())
+        self.log(f"{stage}/auc", auc, batch_size=evaluation.label.numel())
+
+    def validation_step(self, batch: LinkEval, batch_idx: int) -> None:
+        """Recall@k, MRR@k and AUC on validation edges, and the popularity baseline's recall."""
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: LinkEval, batch_idx: int) -> None:
+        """Recall@k, MRR@k and AUC on test edges, and the popularity baseline's recall."""
+        self._evaluate(batch, "test")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Flush the loggers: what was logged before a checkpoint is on disk beside it."""
+        for logger in self.loggers:
+            logger.save()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
+        """The dense optimizer; the sparse one for the tables when they have sparse gradients."""
+        dense = [p for name, p in self.named_parameters() if not name.startswith("tables.")]
+        optimizers = [self.optimizer(dense)]
+        if len(self.tables):
+            tables = list(self.tables.parameters())
+            optimizers.append(
+                self.embedding_optimizer(tables)
+                if self.hparams["sparse"]
+                else self.optimizer(tables)
+            )
+        return optimizers
