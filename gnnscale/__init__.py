@@ -15,8 +15,15 @@ from gnnscale.data import (
     sampling_backend,
 )
 from gnnscale.embedding import EmbeddingSAGE
+from gnnscale.link import LinkDataModule, LinkEvalArgs, LinkSplit, PinSAGENeighbors
+from gnnscale.link_model import LinkPredictor
 from gnnscale.models import GATv2, GraphSAGE, NodeClassifier
-from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
+from gnnscale.synthetic import (
+    SyntheticGraph,
+    SyntheticRecommender,
+    make_recommender_graph,
+    make_synthetic_graph,
+)
 
 __all__ = [
     "DATASETS",
@@ -27,15 +34,22 @@ __all__ = [
     "GATv2",
     "GradActivationMonitor",
     "GraphSAGE",
+    "LinkDataModule",
+    "LinkEvalArgs",
+    "LinkPredictor",
+    "LinkSplit",
     "LoaderArgs",
     "NeighborDataModule",
     "NodeClassifier",
+    "PinSAGENeighbors",
     "Preprocess",
     "SAINTDataModule",
     "StreamingCheckpointIO",
     "SyntheticGraph",
+    "SyntheticRecommender",
     "ThroughputMonitor",
     "load_dataset",
+    "make_recommender_graph",
     "make_synthetic_graph",
     "sampling_backend",
 ]

@@ -36,8 +36,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import NeighborDataModule, Preprocess, _GraphDataModule
 from gnnscale.errors import ConfigError, GnnscaleError
+from gnnscale.link import LinkDataModule
 from gnnscale.measure import set_mmap_threshold
-from gnnscale.models import NodeClassifier
 from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.synthetic import SyntheticGraph
@@ -198,7 +198,7 @@ class GnnscaleCLI(LightningCLI):
             if not reasons:
                 raise
             raise ConfigError(reasons[0]) from err
-        if isinstance(self.datamodule, _GraphDataModule):
+        if isinstance(self.datamodule, _GraphDataModule | LinkDataModule):
             self.datamodule.check_model(self.model)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -370,8 +370,8 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     """
     _steady_cpu_memory()
     return GnnscaleCLI(
-        NodeClassifier,
-        _GraphDataModule,
+        L.LightningModule,  # any: the node models, LinkPredictor, a user's own
+        L.LightningDataModule,
         trainer_class=Trainer,
         subclass_mode_model=True,
         subclass_mode_data=True,

@@ -406,6 +406,12 @@ class LinkDataModule(L.LightningDataModule):
         self.neighbors, self.pinsage = neighbors, pinsage
         self.synthetic, self.split, self.loader, self.eval = synthetic, split, loader, eval
 
+    def __repr__(self) -> str:
+        # Lightning's own would build every loader (jsonargparse prints it for links it skips).
+        return f"{type(self).__name__}(dataset={self.dataset!r}, target={self._edge_type})"
+
+    __str__ = __repr__
+
     # -- the graph and its splits -------------------------------------------------------------
 
     @cached_property
@@ -423,6 +429,12 @@ class LinkDataModule(L.LightningDataModule):
         """The relation to predict."""
         if self._edge_type is not None:
             target = tuple(self._edge_type)
+            for node_type in (target[0], target[2]):
+                if node_type not in self.data.node_types:
+                    raise ConfigError(
+                        f"--data.edge_type names node type {node_type!r}, which {self.dataset} "
+                        f"does not have; its node types are {', '.join(self.data.node_types)}"
+                    )
             if target not in self.data.edge_types:
                 known = ", ".join(edge_key(t) for t in self.data.edge_types)
                 raise ConfigError(
@@ -462,8 +474,9 @@ class LinkDataModule(L.LightningDataModule):
             edge_types=[target],
             rev_edge_types=[rev] if rev is not None else None,
         )
-        torch.manual_seed(0)  # the same split in every process and run
-        train, val, test = split(self.data)
+        with torch.random.fork_rng(devices=[]):  # the same split in every process and run
+            torch.manual_seed(0)
+            train, val, test = split(self.data)
         if self.neighbors == "pinsage":
             src, _, dst = target
             similar = pinsage_neighbors(
@@ -482,7 +495,7 @@ class LinkDataModule(L.LightningDataModule):
         return self.splits[0].metadata()
 
     @property
-    def num_features(self) -> dict[str, int]:
+    def feature_dims(self) -> dict[str, int]:
         """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
         data = self.data
         return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in data.node_types}

@@ -10,7 +10,7 @@ hyperparameters, so checkpoints reload without the data.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import lightning as L
 import torch
@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch_geometric.data import HeteroData
 from torch_geometric.metrics import LinkPredMRR, LinkPredRecall
 from torch_geometric.nn import SAGEConv, to_hetero
+from torchmetrics import Metric
 from torchmetrics.classification import BinaryAUROC
 
 from gnnscale.embedding import _HostEmbedding
@@ -107,7 +108,9 @@ class LinkPredictor(L.LightningModule):
                 self.tables[t] = table(graph["num_nodes"][t], channels, sparse=hp["sparse"])
         edge_types = [tuple(e) for e in graph["edge_types"]]
         metadata = (list(graph["node_types"]), edge_types)
-        self.encoder = to_hetero(_SAGE(channels, hp["num_layers"], hp["dropout"]), metadata)
+        self.encoder = to_hetero(
+            _SAGE(channels, hp["num_layers"], hp["dropout"]), metadata, aggr="mean"
+        )
         self.target = tuple(graph["target"])
         hp["graph"] = graph
         k = graph["k"]
@@ -134,7 +137,7 @@ class LinkPredictor(L.LightningModule):
             {
                 "node_types": node_types,
                 "edge_types": [list(e) for e in edge_types],
-                "num_features": dm.num_features,
+                "num_features": dm.feature_dims,
                 "num_nodes": dm.num_nodes,
                 "target": list(dm.target),
                 "k": dm.eval.k,
@@ -148,7 +151,7 @@ class LinkPredictor(L.LightningModule):
             if t in self.inputs:
                 x[t] = self.inputs[t](batch[t].x.to(self.dtype))
             else:
-                table = self.tables[t]
+                table = cast(nn.Embedding, self.tables[t])
                 ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
                 x[t] = table(ids.to(table.weight.device)).to(self.device)
         assert self.encoder is not None, "built in setup() or from the checkpoint's graph"
@@ -156,7 +159,9 @@ class LinkPredictor(L.LightningModule):
 
     def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
         src, _, dst = self.target
-        return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1)
+        return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1) * self.hparams[
+            "hidden_channels"
+        ] ** -0.5
 
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
         """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
@@ -214,7 +219,7 @@ class LinkPredictor(L.LightningModule):
             ("mrr", top),
             ("popularity", evaluation.rank(popular)[0]),
         ):
-            metric = self.metrics[f"{stage}_{name}"]
+            metric = cast(Metric, self.metrics[f"{stage}_{name}"])
             metric.update(ranked, truth)
             label = (
                 f"{stage}/recall@{k}{suffix}_popularity"
@@ -222,7 +227,7 @@ class LinkPredictor(L.LightningModule):
                 else f"{stage}/{name}@{k}{suffix}"
             )
             self.log(label, metric, batch_size=num_sources, prog_bar=name == "recall")
-        auc = self.metrics[f"{stage}_auc"]
+        auc = cast(Metric, self.metrics[f"{stage}_auc"])
         auc.update(self._score(h, evaluation.label_index), evaluation.label.long())
         self.log(f"{stage}/auc", auc, batch_size=evaluation.label.numel())
 
