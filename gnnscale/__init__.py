@@ -15,17 +15,22 @@ from gnnscale.data import (
     sampling_backend,
 )
 from gnnscale.embedding import EmbeddingSAGE
+from gnnscale.graph_models import GraphGINE
+from gnnscale.graphs import AtomGraphs, GraphDataModule
 from gnnscale.models import GATv2, GraphSAGE, NodeClassifier
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
 
 __all__ = [
     "DATASETS",
+    "AtomGraphs",
     "ClusterDataModule",
     "EmbeddingSAGE",
     "EvalArgs",
     "FullBatchDataModule",
     "GATv2",
     "GradActivationMonitor",
+    "GraphDataModule",
+    "GraphGINE",
     "GraphSAGE",
     "LoaderArgs",
     "NeighborDataModule",
