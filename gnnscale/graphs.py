@@ -211,7 +211,7 @@ class _Writer:
             import lmdb
 
             self.env = lmdb.open(
-                str(path), subdir=False, map_size=_LMDB_MAP_SIZE, readahead=False, lock=True
+                str(path), subdir=False, map_size=_LMDB_MAP_SIZE, readahead=False, lock=False
             )
         else:
             from torch_geometric.data import SQLiteDatabase
@@ -287,21 +287,7 @@ class GraphStore(Dataset):
         if self._db is not None and self._pid == os.getpid():
             return self._db
         if self.backend == "lmdb":
-            import lmdb
-
-            try:
-                env = lmdb.open(
-                    str(self.path),
-                    subdir=False,
-                    readonly=True,
-                    lock=False,
-                    readahead=False,
-                    meminit=False,
-                )
-            except lmdb.Error as err:
-                raise GraphStoreError(
-                    f"{self.path} cannot be opened by LMDB ({err}): prepare it again"
-                ) from None
+            env = _lmdb_env(self.path)
             self._db = env.begin(buffers=True)  # one long read transaction: no lock, no copy
         else:
             import sqlite3
@@ -336,6 +322,28 @@ class GraphStore(Dataset):
 
     def __getitem__(self, i: int) -> Data:
         return decode(self.record(int(i)), f"{self.path} graph {i}")
+
+
+# LMDB allows one environment per file and process: stores of the same file share it. Keyed by
+# the file's identity too, so a store written again under the same name is opened afresh.
+_ENVS: dict[tuple[str, int, int, int], Any] = {}
+
+
+def _lmdb_env(path: Path) -> Any:
+    import lmdb
+
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_ino, stat.st_mtime_ns, os.getpid())
+    if key not in _ENVS:
+        try:
+            _ENVS[key] = lmdb.open(
+                str(path), subdir=False, readonly=True, lock=False, readahead=False, meminit=False
+            )
+        except lmdb.Error as err:
+            raise GraphStoreError(
+                f"{path} cannot be opened by LMDB ({err}): the store is damaged; prepare it again"
+            ) from None
+    return _ENVS[key]
 
 
 def read_manifest(folder: Path) -> dict[str, Any]:
