@@ -39,6 +39,7 @@ from gnnscale.data import NeighborDataModule, Preprocess, _GraphDataModule
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.graphs import prepare_graphs
 from gnnscale.measure import set_mmap_threshold
+from gnnscale.models import NodeClassifier
 from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.synthetic import SyntheticGraph
@@ -372,6 +373,23 @@ def _resume_last(config: Any) -> None:
     rank_zero_info(f"gnnscale: --ckpt_path last resumes {config.ckpt_path}")
 
 
+def _graph_level(args: list[str]) -> bool:
+    """Whether the run names ``gnnscale.GraphDataModule`` (in ``args`` or a ``--config`` file).
+
+    Node runs parse against the node bases (``NodeClassifier``, ``_GraphDataModule``), which
+    lets ``--data.root`` come before ``--data=...``; graph-level runs against Lightning's own.
+    """
+    for i, arg in enumerate(args):
+        if "GraphDataModule" in arg:
+            return True
+        path = arg.removeprefix("--config=") if arg.startswith("--config=") else None
+        if arg == "--config" and i + 1 < len(args):
+            path = args[i + 1]
+        if path and Path(path).is_file() and "GraphDataModule" in Path(path).read_text():
+            return True
+    return False
+
+
 def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     """Build the CLI and run its subcommand: every entry point (command, recipe script) does.
 
@@ -381,9 +399,10 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
             without a subcommand), as the benchmarks do.
     """
     _steady_cpu_memory()
+    graph_level = _graph_level(sys.argv[1:] if args is None else args)
     return GnnscaleCLI(
-        L.LightningModule,
-        L.LightningDataModule,
+        L.LightningModule if graph_level else NodeClassifier,
+        L.LightningDataModule if graph_level else _GraphDataModule,
         trainer_class=Trainer,
         subclass_mode_model=True,
         subclass_mode_data=True,
