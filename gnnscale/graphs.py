@@ -325,7 +325,8 @@ class GraphStore(Dataset):
 
 
 # LMDB allows one environment per file and process: stores of the same file share it. Keyed by
-# the file's identity too, so a store written again under the same name is opened afresh.
+# the file's identity too, so a store written again under the same name is opened afresh, and by
+# the process, so a forked worker opens its own.
 _ENVS: dict[tuple[str, int, int, int], Any] = {}
 
 
@@ -334,6 +335,10 @@ def _lmdb_env(path: Path) -> Any:
 
     stat = path.stat()
     key = (str(path.resolve()), stat.st_ino, stat.st_mtime_ns, os.getpid())
+    for inherited in [k for k in _ENVS if k[0] == key[0] and k[3] != key[3]]:
+        # Opened by the parent before a fork: py-lmdb refuses a second environment of the file
+        # in the child until this copy of the parent's is closed (its own mapping and file).
+        _ENVS.pop(inherited).close()
     if key not in _ENVS:
         try:
             _ENVS[key] = lmdb.open(
