@@ -181,7 +181,8 @@ def _table(r: dict, tiny: bool) -> list[Block]:
         )
     lines += [
         "",
-        f"Faster to read with 2 workers: **{faster}** (the default, `backend: lmdb`). Worker "
+        f"Faster to read with 2 workers here: **{faster}**; with 0 workers: "
+        f"**{max(s, key=lambda b: s[b]['read_0'])}**. The default is `backend: lmdb`. Worker "
         "memory: `RssAnon` of each of the 2 persistent workers after the first and the fifth "
         "epoch (goal: growth under 5%).",
     ]
