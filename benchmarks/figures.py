@@ -20,6 +20,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``ondisk-large``: a graph of ogbn-papers100M's size, larger than memory, prepared and trained
   for one epoch (``large`` in on_disk_graph's README; about an hour, 50 GiB of disk; run at full
   size only when named).
+- ``graphs``: ``many_graphs_on_disk``: LMDB against SQLite, memory per rank on disk against in
+  memory, worker memory over epochs, graphs/s and MAE against the edge-blind rule (``stores``,
+  ``memory``, ``training`` in its README; about 10 minutes).
 - ``ondisk``: ``on_disk_graph`` from its prepared folder against the same graph in memory, one
   process and two ranks, warm and cold page cache (``memory`` in its README).
 
@@ -38,7 +41,17 @@ import torch
 
 from gnnscale.registry import RECIPES
 
-SECTIONS = ("recipes", "roofline", "allocator", "compare", "gat", "sparse", "ddp", "ondisk")
+SECTIONS = (
+    "recipes",
+    "roofline",
+    "allocator",
+    "compare",
+    "gat",
+    "sparse",
+    "ddp",
+    "ondisk",
+    "graphs",
+)
 EXTRA_SECTIONS = ("ondisk-large",)  # run only when named
 
 
@@ -63,6 +76,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ondisk-large": "on_disk_large",
         "roofline": "roofline",
         "allocator": "allocator",
+        "graphs": "many_graphs",
     }[name]
     threads = {
         "gat": "1 torch thread per measurement",
@@ -72,6 +86,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ondisk-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
         "roofline": f"{torch.get_num_threads()} torch threads, one process",
         "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",
+        "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
     }[name]
     return __import__(module).blocks(tiny), threads
 

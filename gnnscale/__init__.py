@@ -15,6 +15,8 @@ from gnnscale.data import (
     sampling_backend,
 )
 from gnnscale.embedding import EmbeddingSAGE
+from gnnscale.graph_models import GraphGINE
+from gnnscale.graphs import AtomGraphs, GraphDataModule
 from gnnscale.link import LinkDataModule, LinkEvalArgs, LinkSplit, PinSAGENeighbors
 from gnnscale.link_model import LinkPredictor
 from gnnscale.models import GATv2, GraphSAGE, NodeClassifier
@@ -27,12 +29,15 @@ from gnnscale.synthetic import (
 
 __all__ = [
     "DATASETS",
+    "AtomGraphs",
     "ClusterDataModule",
     "EmbeddingSAGE",
     "EvalArgs",
     "FullBatchDataModule",
     "GATv2",
     "GradActivationMonitor",
+    "GraphDataModule",
+    "GraphGINE",
     "GraphSAGE",
     "LinkDataModule",
     "LinkEvalArgs",

@@ -4,6 +4,7 @@
     gnnscale fit --config recipes/neighbor_sage/config.yaml --print_config
     gnnscale plan --config recipes/neighbor_sage/config.yaml --budget_gb 2   # peak memory, before
     gnnscale prepare --config recipes/on_disk_graph/prepare.yaml             # a graph to disk
+    gnnscale prepare-graphs --config recipes/many_graphs_on_disk/prepare.yaml  # many graphs
 
 ``plan`` is a subcommand like ``fit``: :class:`Trainer` adds the method it runs, so LightningCLI
 builds its parser (``gnnscale plan --help``) from the method's signature. ``prepare`` needs no
@@ -36,13 +37,21 @@ from lightning.pytorch.utilities import rank_zero_info
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import NeighborDataModule, Preprocess, _GraphDataModule
 from gnnscale.errors import ConfigError, GnnscaleError
-from gnnscale.link import LinkDataModule
+from gnnscale.graphs import prepare_graphs
 from gnnscale.measure import set_mmap_threshold
 from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.synthetic import SyntheticGraph
 
-__all__ = ["GnnscaleCLI", "Trainer", "main", "prepare", "prepare_main", "run"]
+__all__ = [
+    "GnnscaleCLI",
+    "Trainer",
+    "main",
+    "prepare",
+    "prepare_graphs_main",
+    "prepare_main",
+    "run",
+]
 
 TRAINER_DEFAULTS = {
     "logger": {
@@ -124,7 +133,10 @@ class Trainer(L.Trainer):
             num_batches: Training batches to sample and train on (more: a steadier estimate).
         """
         if not isinstance(datamodule, _GraphDataModule):
-            raise TypeError("gnnscale plan needs one of gnnscale's DataModules as --data")
+            raise ConfigError(
+                f"gnnscale plan models the node DataModules' batches; {type(datamodule).__name__}"
+                " is not one of them (measure a short fit instead)"
+            )
         if budget_gb is not None and budget_gb <= 0:
             raise ConfigError(f"--budget_gb must be > 0 GiB (got {budget_gb})")
         if num_batches < 1:
@@ -198,7 +210,7 @@ class GnnscaleCLI(LightningCLI):
             if not reasons:
                 raise
             raise ConfigError(reasons[0]) from err
-        if isinstance(self.datamodule, _GraphDataModule | LinkDataModule):
+        if hasattr(self.datamodule, "check_model"):  # gnnscale's DataModules
             self.datamodule.check_model(self.model)
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -370,7 +382,9 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     """
     _steady_cpu_memory()
     return GnnscaleCLI(
-        L.LightningModule,  # any: the node models, LinkPredictor, a user's own
+        # Any model and DataModule: node, link and graph-level ones, or a user's own. The class
+        # (``--data=...`` or the config's ``class_path``) comes before its ``init_args``.
+        L.LightningModule,
         L.LightningDataModule,
         trainer_class=Trainer,
         subclass_mode_model=True,
@@ -429,6 +443,18 @@ def prepare_main(args: list[str] | None = None) -> Path:
         raise ConfigError(_parse_error(str(err), "gnnscale prepare")) from err
 
 
+def prepare_graphs_main(args: list[str] | None = None) -> Path:
+    """``gnnscale prepare-graphs``: many small graphs to a store (``gnnscale.graphs``)."""
+    from jsonargparse import CLI
+
+    try:
+        return CLI(  # type: ignore[no-any-return]
+            prepare_graphs, args=sys.argv[2:] if args is None else args, exit_on_error=False
+        )
+    except ArgumentError as err:
+        raise ConfigError(_parse_error(str(err), "gnnscale prepare-graphs")) from err
+
+
 def run() -> None:
     """Console entry point: ``main`` without a return value (which ``sys.exit`` would print).
 
@@ -438,6 +464,8 @@ def run() -> None:
     try:
         if sys.argv[1:2] == ["prepare"]:
             prepare_main()
+        elif sys.argv[1:2] == ["prepare-graphs"]:
+            prepare_graphs_main()
         else:
             main()
     except GnnscaleError as err:

@@ -60,6 +60,10 @@ class Recipe:
             torch-sparse itself (GraphSAINT).
         processes: Training processes of one run (DDP ranks on one machine).
         tiny_prepare: Overrides of its ``prepare.yaml`` (if it has one) for the tiny run.
+        prepare_command: The subcommand that runs its ``prepare.yaml``: ``prepare`` (one graph)
+            or ``prepare-graphs`` (many small graphs).
+        task: ``node`` (metric ``test/acc``, planned by ``gnnscale plan``) or ``graph``
+            (graph-level regression, metric ``test/mae``, no plan).
     """
 
     name: str
@@ -70,6 +74,8 @@ class Recipe:
     needs: Literal["sampler", "torch_sparse", "nothing"] = "sampler"
     processes: int = 1
     tiny_prepare: tuple[str, ...] = ()
+    prepare_command: Literal["prepare", "prepare-graphs"] = "prepare"
+    task: Literal["node", "graph"] = "node"
 
     @property
     def folder(self) -> Path:
@@ -97,7 +103,7 @@ class Recipe:
         """The ``gnnscale prepare`` command its README runs before training."""
         assert self.prepare_config is not None, f"{self.name} has no prepare.yaml"
         config = ["--config", str(self.prepare_config)]
-        return [sys.executable, "-m", "gnnscale.cli", "prepare", *config, *overrides]
+        return [sys.executable, "-m", "gnnscale.cli", self.prepare_command, *config, *overrides]
 
     def argv(self, subcommand: str, *overrides: str) -> list[str]:
         """The command that runs it in a new process, as its README says: ``python ...``."""
@@ -205,6 +211,34 @@ RECIPES: tuple[Recipe, ...] = (
             "--synthetic.train_fraction=0.3",
             "--synthetic.val_fraction=0.1",
         ),
+    ),
+    Recipe(
+        "many_graphs_on_disk",
+        "many small graphs in an LMDB store, read per graph by 2 DDP processes",
+        tiny=(
+            "--trainer.max_epochs=12",
+            "--data.init_args.batch_size=16",
+            "--data.init_args.val_fraction=0.1",
+            "--data.init_args.test_fraction=0.2",
+            *_NO_WORKERS,
+            "--model.init_args.hidden_channels=64",
+            "--model.init_args.num_rbf=16",
+            "--model.init_args.optimizer.init_args.lr=0.005",
+            "--trainer.accumulate_grad_batches=1",
+        ),
+        tiny_prepare=("--atoms.num_graphs=1500", "--chunk_graphs=500"),
+        # As shipped, 3 epochs of 1M graphs (hours on 2 CPU cores): the figures train 2 epochs
+        # of 200 steps, in the main processes (the two ranks already use both cores).
+        figure_args=(
+            "--trainer.accelerator=cpu",
+            "--trainer.max_epochs=2",
+            "--trainer.limit_train_batches=200",
+            *_NO_WORKERS,
+        ),
+        needs="nothing",
+        processes=2,
+        prepare_command="prepare-graphs",
+        task="graph",
     ),
 )
 

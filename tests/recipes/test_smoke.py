@@ -18,8 +18,9 @@ import sys
 import pytest
 import yaml
 
-from gnnscale import SyntheticGraph, make_synthetic_graph
-from gnnscale.cli import main, prepare_main
+from gnnscale import GraphDataModule, SyntheticGraph, make_synthetic_graph
+from gnnscale.cli import main, prepare_graphs_main, prepare_main
+from gnnscale.graphs import features_only_mae
 from gnnscale.measure import read_metrics
 from gnnscale.ondisk import PreparedGraph
 from gnnscale.registry import RECIPES, REPO
@@ -40,7 +41,10 @@ def _run(recipe, folder, monkeypatch):
     copy = shutil.copytree(recipe.folder, folder / "my_recipe")  # a copied folder, run elsewhere
     monkeypatch.chdir(folder)
     if recipe.prepare_config:  # its README's first step, into the folder the config maps
-        prepare_main(["--config", str(copy / "prepare.yaml"), *recipe.tiny_prepare])
+        prepare = (
+            prepare_graphs_main if recipe.prepare_command == "prepare-graphs" else prepare_main
+        )
+        prepare(["--config", str(copy / "prepare.yaml"), *recipe.tiny_prepare])
     args = [
         "fit",
         "--config",
@@ -72,6 +76,16 @@ def _check(recipe, folder):
     # The graph this run trained on, from the config it saved; its features-only bar.
     saved = yaml.safe_load(next((folder / "runs").rglob("config.yaml")).read_text())
     data_args = saved["data"]["init_args"]
+    if recipe.task == "graph":  # graph-level regression: MAE against the edge-blind rule
+        dm = GraphDataModule(
+            folder / data_args["root"],
+            **{k: data_args[k] for k in ("val_fraction", "test_fraction", "split_seed")},
+        )
+        train, test = ([dm.store[int(i)] for i in dm.splits[s]] for s in ("train", "test"))
+        bar = features_only_mae(train, test)
+        mae = metrics["test/mae"][-1]
+        assert mae < bar / 2, f"{recipe.name}: test MAE {mae:.3f}, atom counts alone {bar:.3f}"
+        return
     if data_args["dataset"] == "prepared":
         graph = PreparedGraph(folder / data_args["root"]).data
     else:
