@@ -67,6 +67,8 @@ def number(pattern: str, text: str) -> float:
 
 
 # The figures of a plan report, by the label they are printed under.
+METRIC = {"node": "test/acc", "graph": "test/mae", "link": "test/recall@20"}
+HEADER = {"node": "test acc", "graph": "test MAE", "link": "test recall@20 (popularity's)"}
 PLAN_PARTS = {
     "planned_mb": "expected peak",
     "base_mb": "base after setup",
@@ -81,10 +83,11 @@ PLAN_PARTS = {
 class Result:
     """What one ``fit`` (and, for the shipped variant, one ``plan``) measured."""
 
-    acc: float
+    acc: float  # the task's metric (METRIC)
     epoch_s: float
     peak_mb: float
     plan: dict[str, float] | None = None
+    baseline: float | None = None  # link recipes: the popularity baseline's recall@20
 
 
 def measure(
@@ -121,7 +124,8 @@ def measure(
             metrics.setdefault(key, []).extend(values)
     epoch_s = metrics["perf/epoch_s"]
     return Result(
-        acc=metrics["test/acc" if entry.task == "node" else "test/mae"][-1],
+        acc=metrics[METRIC[entry.task]][-1],
+        baseline=metrics["test/recall@20_popularity"][-1] if entry.task == "link" else None,
         epoch_s=statistics.median(epoch_s[1:] or epoch_s),  # the first epoch is warm-up
         peak_mb=number("PEAK_RSS_MB", out),
         plan=plan,
@@ -157,7 +161,7 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
         for entry in [e for e in RECIPES if e.name in names]:
             base = [*entry.figure_args, *(entry.tiny if tiny else ())]
             lines = [
-                "| variant | test acc | s/epoch | peak RSS (MiB) |",
+                f"| variant | {HEADER[entry.task]} | s/epoch | peak RSS (MiB) |",
                 "|---|---:|---:|---:|",
             ]
             shipped: tuple[list[Result], str] | None = None
@@ -169,6 +173,9 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
                 acc = _fmt([r.acc for r in results], 3)
                 if entry.task == "graph":  # a regression: its test MAE, in the same column
                     acc = f"MAE {acc}"
+                if entry.task == "link":  # a ranking: recall@20, and the popularity baseline's
+                    popular = _fmt([r.baseline for r in results if r.baseline is not None], 3)
+                    acc = f"recall@20 {acc} ({popular})"
                 epoch_s = f"{statistics.median(r.epoch_s for r in results):.2f}"
                 peak = statistics.median(r.peak_mb for r in results)
                 lines.append(f"| {label} | {acc} | {epoch_s} | {peak:,.0f} |")
@@ -198,7 +205,8 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             note += ", largest process (a DDP rank)." if entry.processes > 1 else "."
             out.append(Block(entry.folder / "README.md", "results", "\n".join([*lines, "", note])))
         table = [
-            "| recipe | technique | settings | test acc | s/epoch | peak RSS (MiB) | "
+            "| recipe | technique | settings | test metric (acc unless named) | s/epoch | "
+            "peak RSS (MiB) | "
             "planned peak (MiB) | planned / measured |",
             "|---|---|---|---:|---:|---:|---:|---:|",
             *rows,

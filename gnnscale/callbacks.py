@@ -25,7 +25,8 @@ class ThroughputMonitor(L.Callback):
     """Seconds per training epoch, training nodes per second and peak memory, after warm-up.
 
     Unlike Lightning's per-step ``ThroughputMonitor``, this counts graph work: the loss nodes of
-    each batch (seed nodes for neighbour sampling) and whole epochs, whose median is robust to a
+    each batch (``num_loss_nodes``: seed nodes for neighbour sampling, labelled pairs for link
+    prediction, graphs for graph-level batches) and whole epochs, whose median is robust to a
     noisy machine. An epoch's time runs from its start to the end of its last training batch, so
     it includes sampling and data loading but not validation. Logs ``perf/epoch_s``,
     ``perf/nodes_per_s``, ``perf/peak_rss_mb`` and, on a GPU, ``perf/peak_cuda_mb``, and prints

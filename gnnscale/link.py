@@ -667,4 +667,5 @@ class LinkDataModule(L.LightningDataModule):
             store = batch[self.target]
             per_batch = self.batch_size * (1 + self.num_negatives + self.num_hard_negatives)
             store.loss_weight = torch.full((store.edge_label.numel(),), 1.0 / per_batch)
+            batch.num_loss_nodes = store.edge_label.numel()  # pairs, for ThroughputMonitor
         return batch

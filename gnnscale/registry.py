@@ -62,8 +62,9 @@ class Recipe:
         tiny_prepare: Overrides of its ``prepare.yaml`` (if it has one) for the tiny run.
         prepare_command: The subcommand that runs its ``prepare.yaml``: ``prepare`` (one graph)
             or ``prepare-graphs`` (many small graphs).
-        task: ``node`` (metric ``test/acc``, planned by ``gnnscale plan``) or ``graph``
-            (graph-level regression, metric ``test/mae``, no plan).
+        task: ``node`` (metric ``test/acc``, planned by ``gnnscale plan``), ``graph``
+            (graph-level regression, metric ``test/mae``, no plan) or ``link`` (metric
+            ``test/recall@20`` beside the popularity baseline's, no plan).
     """
 
     name: str
@@ -75,7 +76,7 @@ class Recipe:
     processes: int = 1
     tiny_prepare: tuple[str, ...] = ()
     prepare_command: Literal["prepare", "prepare-graphs"] = "prepare"
-    task: Literal["node", "graph"] = "node"
+    task: Literal["node", "graph", "link"] = "node"
 
     @property
     def folder(self) -> Path:
@@ -211,6 +212,24 @@ RECIPES: tuple[Recipe, ...] = (
             "--synthetic.train_fraction=0.3",
             "--synthetic.val_fraction=0.1",
         ),
+    ),
+    Recipe(
+        "link_prediction_pinsage",
+        "link prediction on users, items and categories: PinSAGE neighbours, hard negatives",
+        tiny=(
+            "--data.init_args.synthetic.num_users=2000",
+            "--data.init_args.synthetic.num_items=800",
+            "--data.init_args.synthetic.num_categories=40",
+            "--data.init_args.synthetic.num_communities=8",
+            "--data.init_args.batch_size=256",
+            *_NO_WORKERS,
+            "--trainer.max_epochs=4",
+        ),
+        variants=(
+            ("PinSAGE neighbours", ()),
+            ("uniform neighbours", ("--data.init_args.neighbors=uniform",)),
+        ),
+        task="link",
     ),
     Recipe(
         "many_graphs_on_disk",

@@ -76,6 +76,12 @@ def _check(recipe, folder):
     # The graph this run trained on, from the config it saved; its features-only bar.
     saved = yaml.safe_load(next((folder / "runs").rglob("config.yaml")).read_text())
     data_args = saved["data"]["init_args"]
+    if recipe.task == "link":  # ranking: against recommending the most popular items
+        recall, popular = metrics["test/recall@20"][-1], metrics["test/recall@20_popularity"][-1]
+        assert recall > 1.5 * popular, (
+            f"{recipe.name}: recall@20 {recall:.3f}, popular {popular:.3f}"
+        )
+        return
     if recipe.task == "graph":  # graph-level regression: MAE against the edge-blind rule
         dm = GraphDataModule(
             folder / data_args["root"],
