@@ -227,12 +227,8 @@ class _HardNegatives:
     """
 
     def __init__(self, target: EdgeType, known: Tensor, num_dst: int, per_positive: int) -> None:
-        self.target, self.known, self.num_dst, self.per_positive = (
-            target,
-            known,
-            num_dst,
-            per_positive,
-        )
+        self.target, self.known = target, known
+        self.num_dst, self.per_positive = num_dst, per_positive
 
     def __call__(self, batch: HeteroData) -> HeteroData:
         store = batch[self.target]
