@@ -242,8 +242,9 @@ def _table(r: dict, tiny: bool) -> list[Block]:
         f"{t['baseline_mae'] / t['test_mae']:.1f}x |",
         "",
         f"Test MAE on the {t['num_test']:,} test graphs of the store. Edge-blind: least squares "
-        "on each graph's atom-type counts and their pairwise products (fitted on up to 20,000 training "
-        "graphs), the best a model that ignores the edges can do with a quadratic in the counts.",
+        "on each graph's atom-type counts and their pairwise products (fitted on up to 20,000 "
+        "training graphs), the best a model that ignores the edges can do with a quadratic in "
+        "the counts.",
     ]
     out.append(Block(RECIPE / "README.md", "training", "\n".join(lines)))
     return out
