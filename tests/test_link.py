@@ -213,3 +213,27 @@ def test_the_model_ranks_well_above_popularity_with_either_neighbours():
         assert recall > 1.5 * popular, (recall, popular)
         assert result["test/auc"] > 0.8
     assert results["pinsage"]["test/recall@20"] >= 0.9 * results["uniform"]["test/recall@20"]
+
+
+@requires_sampler
+def test_a_homogeneous_dataset_is_one_node_and_one_edge_type(cora_root):
+    """Cora's citations as links: both directions of an edge are one pair, never leaked."""
+    torch.manual_seed(0)
+    dm = LinkDataModule(dataset="Cora", root=cora_root, batch_size=256, num_neighbors=[10, 5])
+    edge = ("node", "to", "node")
+    assert dm.target == edge and dm.undirected
+    train, val, test = dm.splits
+    held = _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1], 2708)
+    held |= _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1].flip(0), 2708)
+    assert not _keys(train[edge].edge_index, 2708) & held  # neither direction
+    model = LinkPredictor(optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
+    trainer = L.Trainer(
+        max_epochs=5,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    (result,) = trainer.test(model, dm, verbose=False)
+    assert result["test/auc"] > 0.75, result
