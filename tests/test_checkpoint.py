@@ -73,7 +73,7 @@ def test_fit_streams_checkpoints_unless_told_otherwise(tmp_path, plugin, expecte
     args = ["--data=gnnscale.FullBatchDataModule", "--model=gnnscale.GraphSAGE"]
     args += ["--trainer.max_epochs=2"]
     plugins = [f"--trainer.plugins={plugin}"] if plugin else []
-    cli = main(["fit", *cli_args(tmp_path), *args, *plugins])
+    cli = main(["fit", *args, *cli_args(tmp_path), *plugins])  # the classes before their args
     assert type(cli.trainer.strategy.checkpoint_io) is expected
     (ckpt,) = (tmp_path / "runs").rglob("*.ckpt")  # saved, and loaded back for the test
     assert cli.trainer.checkpoint_callback.best_model_path == str(ckpt)
