@@ -431,28 +431,26 @@ def prepare(
     return write_graph(dm.data, out, source, feature_dtype, chunk_nodes)
 
 
-def prepare_main(args: list[str] | None = None) -> Path:
-    """``gnnscale prepare``: parse ``args`` (default ``sys.argv`` after the subcommand), run it."""
+def _function_main(function: Callable[..., Path], command: str, args: list[str] | None) -> Path:
+    """Parse ``args`` (default ``sys.argv`` after the subcommand) into ``function`` and run it."""
     from jsonargparse import CLI
 
     try:
         return CLI(  # type: ignore[no-any-return]
-            prepare, args=sys.argv[2:] if args is None else args, exit_on_error=False
+            function, args=sys.argv[2:] if args is None else args, exit_on_error=False
         )
     except ArgumentError as err:
-        raise ConfigError(_parse_error(str(err), "gnnscale prepare")) from err
+        raise ConfigError(_parse_error(str(err), command)) from err
+
+
+def prepare_main(args: list[str] | None = None) -> Path:
+    """``gnnscale prepare``: one graph to a folder (``gnnscale.ondisk``)."""
+    return _function_main(prepare, "gnnscale prepare", args)
 
 
 def prepare_graphs_main(args: list[str] | None = None) -> Path:
     """``gnnscale prepare-graphs``: many small graphs to a store (``gnnscale.graphs``)."""
-    from jsonargparse import CLI
-
-    try:
-        return CLI(  # type: ignore[no-any-return]
-            prepare_graphs, args=sys.argv[2:] if args is None else args, exit_on_error=False
-        )
-    except ArgumentError as err:
-        raise ConfigError(_parse_error(str(err), "gnnscale prepare-graphs")) from err
+    return _function_main(prepare_graphs, "gnnscale prepare-graphs", args)
 
 
 def run() -> None:

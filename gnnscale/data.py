@@ -353,6 +353,22 @@ def _graph_key(data: Data, *params: Any) -> str:
     return h.hexdigest()
 
 
+def resumable(
+    trainer: L.Trainer | None, loader: DataLoader, shuffle: bool, transform: Any = None
+) -> ResumableLoader:
+    """``loader`` wrapped in a ``ResumableLoader``, seeded and sharded for ``trainer``'s ranks.
+
+    Every rank uses rank 0's seed, drawn from the global stream (``seed_everything`` fixes it),
+    and takes its own share of each epoch's batches.
+    """
+    seed = int(torch.randint(0, 2**31 - 1, ()).item())
+    if trainer is None:
+        return ResumableLoader(loader, shuffle, seed, transform=transform)
+    seed = trainer.strategy.broadcast(seed)
+    rank, world_size = trainer.global_rank, trainer.world_size
+    return ResumableLoader(loader, shuffle, seed, rank, world_size, transform)
+
+
 class _GraphDataModule(L.LightningDataModule):
     """What every gnnscale DataModule shares: loading, checks, evaluation loaders."""
 
@@ -490,13 +506,7 @@ class _GraphDataModule(L.LightningDataModule):
         Every rank uses rank 0's seed, drawn from the global stream (``seed_everything`` fixes
         it), and takes its own share of each epoch's batches.
         """
-        trainer = self.trainer
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())
-        if trainer is None:
-            return ResumableLoader(loader, shuffle, seed, transform=transform)
-        seed = trainer.strategy.broadcast(seed)
-        rank, world_size = trainer.global_rank, trainer.world_size
-        return ResumableLoader(loader, shuffle, seed, rank, world_size, transform)
+        return resumable(self.trainer, loader, shuffle, transform)
 
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or [-1] * max(self._model_num_layers(), 1)

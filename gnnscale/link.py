@@ -41,6 +41,7 @@ from gnnscale.data import (
     _log_backend_once,
     _single,
     load_dataset,
+    resumable,
 )
 from gnnscale.errors import ConfigError
 from gnnscale.resume import ResumableLoader
@@ -569,9 +570,10 @@ class LinkDataModule(L.LightningDataModule):
             store = g[target]
             if "edge_label_index" in store:
                 parts.append(store.edge_label_index[:, store.edge_label == 1])
-        keys = _pair_keys(torch.cat(parts, 1), num_dst)
+        edges = torch.cat(parts, 1)
+        keys = _pair_keys(edges, num_dst)
         if self.undirected:
-            keys = torch.cat([keys, _pair_keys(torch.cat(parts, 1).flip(0), num_dst)])
+            keys = torch.cat([keys, _pair_keys(edges.flip(0), num_dst)])
         return torch.unique(keys)
 
     def train_dataloader(self) -> ResumableLoader:
@@ -595,14 +597,7 @@ class LinkDataModule(L.LightningDataModule):
             generator=torch.Generator(),
             **self.loader.kwargs(),
         )
-        trainer = self.trainer
-        seed = int(torch.randint(0, 2**31 - 1, ()).item())
-        if trainer is None:
-            return ResumableLoader(loader, True, seed, transform=transform)
-        seed = trainer.strategy.broadcast(seed)
-        return ResumableLoader(
-            loader, True, seed, trainer.global_rank, trainer.world_size, transform
-        )
+        return resumable(self.trainer, loader, shuffle=True, transform=transform)
 
     def _eval(self, stage: Literal["val", "test"]) -> Any:
         train, val, test = self.splits

@@ -26,6 +26,20 @@ def _global(batch, edge_type):
     return torch.stack([batch[src].n_id[local[0]], batch[dst].n_id[local[1]]])
 
 
+def _fit_and_test(model, dm, epochs):
+    """Train quietly for ``epochs``, then the test metrics of the last weights."""
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    (result,) = trainer.test(model, dm, verbose=False)
+    return result
+
+
 def _keys(index, num_dst=TINY.num_items):
     return set(_pair_keys(index, num_dst).tolist())
 
@@ -199,15 +213,7 @@ def test_the_model_ranks_well_above_popularity_with_either_neighbours():
             optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
             embedding_optimizer=lambda p: torch.optim.SparseAdam(p, lr=0.01),
         )
-        trainer = L.Trainer(
-            max_epochs=4,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
-        trainer.fit(model, dm)
-        (results[neighbors],) = trainer.test(model, dm, verbose=False)
+        results[neighbors] = _fit_and_test(model, dm, epochs=4)
     for result in results.values():
         recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
         assert recall > 1.5 * popular, (recall, popular)
@@ -227,13 +233,5 @@ def test_a_homogeneous_dataset_is_one_node_and_one_edge_type(cora_root):
     held |= _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1].flip(0), 2708)
     assert not _keys(train[edge].edge_index, 2708) & held  # neither direction
     model = LinkPredictor(optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
-    trainer = L.Trainer(
-        max_epochs=5,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
-    trainer.fit(model, dm)
-    (result,) = trainer.test(model, dm, verbose=False)
+    result = _fit_and_test(model, dm, epochs=5)
     assert result["test/auc"] > 0.75, result
