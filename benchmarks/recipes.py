@@ -67,8 +67,18 @@ def number(pattern: str, text: str) -> float:
 
 
 # The figures of a plan report, by the label they are printed under.
-METRIC = {"node": "test/acc", "graph": "test/mae", "link": "test/recall@20"}
-HEADER = {"node": "test acc", "graph": "test MAE", "link": "test recall@20 (popularity's)"}
+METRIC = {
+    "node": "test/acc",
+    "hetero_node": "test/acc",
+    "graph": "test/mae",
+    "link": "test/recall@20",
+}
+HEADER = {
+    "node": "test acc",
+    "hetero_node": "test acc",
+    "graph": "test MAE",
+    "link": "test recall@20 (popularity's)",
+}
 PLAN_PARTS = {
     "planned_mb": "expected peak",
     "base_mb": "base after setup",
@@ -114,7 +124,7 @@ def measure(
         *extra,
     ]
     plan = None
-    if with_plan and entry.task == "node":  # gnnscale plan models node batches only
+    if with_plan:
         report = run(entry.argv("plan", *args), workdir)
         plan = {key: number(label, report) for key, label in PLAN_PARTS.items()}
     out = run(entry.argv("fit", "--trainer.enable_progress_bar=false", *args), workdir)
@@ -185,10 +195,10 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             assert shipped is not None
             results, acc = shipped
             peak = statistics.median(r.peak_mb for r in results)
-            planned = results[0].plan["planned_mb"] if results[0].plan else float("nan")
-            plan_cells = (
-                f"{planned:,.0f} | {planned / peak:.2f}" if results[0].plan else "n/a | n/a"
-            )
+            assert results[0].plan is not None  # the shipped variant is planned
+            planned = results[0].plan["planned_mb"]
+            plan_cells = f"{planned:,.0f} | {planned / peak:.2f}"
+            print(f"{entry.name:22s} planned peak {planned:,.0f} MiB, measured {peak:,.0f}")
             epoch_s = statistics.median(r.epoch_s for r in results)
             link = f"[{entry.name}](recipes/{entry.name})"
             settings = _args_note(entry.figure_args) or "as shipped"

@@ -17,12 +17,14 @@ from gnnscale.data import (
 from gnnscale.embedding import EmbeddingSAGE
 from gnnscale.graph_models import GraphGINE
 from gnnscale.graphs import AtomGraphs, GraphDataModule
+from gnnscale.hetero import HeteroNeighborDataModule, HeteroSAGE
 from gnnscale.link import LinkDataModule, LinkEvalArgs, LinkSplit, PinSAGENeighbors
 from gnnscale.link_model import LinkPredictor
 from gnnscale.models import GATv2, GraphSAGE, NodeClassifier
 from gnnscale.synthetic import (
     SyntheticGraph,
     SyntheticRecommender,
+    make_item_class_graph,
     make_recommender_graph,
     make_synthetic_graph,
 )
@@ -39,6 +41,8 @@ __all__ = [
     "GraphDataModule",
     "GraphGINE",
     "GraphSAGE",
+    "HeteroNeighborDataModule",
+    "HeteroSAGE",
     "LinkDataModule",
     "LinkEvalArgs",
     "LinkPredictor",
@@ -54,6 +58,7 @@ __all__ = [
     "SyntheticRecommender",
     "ThroughputMonitor",
     "load_dataset",
+    "make_item_class_graph",
     "make_recommender_graph",
     "make_synthetic_graph",
     "sampling_backend",

@@ -62,9 +62,10 @@ class Recipe:
         tiny_prepare: Overrides of its ``prepare.yaml`` (if it has one) for the tiny run.
         prepare_command: The subcommand that runs its ``prepare.yaml``: ``prepare`` (one graph)
             or ``prepare-graphs`` (many small graphs).
-        task: ``node`` (metric ``test/acc``, planned by ``gnnscale plan``), ``graph``
-            (graph-level regression, metric ``test/mae``, no plan) or ``link`` (metric
-            ``test/recall@20`` beside the popularity baseline's, no plan).
+        task: ``node`` (metric ``test/acc``), ``hetero_node`` (one node type of a
+            heterogeneous graph, metric ``test/acc``), ``graph`` (graph-level regression, metric
+            ``test/mae``) or ``link`` (metric ``test/recall@20`` beside the popularity
+            baseline's).
     """
 
     name: str
@@ -76,7 +77,7 @@ class Recipe:
     processes: int = 1
     tiny_prepare: tuple[str, ...] = ()
     prepare_command: Literal["prepare", "prepare-graphs"] = "prepare"
-    task: Literal["node", "graph", "link"] = "node"
+    task: Literal["node", "hetero_node", "graph", "link"] = "node"
 
     @property
     def folder(self) -> Path:
@@ -230,6 +231,21 @@ RECIPES: tuple[Recipe, ...] = (
             ("uniform neighbours", ("--data.init_args.neighbors=uniform",)),
         ),
         task="link",
+    ),
+    Recipe(
+        "hetero_node_classification",
+        "node classification on users, items and categories: per-relation fan-outs, embeddings",
+        tiny=(
+            "--data.init_args.synthetic.num_users=2000",
+            "--data.init_args.synthetic.num_items=1000",
+            "--data.init_args.synthetic.num_categories=40",
+            "--data.init_args.synthetic.num_communities=8",
+            "--data.init_args.synthetic.feature_noise=4.0",
+            "--data.init_args.batch_size=128",
+            *_NO_WORKERS,
+            "--trainer.max_epochs=4",
+        ),
+        task="hetero_node",
     ),
     Recipe(
         "many_graphs_on_disk",

@@ -22,6 +22,7 @@ from gnnscale.errors import ConfigError
 __all__ = [
     "SyntheticGraph",
     "SyntheticRecommender",
+    "make_item_class_graph",
     "make_recommender_graph",
     "make_synthetic_graph",
 ]
@@ -246,3 +247,30 @@ def make_recommender_graph(cfg: SyntheticRecommender) -> HeteroData:
     data["user", "rates", "item"].edge_index = rates
     data["item", "in", "category"].edge_index = torch.stack([torch.arange(cfg.num_items), category])
     return ToUndirected()(data)
+
+
+def make_item_class_graph(
+    cfg: SyntheticRecommender, train_fraction: float = 0.3, val_fraction: float = 0.1
+) -> HeteroData:
+    """The recommender graph as node classification: each item's class is its community.
+
+    An item's features are its community's centroid in noise (a weak signal alone); most of its
+    raters rate items of its community, and its category lies in it, so its neighbourhood
+    reveals the class. Items get ``y`` and ``train_mask``, ``val_mask``, ``test_mask`` (a random
+    split by ``train_fraction`` and ``val_fraction``, the rest test); no other type is labelled.
+    """
+    data = make_recommender_graph(cfg)
+    y = data["item"].community
+    for store in data.node_stores:  # the planted answer is the label, not an input
+        store.pop("community", None)
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    perm = torch.randperm(cfg.num_items, generator=g)
+    num_train = max(1, int(train_fraction * cfg.num_items))
+    num_val = int(val_fraction * cfg.num_items)
+    masks = torch.zeros(3, cfg.num_items, dtype=torch.bool)
+    masks[0, perm[:num_train]] = True
+    masks[1, perm[num_train : num_train + num_val]] = True
+    masks[2, perm[num_train + num_val :]] = True
+    item = data["item"]
+    item.y, item.train_mask, item.val_mask, item.test_mask = y, *masks
+    return data

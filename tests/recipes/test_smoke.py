@@ -18,7 +18,13 @@ import sys
 import pytest
 import yaml
 
-from gnnscale import GraphDataModule, SyntheticGraph, make_synthetic_graph
+from gnnscale import (
+    GraphDataModule,
+    SyntheticGraph,
+    SyntheticRecommender,
+    make_item_class_graph,
+    make_synthetic_graph,
+)
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
 from gnnscale.graphs import features_only_mae
 from gnnscale.measure import read_metrics
@@ -92,7 +98,11 @@ def _check(recipe, folder):
         mae = metrics["test/mae"][-1]
         assert mae < bar / 2, f"{recipe.name}: test MAE {mae:.3f}, atom counts alone {bar:.3f}"
         return
-    if data_args["dataset"] == "prepared":
+    if recipe.task == "hetero_node":  # the target type's features alone
+        cfg = SyntheticRecommender(**data_args["synthetic"])
+        hetero = make_item_class_graph(cfg, data_args["train_fraction"], data_args["val_fraction"])
+        graph = hetero[data_args["target_type"]]
+    elif data_args["dataset"] == "prepared":
         graph = PreparedGraph(folder / data_args["root"]).data
     else:
         graph = make_synthetic_graph(SyntheticGraph(**data_args["synthetic"]))
