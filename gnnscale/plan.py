@@ -17,6 +17,13 @@ and checkpoints come on top of what training left resident (optimizer state, the
 cache). The prediction is the peak resident memory of one training process (the figure that
 ``ThroughputMonitor`` logs as ``perf/peak_rss_mb``); DataLoader workers are separate processes,
 and in a data-parallel run each rank draws its share of the batches.
+
+The same measurements serve every gnnscale DataModule: node batches (``_GraphDataModule``),
+link batches (``LinkDataModule``: heterogeneous, counted over every node and edge type, and
+an evaluation that embeds every node and ranks every destination, run and measured as a
+whole) and batches of many small graphs (``GraphDataModule``: counted over all their graphs;
+its store stays on disk, so only ``storage: memory`` adds graph tensors). Only layer-wise
+inference and the fan-out in budget suggestions are specific to node batches.
 """
 
 from __future__ import annotations
@@ -34,12 +41,18 @@ from lightning.pytorch.trainer.setup import _determine_batch_limits
 from torch import Tensor
 
 from gnnscale.data import LayerwiseBatch, NeighborDataModule, _GraphDataModule
+from gnnscale.graphs import GraphDataModule
+from gnnscale.hetero import HeteroNeighborDataModule
+from gnnscale.link import LinkDataModule, LinkEval
 from gnnscale.measure import PeakRSS, SavedTensors, rss_mb
-from gnnscale.models import NodeClassifier
+from gnnscale.models import NodeClassifier, seeds_layer
 
-__all__ = ["BatchStats", "MemoryPlan", "format_plan", "plan"]
+__all__ = ["PLANNED", "BatchStats", "MemoryPlan", "format_plan", "plan"]
 
 MiB = 2**20
+# The DataModules ``plan`` models: node, link and many-graph batches.
+PLANNED = (_GraphDataModule, HeteroNeighborDataModule, LinkDataModule, GraphDataModule)
+Planned = _GraphDataModule | HeteroNeighborDataModule | LinkDataModule | GraphDataModule
 
 
 @dataclass
@@ -47,10 +60,11 @@ class BatchStats:
     """What one sampled training batch holds.
 
     Args:
-        nodes: Nodes in the batch (seeds and sampled neighbours, or the subgraph's nodes).
-        edges: Edges in the batch.
-        hop_nodes: Seeds, then the new nodes of each hop (neighbour sampling only).
-        feature_mb: Bytes of the gathered feature rows.
+        nodes: Nodes in the batch (seeds and sampled neighbours, or the subgraph's nodes), of
+            every node type, or of every graph of a batch of graphs.
+        edges: Edges in the batch, counted the same way.
+        hop_nodes: Seeds, then the new nodes of each hop (homogeneous neighbour sampling only).
+        feature_mb: Bytes of the gathered feature rows (``x`` of every node type).
         saved_mb: Bytes autograd saved for backward (activations), parameters excluded.
     """
 
@@ -84,7 +98,8 @@ class MemoryPlan:
             checkpoint_mb))``.
         batches: The sampled training batches.
         batches_per_epoch: Training batches in one epoch.
-        eval_mode: How evaluation runs (``layerwise``, ``sampled`` or ``full``).
+        eval_mode: How evaluation runs (``layerwise``, ``sampled`` or ``full`` for node
+            batches, ``ranking`` for link batches, ``batches`` for many graphs).
         suggestions: Settings that fit the budget, if one was given and the run does not fit.
         cuda_peak_mb: Expected peak of CUDA memory allocated by tensors, on a GPU run.
     """
@@ -108,6 +123,44 @@ class MemoryPlan:
 
 def _tensor_mb(*tensors: Tensor) -> float:
     return sum(t.numel() * t.element_size() for t in tensors) / MiB
+
+
+def _store_tensors(*graphs: Any) -> list[Tensor]:
+    """Every tensor of ``graphs`` (``Data`` or ``HeteroData``), each storage counted once."""
+    found = {}
+    for graph in graphs:
+        for store in graph.stores:
+            for value in store.values():
+                if torch.is_tensor(value):
+                    found[(value.data_ptr(), value.numel(), value.dtype)] = value
+    return list(found.values())
+
+
+def _graph_mb(dm: Planned) -> float:
+    """Bytes of the graph tensors the DataModule holds in memory."""
+    if isinstance(dm, _GraphDataModule):
+        return _tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")])
+    if isinstance(dm, LinkDataModule):  # the graph and its three splits, which share features
+        return _tensor_mb(*_store_tensors(dm.data, *dm.splits))
+    if isinstance(dm, HeteroNeighborDataModule):
+        return _tensor_mb(*_store_tensors(dm.data))
+    if dm.storage == "memory":  # every graph read in and collated (PyG's InMemoryDataset)
+        graphs: Any = dm.graphs
+        return _tensor_mb(*_store_tensors(graphs._data), *graphs.slices.values())
+    return 0.0  # the store stays on disk; batches read their graphs from it
+
+
+def _eval_mode(dm: Planned) -> str:
+    if isinstance(dm, _GraphDataModule):
+        return dm.eval.mode
+    if isinstance(dm, HeteroNeighborDataModule):
+        return "sampled"
+    return "ranking" if isinstance(dm, LinkDataModule) else "batches"
+
+
+def _batch_nodes(batch: Any) -> int:
+    """Nodes of a batch; a link evaluation step embeds every node of its graph."""
+    return int((batch.graph if isinstance(batch, LinkEval) else batch).num_nodes)
 
 
 class _Probe(L.Callback):
@@ -136,13 +189,13 @@ class _Probe(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         self._saved.__exit__()
-        hops = list(batch.get("num_sampled_nodes", []))  # neighbour batches only
+        hops = list(batch.get("num_sampled_nodes") or [])  # homogeneous neighbour batches
         self.batches.append(
             BatchStats(
                 batch.num_nodes,
                 batch.num_edges,
                 hops,
-                _tensor_mb(batch.x),
+                _tensor_mb(*[s.x for s in batch.node_stores if "x" in s]),
                 self._saved.nbytes / MiB,
             )
         )
@@ -188,7 +241,7 @@ class _EvalProbe(L.Callback):
     def _batch(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, *args: Any
     ) -> None:
-        self.nodes.append(int(batch.num_nodes))
+        self.nodes.append(_batch_nodes(batch))
 
     def _end(self, *args: Any) -> None:
         self._peak.__exit__()
@@ -201,18 +254,19 @@ class _EvalProbe(L.Callback):
 
 
 def _validate_mb(
-    dm: _GraphDataModule,
+    dm: Planned,
     model: L.LightningModule,
     trainer_kwargs: dict[str, Any],
     num_batches: int,
     world_size: int,
 ) -> float:
-    """Sampled or full-graph evaluation, measured: a few validation and test batches.
+    """Evaluation, measured: a few validation and test batches.
 
     Evaluation batches have their own size and fan-out (``--data.eval.*``; full neighbourhoods
     by default for samplers other than neighbour sampling), so they are measured rather than
     scaled from training batches, then scaled to the largest of the run's validation and test
-    batches.
+    batches. A link DataModule's evaluation is one step per split (embed every node, rank every
+    destination): measured whole.
     """
     probe = _EvalProbe()
     trainer = _quiet_trainer(
@@ -222,7 +276,8 @@ def _validate_mb(
     # and layers that compute only the rows read grow with the seeds, not the batch's nodes.
     trainer.validate(model, datamodule=dm, verbose=False)
     trainer.test(model, datamodule=dm, verbose=False)
-    draws = sum(math.ceil(len(dm._eval_loader(m)) / world_size) for m in ("val_mask", "test_mask"))
+    loaders = (dm.val_dataloader(), dm.test_dataloader())
+    draws = sum(math.ceil(len(loader) / world_size) for loader in loaders)
     scale = _expected_max(probe.nodes, draws) / max(probe.nodes)
     return probe.used_mb * scale
 
@@ -247,14 +302,14 @@ def _checkpoint_mb(trainer: L.Trainer, model: L.LightningModule) -> float:
     return max(peak.peak_mb - before, 0.0)  # sampled peaks can read a hair under the start
 
 
-def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
-    """Whole-graph buffers of PyG's layer-wise inference, plus its largest one-hop batch.
+def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier, precision: str) -> float:
+    """Whole-graph buffers of layer-wise inference, plus its largest one-hop batch.
 
-    Per layer, PyG keeps the layer's input for all nodes and the outputs of the batches so far,
-    and after the last batch concatenates them (a second ``N x out`` copy): exact sizes,
-    computed. A one-hop batch's own cost (its gathered rows, one message per edge, the layer's
-    temporaries) is measured by running each layer on the largest of a few batches; it runs
-    beside at most all the layer's outputs, never beside their concatenation.
+    Per layer, ``gnnscale.models.layerwise_inference`` keeps the layer's input for all nodes and
+    writes the seeds' outputs into one ``N x out`` tensor, in the dtype the layer computes in
+    (half under ``bf16-mixed`` and ``16-mixed``): exact sizes, computed. A one-hop batch's own
+    cost (its gathered rows, one message per edge, the layer's temporaries) is measured by
+    running each layer on the largest of a few batches, in the run's precision.
     """
     start = rss_mb()
     batch = next(iter(dm._eval_loader("val_mask")))
@@ -266,24 +321,27 @@ def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier) -> float:
     gnn = model.gnn
     widths = [gnn.in_channels] + [gnn.hidden_channels] * (gnn.num_layers - 1) + [gnn.out_channels]
     gnn.eval()
-    with torch.no_grad(), PeakRSS() as peak:
+    # In the run's precision: under bf16-mixed the layers compute (and pass on) bf16.
+    half = str(precision).startswith("bf16")
+    dtype = torch.bfloat16 if half else torch.float32
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=half), PeakRSS() as peak:
         before = rss_mb()
         for i, d_in in enumerate(widths[:-1]):
-            x = biggest.x.float() if i == 0 else torch.randn(biggest.num_nodes, d_in)
-            gnn.inference_per_layer(i, x, biggest.edge_index, biggest.batch_size)
+            x = biggest.x.float() if i == 0 else torch.randn(biggest.num_nodes, d_in, dtype=dtype)
+            seeds_layer(gnn, i, x, biggest.edge_index, biggest.batch_size)
             del x
     step_mb = peak.peak_mb - before + _tensor_mb(*[v for _, v in biggest if torch.is_tensor(v)])
+    value = {"64": 8, "32": 4}.get(str(precision).split("-")[0], 2) / MiB  # bytes, in MiB
     num = dm.data.num_nodes
     layers = [
-        (num * d_in if i else 0) * 4 / MiB
-        + max(num * d_out * 4 / MiB + step_mb, 2 * num * d_out * 4 / MiB)
+        (num * d_in * value if i else 0) + num * d_out * value + step_mb
         for i, (d_in, d_out) in enumerate(zip(widths, widths[1:], strict=False))
     ]
     return loader_mb + max(layers)
 
 
 def plan(
-    dm: _GraphDataModule,
+    dm: Planned,
     model: L.LightningModule,
     trainer_kwargs: dict[str, Any],
     num_batches: int = 6,
@@ -341,15 +399,17 @@ def plan(
     step_mb = max(0.0, probe.peak_mb - resident_mb) * scale
     growth_mb = min(per_batch * run_epochs * per_epoch, step_mb)
     checkpoint_mb = _checkpoint_mb(trainer, model) if checkpoint else 0.0
-    eval_mode = dm.eval.mode
-    if eval_mode == "layerwise":
-        eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model))
+    eval_mode = _eval_mode(dm)
+    if isinstance(dm, _GraphDataModule) and eval_mode == "layerwise":
+        eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model), trainer_kwargs["precision"])
     else:
         eval_mb = _validate_mb(dm, model, trainer_kwargs, num_batches, world_size)
-    mapped_mb = dm.prepared.nbytes / MiB if getattr(dm, "dataset", None) == "prepared" else 0.0
+    mapped_mb = 0.0
+    if isinstance(dm, _GraphDataModule) and dm.dataset == "prepared":
+        mapped_mb = dm.prepared.nbytes / MiB
     result = MemoryPlan(
         base_mb=probe.base_mb,
-        graph_mb=_tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")]),
+        graph_mb=_graph_mb(dm),
         model_mb=probe.model_mb,
         train_mb=train_mb,
         resident_mb=resident_mb,
@@ -372,22 +432,32 @@ def plan(
     return result
 
 
-def _suggest(dm: _GraphDataModule, result: MemoryPlan, budget_mb: float) -> list[str]:
+def _suggest(dm: Planned, result: MemoryPlan, budget_mb: float) -> list[str]:
     """Batch sizes (and fan-outs) whose sampled batches scale the measured step under budget."""
     room = budget_mb - result.base_mb - result.growth_mb
     after_training = budget_mb - result.resident_mb - result.growth_mb
     if room <= 0:
+        if not isinstance(dm, _GraphDataModule):
+            return [
+                f"the data and process alone take {result.base_mb:,.0f} MiB: use a larger machine"
+            ]
         return [
             f"the graph and process alone take {result.base_mb:,.0f} MiB: prune it "
             "(--data.preprocess.largest_component=true), store features as bfloat16 "
             "(--data.preprocess.feature_dtype=bfloat16) or use a larger machine"
         ]
     tips = []
-    if result.eval_mb > after_training:
-        tips.append(
-            f"evaluation ({result.eval_mode}) needs {result.eval_mb:,.0f} MiB: use "
-            "--data.eval.mode=sampled (memory of a training batch, without gradients)"
-        )
+    # A graph DataModule evaluates batches of --data.batch_size: the batch size tip covers it.
+    if result.eval_mb > after_training and not isinstance(dm, GraphDataModule):
+        fix = "use --data.eval.mode=sampled (memory of a training batch, without gradients)"
+        if isinstance(dm, HeteroNeighborDataModule):
+            fix = "evaluate fewer seeds at a time (a lower --data.eval_batch_size)"
+        if isinstance(dm, LinkDataModule):
+            fix = (
+                "rank a sample of the destinations (--data.eval.candidates) or embed and rank "
+                "fewer at a time (a lower --data.eval.batch_size)"
+            )
+        tips.append(f"evaluation ({result.eval_mode}) needs {result.eval_mb:,.0f} MiB: {fix}")
     if result.checkpoint_mb > after_training:
         tips.append(
             f"saving and loading a checkpoint needs {result.checkpoint_mb:,.0f} MiB: keep "
@@ -407,7 +477,8 @@ def _suggest(dm: _GraphDataModule, result: MemoryPlan, budget_mb: float) -> list
                     return [*tips, f"--data.batch_size={size} --data.num_neighbors={fanout}"]
                 size //= 2
         return [*tips, "no batch size down to 16 fits: use a machine with more memory"]
-    # Cluster and GraphSAINT batches grow in proportion to batch_size.
+    # Cluster, GraphSAINT, link and many-graph batches grow in proportion to batch_size (a
+    # graph DataModule evaluates with it too).
     size = int(batch_size * room / result.train_mb)
     if size >= 1:
         tips.append(f"--data.batch_size={size} (nodes per batch grow with it)")
