@@ -15,6 +15,7 @@ import hashlib
 import math
 import os
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -42,6 +43,7 @@ from torch_geometric.sampler import NeighborSampler
 
 from gnnscale.cache import cached_folder, check_writable
 from gnnscale.errors import ConfigError
+from gnnscale.measure import trim_heap
 from gnnscale.ondisk import PreparedGraph
 from gnnscale.resume import ResumableLoader
 from gnnscale.synthetic import SyntheticGraph, make_synthetic_graph
@@ -369,6 +371,41 @@ def resumable(
     return ResumableLoader(loader, shuffle, seed, rank, world_size, transform)
 
 
+class RankShare:
+    """An evaluation loader over this rank's share of the seeds: every seed scored once.
+
+    Given a ``DataLoader``, Lightning's DDP gives it a ``DistributedSampler``, which repeats
+    seeds until the ranks have as many, and the repeats would count twice in the metrics. This
+    wraps the loader of ``seeds[rank::world_size]`` in no ``DataLoader``, so Lightning keeps it
+    as it is; the metrics then add up the ranks' counts.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.loader)
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+
+def rank_share(
+    trainer: L.Trainer | None,
+    mask: Tensor | None,
+    num_nodes: int,
+    loader_of: Callable[[Tensor | None], DataLoader],
+) -> Any:
+    """The evaluation loader ``loader_of`` builds on the seeds of ``mask`` (``None``: all).
+
+    Under DDP, the loader of this rank's share of those seeds, in a ``RankShare``.
+    """
+    if trainer is None or trainer.world_size == 1:
+        return loader_of(mask)
+    nodes = torch.arange(num_nodes) if mask is None else mask.nonzero().view(-1)
+    return RankShare(loader_of(nodes[trainer.global_rank :: trainer.world_size]))
+
+
 class _GraphDataModule(L.LightningDataModule):
     """What every gnnscale DataModule shares: loading, checks, evaluation loaders."""
 
@@ -551,12 +588,17 @@ class _GraphDataModule(L.LightningDataModule):
         mask = None if mask_key is None else data[mask_key]
         if self.eval.mode == "sampled":
             fanout = self._eval_fanout()
-            return self._neighbor_loader(
-                data,
-                fanout,
-                input_nodes=mask,
-                batch_size=self.eval.batch_size,
-                transform=functools.partial(hop_layout, num_layers=len(fanout)),
+            return rank_share(
+                self.trainer,
+                mask,
+                data.num_nodes,
+                lambda seeds: self._neighbor_loader(
+                    data,
+                    fanout,
+                    input_nodes=seeds,
+                    batch_size=self.eval.batch_size,
+                    transform=functools.partial(hop_layout, num_layers=len(fanout)),
+                ),
             )
         if self.eval.mode == "full":
             data = copy.copy(data)
@@ -584,9 +626,14 @@ class _GraphDataModule(L.LightningDataModule):
         return self._eval_loader(None)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Attach the per-node loss weights to training batches (on the CPU, before transfer)."""
+        """Attach the per-node loss weights to training batches (on the CPU, before transfer).
+
+        Under DDP, a batch repeated to even out the ranks' counts (``padding``) weighs 0.
+        """
         if self.trainer is not None and self.trainer.training and isinstance(batch, Data):
             batch.loss_weight, batch.num_loss_nodes = self._loss_weight(batch)
+            if batch.get("padding", False):
+                batch.loss_weight, batch.num_loss_nodes = batch.loss_weight * 0, 0
         return batch
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
@@ -826,6 +873,8 @@ class ClusterDataModule(_GraphDataModule):
 
         built: list[_ClusterData] = []
         cached_folder(folder, lambda tmp: built.append(partition(tmp)), "Cluster-GCN partition")
+        if built:  # partitioning freed its CSR copies and METIS's arrays: give the pages back
+            trim_heap()
         self._cluster_data = built[0] if built else partition(folder)
         perm = self._cluster_data.partition.node_perm
         if not torch.equal(perm.sort().values, torch.arange(data.num_nodes)):

@@ -12,7 +12,8 @@ with its own fan-out. The splits come from PyG's ``RandomLinkSplit`` and do not 
 Evaluation ranks candidates for every evaluated source node (recall@k, MRR@k with PyG's
 link-prediction metrics, AUC with torchmetrics): exact over every destination node by default,
 or over a random sample of them (``eval.candidates``; the metric names then say so). Already
-known edges are never counted as hits (they are masked out of the ranking).
+known edges are never counted as hits (they are masked out of the ranking). Under DDP each
+rank ranks its share of the sources; the metrics are reduced from counts across ranks.
 
 A homogeneous graph (``dataset: Cora``...) becomes one node type ``node`` and one edge type
 ``node__to__node``, so one code path serves both.
@@ -55,6 +56,49 @@ _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 def edge_key(edge_type: EdgeType) -> str:
     """``("user", "rates", "item")`` as written in YAML keys: ``user__rates__item``."""
     return "__".join(edge_type)
+
+
+def per_edge_type_fanout(
+    given: list[int] | dict[str, list[int]], edge_types: list[EdgeType], num_layers: int = 0
+) -> dict[EdgeType, list[int]]:
+    """Fan-out per edge type from ``--data.num_neighbors``; unknown or missing types by name.
+
+    Shared by ``LinkDataModule`` and ``HeteroNeighborDataModule``.
+
+    Args:
+        given: One list for every edge type, or one per edge type keyed ``src__rel__dst``.
+        edge_types: The graph's edge types.
+        num_layers: The model's depth (0: not checked).
+    """
+    if isinstance(given, dict):
+        known = {edge_key(t): t for t in edge_types}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"--data.num_neighbors names {', '.join(unknown)}, not an edge type of this "
+                f"graph; its edge types are {', '.join(known)}"
+            )
+        missing = sorted(set(known) - set(given))
+        if missing:
+            raise ConfigError(
+                f"--data.num_neighbors has no fan-out for {', '.join(missing)}; give every "
+                "edge type one (or one list for all)"
+            )
+        fanout = {known[k]: list(v) for k, v in given.items()}
+    else:
+        fanout = {t: list(given) for t in edge_types}
+    lengths = {len(v) for v in fanout.values()}
+    if len(lengths) != 1 or any(k == 0 or k < -1 for v in fanout.values() for k in v):
+        raise ConfigError(
+            "--data.num_neighbors: every edge type needs one fan-out per layer, the same "
+            f"number of layers for all, each > 0 or -1 for all (got {given})"
+        )
+    if num_layers and lengths != {num_layers}:
+        raise ConfigError(
+            f"--data.num_neighbors has {lengths.pop()} layers but --model.num_layers is "
+            f"{num_layers}: give one fan-out per layer"
+        )
+    return fanout
 
 
 @dataclass(frozen=True)
@@ -260,9 +304,10 @@ class LinkEval:
         graph: The graph evaluation passes messages on.
         target: The supervised relation ``(src, rel, dst)``.
         loaders: Per node type (the target's two), batches that embed each of its nodes.
-        positives: ``(2, P)`` true edges to find (global ids).
+        positives: ``(2, P)`` true edges to find (global ids); under DDP, this rank's share.
         known: Sorted keys (``_pair_keys``) of edges already known: masked out of rankings.
-        label_index: ``(2, L)`` labelled pairs for AUC (true edges and sampled non-edges).
+        label_index: ``(2, L)`` labelled pairs for AUC (true edges and sampled non-edges);
+            under DDP, this rank's share.
         label: Their labels.
         popularity: Each destination's degree in the known edges (the popularity baseline).
         candidates: Destination nodes ranked (``None``: all).
@@ -298,6 +343,8 @@ class LinkEval:
             PyG's ``LinkPredMetric.update`` takes.
         """
         sources, row = torch.unique(self.positives[0], return_inverse=True)
+        if not sources.numel():  # a DDP rank whose share holds no source (a tiny graph)
+            return torch.empty(0, self.k, dtype=torch.long), self.positives
         num_dst = self.popularity.numel()
         sampled = torch.zeros(num_dst, dtype=torch.bool)
         if self.candidates is not None:
@@ -335,7 +382,47 @@ class LinkEval:
         return row, self.known[lo.repeat_interleave(counts) + offset] % num_dst
 
 
-class LinkDataModule(L.LightningDataModule):
+class _HeteroGraphData(L.LightningDataModule):
+    """What the heterogeneous DataModules share: types, sizes and fan-outs of ``self.data``.
+
+    Subclasses set ``self.data`` (a ``HeteroData``) and ``self._num_neighbors``.
+    """
+
+    data: HeteroData
+    _num_neighbors: list[int] | dict[str, list[int]]
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types (PyG's ``metadata()``)."""
+        return self.data.metadata()
+
+    @property
+    def feature_dims(self) -> dict[str, int]:
+        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
+        data = self.data
+        return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in data.node_types}
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Nodes per type."""
+        return {t: int(self.data[t].num_nodes) for t in self.data.node_types}
+
+    def fanout(self, num_layers: int = 0) -> dict[EdgeType, list[int]]:
+        """Fan-out per edge type (see :func:`per_edge_type_fanout`)."""
+        return per_edge_type_fanout(self._num_neighbors, self.metadata[1], num_layers)
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose depth differs from the fan-outs (before any data loads)."""
+        num_layers = int(getattr(model, "num_layers", 0))
+        if isinstance(self._num_neighbors, list) and num_layers:
+            if len(self._num_neighbors) != num_layers:
+                raise ConfigError(
+                    f"--data.num_neighbors has {len(self._num_neighbors)} layers but "
+                    f"--model.num_layers is {num_layers}: give one fan-out per layer"
+                )
+
+
+class LinkDataModule(_HeteroGraphData):
     """Link prediction batches from ``LinkNeighborLoader``, on one or several node and edge types.
 
     Args:
@@ -491,61 +578,6 @@ class LinkDataModule(L.LightningDataModule):
         """Node and edge types of the graphs the model sees (PyG's ``metadata()``)."""
         return self.splits[0].metadata()
 
-    @property
-    def feature_dims(self) -> dict[str, int]:
-        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
-        data = self.data
-        return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in data.node_types}
-
-    @property
-    def num_nodes(self) -> dict[str, int]:
-        """Nodes per type."""
-        return {t: int(self.data[t].num_nodes) for t in self.data.node_types}
-
-    def fanout(self, num_layers: int | None = None) -> dict[EdgeType, list[int]]:
-        """Fan-out per edge type; refuses unknown or missing edge types by name."""
-        edge_types = self.metadata[1]
-        given = self._num_neighbors
-        if isinstance(given, dict):
-            known = {edge_key(t): t for t in edge_types}
-            unknown = sorted(set(given) - set(known))
-            if unknown:
-                raise ConfigError(
-                    f"--data.num_neighbors names {', '.join(unknown)}, not an edge type of this "
-                    f"graph; its edge types are {', '.join(known)}"
-                )
-            missing = sorted(set(known) - set(given))
-            if missing:
-                raise ConfigError(
-                    f"--data.num_neighbors has no fan-out for {', '.join(missing)}; give every "
-                    "edge type one (or one list for all)"
-                )
-            fanout = {known[k]: list(v) for k, v in given.items()}
-        else:
-            fanout = {t: list(given) for t in edge_types}
-        lengths = {len(v) for v in fanout.values()}
-        if len(lengths) != 1 or any(k == 0 or k < -1 for v in fanout.values() for k in v):
-            raise ConfigError(
-                "--data.num_neighbors: every edge type needs one fan-out per layer, the same "
-                f"number of layers for all, each > 0 or -1 for all (got {given})"
-            )
-        if num_layers and lengths != {num_layers}:
-            raise ConfigError(
-                f"--data.num_neighbors has {lengths.pop()} layers but --model.num_layers is "
-                f"{num_layers}: give one fan-out per layer"
-            )
-        return fanout
-
-    def check_model(self, model: Any) -> None:
-        """Refuse a model whose depth differs from the fan-outs (before any data loads)."""
-        num_layers = int(getattr(model, "num_layers", 0))
-        if isinstance(self._num_neighbors, list) and num_layers:
-            if len(self._num_neighbors) != num_layers:
-                raise ConfigError(
-                    f"--data.num_neighbors has {len(self._num_neighbors)} layers but "
-                    f"--model.num_layers is {num_layers}: give one fan-out per layer"
-                )
-
     # -- loaders ------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
@@ -621,6 +653,14 @@ class LinkDataModule(L.LightningDataModule):
         positives = store.edge_label_index[:, store.edge_label == 1]
         if self.undirected:
             positives = torch.cat([positives, positives.flip(0)], 1)
+        # Under DDP each rank ranks its share of the sources (id modulo the ranks) and scores its
+        # share of the labelled pairs; recall and MRR add up sums and counts across ranks and AUC
+        # gathers the scores, so the metrics are one process's. Every rank embeds every node.
+        rank, world = (
+            (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
+        )
+        positives = positives[:, positives[0] % world == rank]
+        label_index, label = store.edge_label_index[:, rank::world], store.edge_label[rank::world]
         known = self._known(train) if stage == "val" else self._known(train, val)
         num_dst = self.data[dst_type].num_nodes
         popularity = torch.bincount(known % num_dst, minlength=num_dst).float()
@@ -635,8 +675,8 @@ class LinkDataModule(L.LightningDataModule):
                 loaders,
                 positives,
                 known,
-                store.edge_label_index,
-                store.edge_label,
+                label_index,
+                label,
                 popularity,
                 candidates,
                 self.eval.k,
@@ -645,18 +685,24 @@ class LinkDataModule(L.LightningDataModule):
         )
 
     def val_dataloader(self) -> Any:
-        """One step that ranks candidates for every validation source."""
+        """One step that ranks candidates for every validation source (this rank's share)."""
         return self._eval("val")
 
     def test_dataloader(self) -> Any:
-        """One step that ranks candidates for every test source."""
+        """One step that ranks candidates for every test source (this rank's share)."""
         return self._eval("test")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Weight each labelled pair of a training batch: 1 / (expected pairs per batch)."""
+        """Weight each labelled pair of a training batch: 1 / (expected pairs per batch).
+
+        Under DDP, a batch repeated to even out the ranks' counts (``padding``) weighs 0: every
+        supervision edge is trained once per epoch across ranks.
+        """
         if self.trainer is not None and self.trainer.training and isinstance(batch, HeteroData):
             store = batch[self.target]
             per_batch = self.batch_size * (1 + self.num_negatives + self.num_hard_negatives)
-            store.loss_weight = torch.full((store.edge_label.numel(),), 1.0 / per_batch)
-            batch.num_loss_nodes = store.edge_label.numel()  # pairs, for ThroughputMonitor
+            weight = 0.0 if batch.get("padding", False) else 1.0 / per_batch
+            store.loss_weight = torch.full((store.edge_label.numel(),), weight)
+            # pairs, for ThroughputMonitor
+            batch.num_loss_nodes = store.edge_label.numel() if weight else 0
         return batch

@@ -48,7 +48,91 @@ class _SAGE(nn.Module):
         return x
 
 
-class LinkPredictor(L.LightningModule):
+class _HeteroGNN(L.LightningModule):
+    """What ``LinkPredictor`` and ``gnnscale.HeteroSAGE`` share: inputs, encoder, optimizers.
+
+    Node types with features enter through a linear layer, featureless ones through an
+    embedding table (sparse gradients and ``SparseAdam``, optionally in host memory); the
+    encoder is ``_SAGE`` made heterogeneous by ``to_hetero`` (relations averaged). Two
+    optimizers, so manual optimization with the model's own ``accumulate_grad_batches``.
+    Subclasses save ``hidden_channels``, ``num_layers``, ``dropout``, ``sparse``,
+    ``embedding_device`` and ``accumulate_grad_batches`` as hyperparameters.
+    """
+
+    optimizer: OptimizerCallable
+    embedding_optimizer: OptimizerCallable
+    encoder: nn.Module | None
+
+    def _build_encoder(self, graph: dict[str, Any]) -> None:
+        """Input layers per node type and the heterogeneous encoder, for ``graph``'s types."""
+        hp = self.hparams
+        channels = hp["hidden_channels"]
+        table = _HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
+        self.inputs = nn.ModuleDict()
+        self.tables = nn.ModuleDict()
+        for t in graph["node_types"]:
+            if graph["num_features"][t]:
+                self.inputs[t] = nn.Linear(graph["num_features"][t], channels)
+            else:
+                self.tables[t] = table(graph["num_nodes"][t], channels, sparse=hp["sparse"])
+        metadata = (list(graph["node_types"]), [tuple(e) for e in graph["edge_types"]])
+        self.encoder = to_hetero(
+            _SAGE(channels, hp["num_layers"], hp["dropout"]), metadata, aggr="mean"
+        )
+
+    def _encode(self, batch: HeteroData) -> dict[str, Tensor]:
+        """Embeddings of every node of the (sub)graph, per node type."""
+        x = {}
+        for t in batch.node_types:
+            if t in self.inputs:
+                x[t] = self.inputs[t](batch[t].x.to(self.dtype))
+            else:
+                table = cast(nn.Embedding, self.tables[t])
+                ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
+                x[t] = table(ids.to(table.weight.device)).to(self.device)
+        assert self.encoder is not None, "built in setup() or from the checkpoint's graph"
+        return self.encoder(x, batch.edge_index_dict)
+
+    @staticmethod
+    def _unused(h: dict[str, Tensor], used: tuple[str, ...]) -> Tensor | float:
+        """0 times the last layer's outputs of the node types the loss does not read.
+
+        Added to the loss, they keep that layer's weights in the graph: DDP needs a gradient
+        for every parameter (else it stops, or, with ``find_unused_parameters``, searches the
+        graph every step).
+        """
+        return sum((h[t].sum() * 0.0 for t in h if t not in used), 0.0)
+
+    def _backward_and_step(self, loss: Tensor, batch_idx: int) -> None:
+        """Backward; step both optimizers every ``accumulate_grad_batches`` micro-batches."""
+        k = self.hparams["accumulate_grad_batches"]
+        self.manual_backward(loss / k)  # weights sum to ~1 per batch: a mean over k batches
+        if (batch_idx + 1) % k == 0 or self.trainer.is_last_batch:
+            optimizers = self.optimizers()
+            for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
+                opt.step()
+                opt.zero_grad()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Flush the loggers: what was logged before a checkpoint is on disk beside it."""
+        for logger in self.loggers:
+            logger.save()
+
+    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
+        """The dense optimizer; the sparse one for the tables when they have sparse gradients."""
+        dense = [p for name, p in self.named_parameters() if not name.startswith("tables.")]
+        optimizers = [self.optimizer(dense)]
+        if len(self.tables):
+            tables = list(self.tables.parameters())
+            optimizers.append(
+                self.embedding_optimizer(tables)
+                if self.hparams["sparse"]
+                else self.optimizer(tables)
+            )
+        return optimizers
+
+
+class LinkPredictor(_HeteroGNN):
     """Link prediction on ``LinkDataModule`` batches: embeddings, dot-product scores, BCE.
 
     Args:
@@ -96,23 +180,9 @@ class LinkPredictor(L.LightningModule):
 
     def _build(self, graph: dict[str, Any]) -> None:
         """Input layers per node type, the heterogeneous encoder, the ranking metrics."""
-        hp = self.hparams
-        channels = hp["hidden_channels"]
-        table = _HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
-        self.inputs = nn.ModuleDict()
-        self.tables = nn.ModuleDict()
-        for t in graph["node_types"]:
-            if graph["num_features"][t]:
-                self.inputs[t] = nn.Linear(graph["num_features"][t], channels)
-            else:
-                self.tables[t] = table(graph["num_nodes"][t], channels, sparse=hp["sparse"])
-        edge_types = [tuple(e) for e in graph["edge_types"]]
-        metadata = (list(graph["node_types"]), edge_types)
-        self.encoder = to_hetero(
-            _SAGE(channels, hp["num_layers"], hp["dropout"]), metadata, aggr="mean"
-        )
+        self._build_encoder(graph)
         self.target = tuple(graph["target"])
-        hp["graph"] = graph
+        self.hparams["graph"] = graph
         k = graph["k"]
         self.metrics = nn.ModuleDict(
             {
@@ -146,16 +216,7 @@ class LinkPredictor(L.LightningModule):
 
     def forward(self, batch: HeteroData) -> dict[str, Tensor]:
         """Embeddings of every node of the (sub)graph, per node type."""
-        x = {}
-        for t in batch.node_types:
-            if t in self.inputs:
-                x[t] = self.inputs[t](batch[t].x.to(self.dtype))
-            else:
-                table = cast(nn.Embedding, self.tables[t])
-                ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
-                x[t] = table(ids.to(table.weight.device)).to(self.device)
-        assert self.encoder is not None, "built in setup() or from the checkpoint's graph"
-        return self.encoder(x, batch.edge_index_dict)
+        return self._encode(batch)
 
     def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
         src, _, dst = self.target
@@ -166,23 +227,19 @@ class LinkPredictor(L.LightningModule):
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
         """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
         store = batch[self.target]
-        score = self._score(self(batch), store.edge_label_index).float()
+        h = self(batch)
+        score = self._score(h, store.edge_label_index).float()
         loss = (
             F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
             * store.loss_weight
         ).sum()
+        loss = loss + self._unused(h, (self.target[0], self.target[2]))  # categories: DDP
         if not torch.isfinite(loss):
             raise TrainingDiverged(
                 f"the training loss is {loss.item()} at step {self.global_step}: the run "
                 "stopped; lower the learning rate (--model.optimizer)"
             )
-        k = self.hparams["accumulate_grad_batches"]
-        self.manual_backward(loss / k)  # weights sum to ~1 per batch: a mean over k batches
-        if (batch_idx + 1) % k == 0 or self.trainer.is_last_batch:
-            optimizers = self.optimizers()
-            for opt in optimizers if isinstance(optimizers, list) else [optimizers]:
-                opt.step()
-                opt.zero_grad()
+        self._backward_and_step(loss, batch_idx)
         self.log(
             "train/loss", loss, prog_bar=True, on_epoch=True, batch_size=store.edge_label.numel()
         )
@@ -238,21 +295,3 @@ class LinkPredictor(L.LightningModule):
     def test_step(self, batch: LinkEval, batch_idx: int) -> None:
         """Recall@k, MRR@k and AUC on test edges, and the popularity baseline's recall."""
         self._evaluate(batch, "test")
-
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Flush the loggers: what was logged before a checkpoint is on disk beside it."""
-        for logger in self.loggers:
-            logger.save()
-
-    def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]
-        """The dense optimizer; the sparse one for the tables when they have sparse gradients."""
-        dense = [p for name, p in self.named_parameters() if not name.startswith("tables.")]
-        optimizers = [self.optimizer(dense)]
-        if len(self.tables):
-            tables = list(self.tables.parameters())
-            optimizers.append(
-                self.embedding_optimizer(tables)
-                if self.hparams["sparse"]
-                else self.optimizer(tables)
-            )
-        return optimizers

@@ -14,7 +14,8 @@ wraps one of them so that:
   draw from, so a resumed run skips what was trained and draws the same dropout masks.
 
 Under DDP each rank takes every ``world_size``-th batch of the epoch's order (the last ones
-repeated so every rank has as many); Lightning's ``DistributedSampler`` is not used.
+repeated so every rank has as many, each repeat marked ``padding = True`` so that a DataModule
+can weigh it 0); Lightning's ``DistributedSampler`` is not used.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _seed(*key: int) -> int:
 
 
 class _SeededBatches(Dataset):
-    """Builds one whole batch per item, ``(seed, indices)``, as the wrapped loader would."""
+    """Builds one whole batch per item, ``(seed, indices, padding)``, as the loader would."""
 
     def __init__(self, loader: DataLoader, transform: Callable[[Any], Any] | None) -> None:
         self.dataset, self.collate_fn, self.transform = loader.dataset, loader.collate_fn, transform
@@ -50,17 +51,20 @@ class _SeededBatches(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, item: tuple[int, list[int]]) -> Any:
-        seed, indices = item
+    def __getitem__(self, item: tuple[int, list[int], bool]) -> Any:
+        seed, indices, padding = item
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             batch = self.collate_fn([self.dataset[i] for i in indices])
             batch = batch if self.filter_fn is None else self.filter_fn(batch)
-            return batch if self.transform is None else self.transform(batch)
+            batch = batch if self.transform is None else self.transform(batch)
+        if padding:  # a repeat that evens out the ranks' batch counts
+            batch.padding = True
+        return batch
 
 
 class _Order(Sampler):
-    """The ``(seed, indices)`` of each batch this process draws, from ``start`` on."""
+    """The ``(seed, indices, padding)`` of each batch this process draws, from ``start`` on."""
 
     def __init__(self, owner: ResumableLoader) -> None:
         self.owner = owner
@@ -68,7 +72,7 @@ class _Order(Sampler):
     def __len__(self) -> int:
         return len(self.owner)
 
-    def __iter__(self) -> Iterator[tuple[int, list[int]]]:
+    def __iter__(self) -> Iterator[tuple[int, list[int], bool]]:
         o = self.owner
         return iter(o._batches(o.epoch)[o._start :])
 
@@ -127,8 +131,8 @@ class ResumableLoader:
         """Draw epoch ``epoch``'s batches next (Lightning calls it before every epoch)."""
         self.epoch = epoch
 
-    def _batches(self, epoch: int) -> list[tuple[int, list[int]]]:
-        """This process's batches of ``epoch``: (sampling seed, dataset indices)."""
+    def _batches(self, epoch: int) -> list[tuple[int, list[int], bool]]:
+        """This process's batches of ``epoch``: (sampling seed, dataset indices, padding)."""
         n = len(self.loader.dataset)  # type: ignore[arg-type]
         if self.shuffle:
             gen = torch.Generator().manual_seed(_seed(self.seed, epoch))
@@ -136,8 +140,14 @@ class ResumableLoader:
         else:
             order = list(range(n))
         size, count = self.batch_size, self._all_ranks_batches()
-        ids = [(self.rank + self.world_size * i) % count for i in range(len(self))]
-        return [(_seed(self.seed, epoch, i), order[i * size : (i + 1) * size]) for i in ids]
+        batches = []
+        for k in range(len(self)):
+            i = self.rank + self.world_size * k  # past the last batch: a repeat (padding)
+            j = i % count
+            batches.append(
+                (_seed(self.seed, epoch, j), order[j * size : (j + 1) * size], i >= count)
+            )
+        return batches
 
     def _all_ranks_batches(self) -> int:
         n = len(self.loader.dataset)  # type: ignore[arg-type]

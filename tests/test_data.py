@@ -351,3 +351,26 @@ def test_loaders_share_one_copy_of_the_graph_and_keep_their_fanouts(tmp_path, mo
     # Each loader still samples with its own fan-out: at most 10 then 50 new nodes per seed.
     batch = next(iter(train))
     assert batch.num_sampled_nodes[1] <= 64 * 10
+
+
+@requires_sampler
+def test_sampled_evaluation_under_ddp_scores_every_node_once(tmp_path):
+    # 299 validation nodes over 2 ranks: Lightning's DistributedSampler would repeat one to give
+    # both ranks 150; each rank's RankShare loader takes its own share, which Lightning keeps.
+    from types import SimpleNamespace
+
+    eval_args = EvalArgs(mode="sampled", batch_size=64, num_neighbors=[4, 2])
+    dm = NeighborDataModule(root=tmp_path, batch_size=64, num_neighbors=[4, 2], synthetic=TINY)
+    dm.eval = eval_args
+    mask = dm.data.val_mask
+    mask[mask.nonzero().view(-1)[299:]] = False
+    scored = []
+    for rank in (0, 1):
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, lightning_module=None)
+        loader = dm.val_dataloader()
+        assert isinstance(loader, gdata.RankShare)  # not a DataLoader: Lightning leaves it
+        scored.append([n for batch in loader for n in batch.n_id[: batch.batch_size].tolist()])
+    assert abs(len(scored[0]) - len(scored[1])) == 1
+    assert sorted(scored[0] + scored[1]) == mask.nonzero().view(-1).tolist()
+    dm.trainer = None
+    assert not isinstance(dm.val_dataloader(), gdata.RankShare)  # one process: PyG's loader

@@ -1,3 +1,7 @@
+import json
+import subprocess
+import sys
+
 import lightning as L
 import pytest
 import torch
@@ -235,3 +239,93 @@ def test_a_homogeneous_dataset_is_one_node_and_one_edge_type(cora_root):
     model = LinkPredictor(optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
     result = _fit_and_test(model, dm, epochs=5)
     assert result["test/auc"] > 0.75, result
+
+
+DDP = """
+import json, sys
+from pathlib import Path
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies import DDPStrategy
+from gnnscale import LinkDataModule, LinkPredictor, SyntheticRecommender
+
+out, RATES = Path(sys.argv[1]), ("user", "rates", "item")
+
+class Record(L.Callback):
+    # The positive supervision edges each rank trains on (weight > 0), in global ids.
+    def on_train_batch_start(self, trainer, module, batch, idx):
+        store = batch[RATES]
+        pos = store.edge_label_index[:, (store.edge_label == 1) & (store.loss_weight > 0)]
+        seen = torch.stack([batch["user"].n_id[pos[0]], batch["item"].n_id[pos[1]]]).T.tolist()
+        path = out / f"rank{trainer.global_rank}-epoch{trainer.current_epoch}.json"
+        old = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps(old + [seen]))
+
+    # Each rank's own recall@k sums and counts, before the ranks' are added up.
+    def on_test_batch_end(self, trainer, module, outputs, batch, idx):
+        recall = module.metrics["test_recall"]
+        state = [float(recall.accum), int(recall.total)]
+        path = out / f"test-{trainer.world_size}-rank{trainer.global_rank}.json"
+        path.write_text(json.dumps(state))
+
+tiny = SyntheticRecommender(
+    num_users=600, num_items=300, num_categories=20, num_communities=5, interactions_per_user=12
+)
+L.seed_everything(0)
+dm = LinkDataModule(synthetic=tiny, batch_size=64, num_hard_negatives=1)
+model = LinkPredictor(hidden_channels=16)
+quiet = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+ddp = DDPStrategy(start_method="fork", process_group_backend="gloo")
+trainer = L.Trainer(
+    devices=2, max_epochs=2, strategy=ddp, callbacks=[Record(), ModelCheckpoint(dirpath=out)],
+    **quiet,
+)
+trainer.fit(model, dm)
+(ckpt,) = out.glob("*.ckpt")
+(ddp,) = trainer.test(model, dm, ckpt_path=ckpt, verbose=False)
+single_trainer = L.Trainer(devices=1, callbacks=[Record()], **quiet)
+(single,) = single_trainer.test(model, dm, ckpt_path=ckpt, verbose=False)
+store = dm.splits[0][RATES]
+train = store.edge_label_index[:, store.edge_label == 1].T.tolist()
+(out / "result.json").write_text(json.dumps({"ddp": ddp, "single": single, "train": train}))
+"""
+
+
+@pytest.mark.slow
+@requires_sampler
+def test_ddp_on_two_processes_trains_every_edge_once_and_evaluates_as_one(tmp_path):
+    """Two CPU ranks (gloo, forked): each trains a disjoint share of the supervision edges.
+
+    1,591 training edges in batches of 64 make 25 batches: rank 1 repeats one to draw as many
+    as rank 0, and that repeat weighs 0, so every edge is trained once per epoch. Each rank
+    ranks its share of the test sources (unequal: ids modulo 2); the metrics the ranks log are
+    those of one process testing the same checkpoint, reduced from counts, not the mean of the
+    ranks' means (which differs here).
+    """
+    done = subprocess.run(
+        [sys.executable, "-c", DDP, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "result.json").read_text())
+    train = sorted(map(tuple, result["train"]))
+    for epoch in range(2):
+        ranks = [json.loads((tmp_path / f"rank{r}-epoch{epoch}.json").read_text()) for r in (0, 1)]
+        assert len(ranks[0]) == len(ranks[1])  # as many steps: no rank waits for the other
+        assert not ranks[1][-1]  # the repeat, weighed 0
+        shares = [{tuple(e) for batch in rank for e in batch} for rank in ranks]
+        assert not shares[0] & shares[1]
+        assert sorted(tuple(e) for rank in ranks for batch in rank for e in batch) == train
+    assert result["ddp"].keys() == result["single"].keys()
+    for key, value in result["single"].items():
+        assert result["ddp"][key] == pytest.approx(value, rel=1e-6), key
+    shares = [json.loads((tmp_path / f"test-2-rank{r}.json").read_text()) for r in (0, 1)]
+    (whole,) = [json.loads((tmp_path / "test-1-rank0.json").read_text())]
+    assert shares[0][1] != shares[1][1] and shares[0][1] + shares[1][1] == whole[1] > 0
+    recall = result["ddp"]["test/recall@20"]
+    mean_of_means = sum(accum / total for accum, total in shares) / 2
+    assert abs(mean_of_means - recall) > 1e-4, (mean_of_means, recall)

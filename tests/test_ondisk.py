@@ -263,6 +263,10 @@ steps = trainer.global_step
 (result,) = L.Trainer(use_distributed_sampler=False, **common).test(model, dm, verbose=False)
 if trainer.global_rank == 0:
     print("RESULT", json.dumps({**result, "steps": steps, "world": trainer.world_size}))
+# Every rank done with every collective before any tears its process group down (one CI run's
+# rank 0 aborted at exit, "terminate called without an active exception", after testing).
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
 """
 
 
@@ -293,6 +297,7 @@ def test_torchrun_ranks_train_from_one_prepared_folder(tmp_path, tiny_prepared, 
         subprocess.Popen(
             [*argv, str(tiny_prepared), str(machines)],
             cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a crash prints every thread's stack
         )
         for argv in launches
     ]  # fmt: skip

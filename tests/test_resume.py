@@ -109,6 +109,12 @@ def test_each_rank_draws_its_share_of_the_same_epoch_and_resumes_at_a_batch(tmp_
     ranks = [seeds(rank, 2) for rank in range(2)]
     assert len(whole) % 2 == 1  # so rank 1 repeats rank 0's first batch, to draw as many
     assert ranks[0] == whole[0::2] and ranks[1] == [*whole[1::2], whole[0]]
+    # The repeat, and only it, is marked: the DataModules weigh it 0.
+    padding = [
+        [b.get("padding", False) for b in ResumableLoader(loader, True, 7, rank, 2)]
+        for rank in range(2)
+    ]
+    assert padding == [[False] * len(ranks[0]), [False] * (len(ranks[1]) - 1) + [True]]
 
 
 @requires_sampler
