@@ -10,7 +10,10 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
   as GraphSAGE is defined (``conv((x, x[:num_targets]), edges)``): :func:`target_only`.
 - GraphSAGE aggregates with a sparse-dense product on a CSR adjacency the loader's worker
   built (``gnnscale.data.csr_layout``), not a scatter: neighbour, Cluster-GCN and SAINT batches.
-- :class:`Dropout` draws its CPU mask 4 elements per random 64-bit word.
+- :class:`Dropout` draws its CPU mask from 8 or 16 random bits an element, in one pass with
+  the ReLU before it.
+- The targets' rows of a layer's input get their two gradients (as sources and as the root
+  term) added in place, not through a zero-filled slice gradient.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import warnings
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 import torch.nn.functional as F
 import torch_geometric.typing
@@ -31,8 +35,9 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from gnnscale.data import LayerwiseBatch
 from gnnscale.errors import ConfigError, TrainingDiverged
+from gnnscale.measure import trim_heap
 
-__all__ = ["Dropout", "GATv2", "GraphSAGE", "NodeClassifier", "target_only"]
+__all__ = ["Dropout", "GATv2", "GraphSAGE", "NodeClassifier", "layerwise_inference", "target_only"]
 
 
 # PyG's sparse-dense product goes through torch.sparse CSR tensors, which warn on first use.
@@ -61,10 +66,15 @@ class Dropout(torch.nn.Module):
     """``torch.nn.Dropout`` with a cheaper mask on the CPU; ``F.dropout`` elsewhere.
 
     PyTorch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``), which took
-    longer than the layer's matrix product. Here four elements share one random 64-bit word:
-    an element is kept when its 16 bits fall below ``k = round((1 - p) * 2**16)``, and kept
-    values are scaled by ``2**16 / k``. The output is unbiased exactly; the rate differs from
-    ``p`` by at most ``2**-17``.
+    longer than the layer's matrix product. Here an element's mask comes from 8 or 16 random
+    bits (8 when ``(1 - p) * 2**8`` is a whole number, as for p = 0.5, else 16): an element is
+    kept when its bits fall below ``k = round((1 - p) * 2**bits)``, and kept values are scaled
+    by ``2**bits / k``. The output is unbiased exactly; the rate is ``p`` exactly with 8 bits
+    and within ``2**-17`` of it with 16. The comparison writes bytes (or the input's dtype)
+    straight away: a boolean mask multiplied into bfloat16 took longer than the multiply.
+
+    ``forward(x, relu=True)`` applies a ReLU in the same pass and saves only its output, which
+    the next layer saves anyway: ReLU's backward (``output > 0``) then also covers the mask.
 
     Args:
         p: Probability of zeroing an element.
@@ -75,35 +85,70 @@ class Dropout(torch.nn.Module):
         _check_probabilities(dropout=p)
         self.p = p
 
-    def forward(self, x: Tensor) -> Tensor:
-        """``x`` with elements zeroed at rate ``p`` and the rest scaled (training only)."""
-        keep = round((1 - self.p) * 2**16)
-        if not self.training or keep == 2**16:
-            return x
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        """Zero elements of ``x`` (after a ReLU if ``relu``) at rate ``p``, scale the rest."""
+        bits = 8 if ((1 - self.p) * 2**8).is_integer() else 16
+        keep = round((1 - self.p) * 2**bits)
+        if not self.training or keep == 2**bits:
+            return F.relu(x) if relu else x
         if x.device.type != "cpu" or keep == 0:
-            return F.dropout(x, self.p, training=True)
-        words = torch.empty((x.numel() + 3) // 4, dtype=torch.int64).random_(-(2**63), None)
-        bits = words.view(torch.int16)[: x.numel()].view(x.shape)
-        return _MaskedScale.apply(x, bits < keep - 2**15, 2**16 / keep)
+            return F.dropout(F.relu(x) if relu else x, self.p, training=True)
+        words = _random_words((x.numel() * bits + 63) // 64)
+        if bits == 8:
+            draws, below = words.view(torch.uint8), keep
+        else:  # torch compares int16, not uint16: shift the threshold
+            draws, below = words.view(torch.int16), keep - 2**15
+        draws = draws[: x.numel()].view(x.shape)
+        scale = 2**bits / keep
+        if relu:
+            return _ReluMaskedScale.apply(x, torch.lt(draws, below, out=torch.empty_like(x)), scale)
+        mask = torch.lt(draws, below, out=torch.empty(x.shape, dtype=torch.uint8))
+        return _MaskedScale.apply(x, mask, scale)
 
     def extra_repr(self) -> str:
         """Shown in the model's printout."""
         return f"p={self.p}"
 
 
+def _random_words(count: int) -> Tensor:
+    """``count`` random 64-bit words from numpy's PCG64, seeded from torch's generator.
+
+    PCG64 drew them twice as fast as torch's CPU generator (``random_``) here; the seed comes
+    from torch, so ``seed_everything`` still decides every mask.
+    """
+    seed = int(torch.randint(2**62, ()).item())
+    return torch.from_numpy(np.random.PCG64(seed).random_raw(count).view(np.int64))
+
+
 class _MaskedScale(torch.autograd.Function):
-    """``x * keep * scale``, saving only the boolean mask for backward (as ``F.dropout`` does)."""
+    """``x * mask * scale``, saving only the byte mask for backward (as ``F.dropout`` does)."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, keep: Tensor, scale: float) -> Tensor:
-        ctx.save_for_backward(keep)
+    def forward(ctx: Any, x: Tensor, mask: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(mask)
         ctx.scale = scale
-        return (x * keep).mul_(scale)
+        return (x * mask.to(x.dtype)).mul_(scale)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
-        (keep,) = ctx.saved_tensors
-        return (grad * keep).mul_(ctx.scale), None, None
+        (mask,) = ctx.saved_tensors
+        return (grad * mask.to(grad.dtype)).mul_(ctx.scale), None, None
+
+
+class _ReluMaskedScale(torch.autograd.Function):
+    """``relu(x) * mask * scale``, saving only the output: its zeros are ReLU's and the mask's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, mask: Tensor, scale: float) -> Tensor:
+        out = torch.addcmul(x.new_zeros(()), torch.relu(x), mask, value=scale)  # one pass
+        ctx.save_for_backward(out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (out,) = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad, out, 0).mul_(ctx.scale), None, None
 
 
 def _csr(x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int) -> Any:
@@ -122,6 +167,30 @@ def _csr(x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges:
     return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 
 
+class _SourcesAndTargets(torch.autograd.Function):
+    """``(x, x[:num_targets])`` whose backward adds the targets' gradient into the sources'.
+
+    Autograd's own slice would materialise a zero ``x``-sized gradient for ``x[:num_targets]``
+    and add it to the sources' gradient: two passes over the widest tensor of the backward.
+    The sources' gradient arrives fresh from the aggregation's backward (a sparse product or
+    scatter, which the conv alone reads), so it takes the targets' rows in place.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, num_targets: int) -> tuple[Tensor, Tensor]:
+        ctx.num_targets, ctx.like = num_targets, (x.shape, x.dtype, x.device)
+        return x.view_as(x), x[:num_targets]
+
+    @staticmethod
+    def backward(ctx: Any, grad_src: Tensor | None, grad_dst: Tensor | None) -> tuple[Any, None]:
+        if grad_src is None:
+            shape, dtype, device = ctx.like
+            grad_src = torch.zeros(shape, dtype=dtype, device=device)
+        if grad_dst is not None:
+            grad_src[: ctx.num_targets] += grad_dst
+        return grad_src, None
+
+
 def target_only(
     gnn: pyg_nn.models.basic_gnn.BasicGNN,
     x: Tensor,
@@ -129,6 +198,7 @@ def target_only(
     num_sampled_nodes: list[int],
     num_sampled_edges: list[int],
     rowptr: Tensor | None = None,
+    bucket_rows: int = 0,
 ) -> Tensor:
     """``gnn``'s forward on a neighbour batch, each layer computing only what is read next.
 
@@ -146,27 +216,95 @@ def target_only(
         num_sampled_edges: Edges per hop.
         rowptr: The CSR row pointer of ``edge_index``'s targets: given, layers aggregate with a
             sparse-dense product, else with PyG's scatter over ``edge_index``.
+        bucket_rows: Round each hidden layer's rows up to a multiple of this (0: off), as rows
+            without edges whose outputs nothing reads: matrix products then see a few shapes,
+            and oneDNN (bf16 on CPU) reuses a primitive per shape instead of building one for
+            every batch.
     """
     num_layers, xs = len(gnn.convs), []
+    # ReLU then gnnscale's Dropout, nothing between them: one pass (see Dropout's forward).
+    fuse = isinstance(gnn.act, torch.nn.ReLU) and isinstance(gnn.dropout, Dropout)
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
         num_dst = sum(num_sampled_nodes[: num_layers - i])
         num_edges = sum(num_sampled_edges[: num_layers - i])
-        if rowptr is None:
+        layer_rowptr = None if rowptr is None else rowptr[: num_dst + 1]
+        if bucket_rows and i < num_layers - 1:  # the last layer's rows are the loss's seeds
+            padded = min(-(-num_dst // bucket_rows) * bucket_rows, x.size(0))
+            if layer_rowptr is not None:  # the added rows have no edges
+                extra = layer_rowptr[-1:].expand(padded - num_dst)
+                layer_rowptr = torch.cat([layer_rowptr, extra])
+            num_dst = padded
+        if layer_rowptr is None:
             adj: Any = edge_index[:, :num_edges]
         else:
-            adj = _csr(x, edge_index, rowptr, num_dst, num_edges)
-        x = conv((x, x[:num_dst]), adj)
+            adj = _csr(x, edge_index, layer_rowptr, num_dst, num_edges)
+        x = conv(_SourcesAndTargets.apply(x, num_dst), adj)
         if i < num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
-            if gnn.act is not None and gnn.act_first:
-                x = gnn.act(x)
-            x = norm(x)
-            if gnn.act is not None and not gnn.act_first:
-                x = gnn.act(x)
-            x = gnn.dropout(x)
+            if fuse and isinstance(norm, torch.nn.Identity):
+                x = gnn.dropout(x, relu=True)
+            else:
+                if gnn.act is not None and gnn.act_first:
+                    x = gnn.act(x)
+                x = norm(x)
+                if gnn.act is not None and not gnn.act_first:
+                    x = gnn.act(x)
+                x = gnn.dropout(x)
             xs.append(x)
     if hasattr(gnn, "jk"):  # PyG's "last" needs none
         x = gnn.jk(xs)
     return gnn.lin(x) if hasattr(gnn, "lin") else x
+
+
+@torch.no_grad()
+def layerwise_inference(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, loader: Any, device: torch.device | None = None
+) -> Tensor:
+    """Every node's output, one layer at a time over the whole graph (PyG's ``inference``).
+
+    ``loader`` yields every node's full one-hop neighbourhood, seeds first. As PyG's
+    ``BasicGNN.inference``, but each layer computes only the batch's seeds (``conv((x,
+    x[:seeds]), edges)``, as :func:`target_only`; PyG's computes every node of the batch and keeps
+    the seeds) and writes them into one tensor for the layer; PyG's keeps a list of the batches'
+    outputs and concatenates it, so two copies of the layer's output at the end and the heap
+    cut into batch-sized blocks meanwhile. After each batch the heap's free pages go back to
+    the system (:func:`gnnscale.measure.trim_heap`): batches of varying size would otherwise
+    grow it above what the speed-first allocator setting keeps for training.
+    """
+    x_all = loader.data.x
+    for i in range(gnn.num_layers):
+        out: Tensor | None = None
+        for batch in loader:
+            x = x_all[batch.n_id].to(device)
+            h = seeds_layer(gnn, i, x, batch.edge_index.to(device), batch.batch_size)
+            if out is None:
+                out = torch.empty(x_all.size(0), h.size(-1), dtype=h.dtype)
+            out[batch.n_id[: batch.batch_size]] = h.to(out.device)
+            del x, h
+            trim_heap()  # the batch's blocks back to the system, not cut into the heap
+        assert out is not None, "the loader yielded no batch"
+        x_all = out
+    return x_all
+
+
+def seeds_layer(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, i: int, x: Tensor, edge_index: Tensor, num_seeds: int
+) -> Tensor:
+    """Layer ``i`` of ``gnn`` on a one-hop batch, for its first ``num_seeds`` nodes only.
+
+    PyG's ``BasicGNN.inference_per_layer``, with a bipartite conv instead of a slice after it.
+    """
+    h = gnn.convs[i]((x, x[:num_seeds]), edge_index)
+    last = gnn.num_layers - 1
+    if i < last or gnn.jk_mode is not None:
+        if gnn.act is not None and gnn.act_first:
+            h = gnn.act(h)
+        if gnn.norms is not None:
+            h = gnn.norms[i](h)
+        if gnn.act is not None and not gnn.act_first:
+            h = gnn.act(h)
+        if i == last and hasattr(gnn, "lin"):
+            h = gnn.lin(h)
+    return h
 
 
 class NodeClassifier(L.LightningModule):
@@ -198,6 +336,7 @@ class NodeClassifier(L.LightningModule):
     # Set by the models whose layers take (source, target) pairs; see :func:`target_only`.
     target_only_layers = False
     sparse_aggregation = False
+    bucket_rows = 0  # see target_only
 
     def forward(
         self,
@@ -234,7 +373,9 @@ class NodeClassifier(L.LightningModule):
             )
         if not self.sparse_aggregation:
             rowptr = None
-        return target_only(self.gnn, x, edge_index, num_sampled_nodes, num_sampled_edges, rowptr)
+        return target_only(
+            self.gnn, x, edge_index, num_sampled_nodes, num_sampled_edges, rowptr, self.bucket_rows
+        )
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
@@ -254,7 +395,7 @@ class NodeClassifier(L.LightningModule):
 
     def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
         if isinstance(batch, LayerwiseBatch):
-            out = self.gnn.inference(batch.loader, device=self.device)
+            out = layerwise_inference(self.gnn, batch.loader, self.device)
             y = batch.y
             if batch.mask is not None:
                 out, y = out[batch.mask], y[batch.mask]
@@ -288,10 +429,14 @@ class NodeClassifier(L.LightningModule):
             logger.save()
 
     def configure_optimizers(self) -> Any:
-        """The optimizer (and schedule) chosen in the config; none: Adam, as the GAT paper."""
+        """The optimizer (and schedule) chosen in the config; none: Adam, as the GAT paper.
+
+        The default Adam is fused: one kernel updates every parameter (0.5-0.8 ms less per
+        neighbour step on this project's CPU machine).
+        """
         if self.optimizer is None:
             optimizer: torch.optim.Optimizer = torch.optim.Adam(
-                self.parameters(), lr=_ADAM_LR, weight_decay=_ADAM_WEIGHT_DECAY
+                self.parameters(), lr=_ADAM_LR, weight_decay=_ADAM_WEIGHT_DECAY, fused=True
             )
         else:
             optimizer = self.optimizer(self.parameters())
@@ -318,6 +463,10 @@ class GraphSAGE(NodeClassifier):
         sparse_aggregation: Aggregate neighbour batches with a sparse-dense product on the CSR
             adjacency the loader built (torch-sparse's ``SparseTensor``, else ``torch.sparse``)
             instead of PyG's scatter; ``aggr`` other than mean/max/min/sum always scatters.
+        bucket_rows: On neighbour batches, round each hidden layer's rows up to a multiple of
+            this (0: off; see :func:`target_only`). bf16 products on CPU then reuse a few
+            oneDNN primitives instead of building one a batch (README's ``roofline`` block: the
+            default step against rows as sampled); on GPUs the added rows cost next to nothing.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -333,6 +482,7 @@ class GraphSAGE(NodeClassifier):
         norm: str | None = None,
         aggr: str = "mean",
         sparse_aggregation: bool = True,
+        bucket_rows: int = 1024,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -351,6 +501,9 @@ class GraphSAGE(NodeClassifier):
         self.gnn.dropout = Dropout(dropout)
         self.target_only_layers = norm is None
         self.sparse_aggregation = sparse_aggregation and aggr in {"mean", "max", "min", "sum"}
+        if bucket_rows < 0:
+            raise ConfigError(f"--model.bucket_rows must be >= 0 (got {bucket_rows})")
+        self.bucket_rows = bucket_rows
 
 
 class GATv2(NodeClassifier):

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import torch_geometric.typing
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.autograd.graph import saved_tensors_hooks
+from torch_geometric.loader import NeighborLoader
 from torch_geometric.nn import MLP
 
 from gnnscale import (
@@ -187,10 +188,12 @@ def _layout(batch):
     return batch.num_sampled_nodes, batch.num_sampled_edges, batch.rowptr
 
 
+# Rows as sampled (bucket_rows=0): the rows each layer computes are counted below; rounding them
+# up is tested on its own (test_bucketed_rows_change_no_output_or_gradient).
 TARGET_ONLY = {
-    "sage-sparse": partial(GraphSAGE, sparse_aggregation=True),
-    "sage-scatter": partial(GraphSAGE, sparse_aggregation=False),
-    "sage-max": partial(GraphSAGE, aggr="max"),
+    "sage-sparse": partial(GraphSAGE, sparse_aggregation=True, bucket_rows=0),
+    "sage-scatter": partial(GraphSAGE, sparse_aggregation=False, bucket_rows=0),
+    "sage-max": partial(GraphSAGE, aggr="max", bucket_rows=0),
     "gatv2": partial(GATv2, hidden_channels=32, heads=4),
     "gatv2-linear-head": partial(GATv2, hidden_channels=32, heads=4, linear_head=True),
 }
@@ -214,6 +217,52 @@ def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
     assert rows == [sum(nodes[:3]), sum(nodes[:2]), nodes[0]]
     # fp32; the sparse product and the scatter sum in different orders.
     torch.testing.assert_close(seeds, everything, rtol=1e-4, atol=1e-5)
+
+
+@requires_sampler
+@pytest.mark.parametrize("name", TARGET_ONLY)
+def test_target_only_layers_keep_the_gradients(tmp_path, name):
+    # Training mode without dropout (the masks would differ): the targets' rows of each layer
+    # get their gradient from two paths, as sources of the aggregation and as the root term.
+    batch = _neighbour_batch(tmp_path)
+    grads = []
+    for layout in ((), _layout(batch)):
+        torch.manual_seed(0)
+        model = TARGET_ONLY[name](in_channels=TINY.num_features, num_classes=5, num_layers=3)
+        model.gnn.dropout.p = 0.0
+        x = batch.x.clone().requires_grad_()
+        out = model.train()(x, batch.edge_index, *layout)[:64]
+        F.cross_entropy(out, batch.y[:64]).backward()
+        grads.append(torch.cat([x.grad.flatten()] + [p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
+
+
+@requires_sampler
+@pytest.mark.parametrize("sparse", [True, False])
+def test_bucketed_rows_change_no_output_or_gradient(tmp_path, sparse):
+    # Rows added to reach a multiple of 7 have no edges and nothing reads their outputs.
+    batch = _neighbour_batch(tmp_path)
+    nodes, results, rows = batch.num_sampled_nodes, [], []
+    for bucket in (0, 7):
+        torch.manual_seed(0)
+        model = GraphSAGE(
+            TINY.num_features, 5, num_layers=3, sparse_aggregation=sparse, bucket_rows=bucket
+        )
+        model.gnn.dropout.p = 0.0
+        rows.clear()
+        for conv in model.gnn.convs:
+            conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+        x = batch.x.clone().requires_grad_()
+        out = model.train()(x, batch.edge_index, *_layout(batch))
+        F.cross_entropy(out, batch.y[:64]).backward()
+        grads = [x.grad.flatten()] + [p.grad.flatten() for p in model.parameters()]
+        results.append((out, torch.cat(grads)))
+    # Hidden layers rounded up to multiples of 7 (never past the layer's input); the last layer
+    # outputs the seeds alone.
+    assert rows == [min(-(-sum(nodes[:k]) // 7) * 7, sum(nodes[: k + 1])) for k in (3, 2)] + [64]
+    assert rows[:2] != [sum(nodes[:3]), sum(nodes[:2])]  # something was added
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
 
 
 @requires_sampler
@@ -254,31 +303,56 @@ def test_sparse_aggregation_matches_scatter_in_a_training_step(
     assert not torch.equal(outputs[0], model.eval()(batch.x, batch.edge_index)[:64].float())
 
 
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.6])
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.6, 0.75])  # 16, 8, 16 and 8 random bits a mask
 def test_dropout_keeps_its_rate_and_its_mean(p):
     from gnnscale.models import Dropout
 
     torch.manual_seed(0)
     dropout = Dropout(p).train()
-    x = torch.ones(1_000_003)  # not a multiple of 4: the last word is cut
+    x = torch.ones(1_000_003)  # not a multiple of 8: the last word is cut
     draws = torch.stack([dropout(x) for _ in range(4)])
     kept = draws != 0
-    # Each of the four 16-bit lanes of a random word keeps at rate 1 - p (none is biased).
-    for lane in range(4):
-        assert kept[:, lane::4].float().mean().item() == pytest.approx(1 - p, rel=0.01)
+    # Each byte of a random word keeps at rate 1 - p (no lane is biased).
+    for lane in range(8):
+        assert kept[:, lane::8].float().mean().item() == pytest.approx(1 - p, rel=0.01)
     assert draws.mean().item() == pytest.approx(1.0, rel=0.01)  # unbiased
     assert torch.allclose(draws[kept], torch.tensor(1 / (1 - p)), rtol=1e-4)
     assert not torch.equal(draws[0], draws[1])  # a fresh mask per call
-    # Backward scales the kept gradients alike; only a boolean mask is saved for it.
+    masks = []
+    for _ in range(2):  # torch's seed decides the mask (numpy draws the bits)
+        torch.manual_seed(1)
+        masks.append(dropout(x))
+    assert torch.equal(masks[0], masks[1])
+    # Backward scales the kept gradients alike; only a byte mask is saved for it.
     x = torch.ones(1000, requires_grad=True)
     with saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
         saved = []
         out = dropout(x)
     out.sum().backward()
     assert torch.equal(x.grad, out.detach())
-    assert [t.dtype for t in saved] == [torch.bool]
+    assert [t.dtype for t in saved] == [torch.uint8]
     assert torch.equal(dropout.eval()(x), x)
     assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_relu_dropout_in_one_pass_saves_only_its_output(dtype):
+    from gnnscale.models import Dropout
+
+    torch.manual_seed(0)
+    dropout = Dropout(0.5).train()
+    x = torch.randn(100_000, dtype=dtype, requires_grad=True)
+    with saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        saved = []
+        out = dropout(x, relu=True)
+    assert len(saved) == 1 and saved[0].data_ptr() == out.data_ptr()  # the output, no mask
+    kept = out != 0
+    assert not kept[x <= 0].any()  # ReLU's zeros
+    assert kept[x > 0].float().mean().item() == pytest.approx(0.5, rel=0.02)  # dropout's
+    assert torch.equal(out[kept], x[kept].detach() * 2)
+    out.backward(torch.full_like(out, 3.0))
+    assert torch.equal(x.grad, torch.where(kept, 6.0, 0.0).to(dtype))  # 3 x scale 2, or 0
+    assert torch.equal(dropout.eval()(x, relu=True), torch.relu(x))
 
 
 @requires_torch_sparse
@@ -298,3 +372,32 @@ def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, d
             outputs.append(model(batch.x, batch.edge_index, None, None, batch.rowptr))
     assert outputs[0].shape == (batch.num_nodes, 5)
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
+
+
+@requires_sampler
+@pytest.mark.parametrize(
+    "name", ["sage-sparse", "sage-max", "gatv2", "gatv2-linear-head", "sage-batch-norm"]
+)
+def test_layerwise_inference_equals_pygs(tmp_path, name):
+    # Seeds only, written in place, in any order of batches: the same outputs as PyG's.
+    from gnnscale.models import layerwise_inference
+
+    build = TARGET_ONLY.get(name, partial(GraphSAGE, norm="batch_norm"))
+    eval_args = EvalArgs(mode="layerwise", batch_size=97)  # batches of unequal size
+    dm = NeighborDataModule(
+        root=tmp_path, batch_size=64, num_neighbors=[10, 5, 5], synthetic=TINY, eval=eval_args
+    )
+    dm.setup("fit")
+    loader = next(iter(dm.val_dataloader())).loader
+    torch.manual_seed(0)
+    model = build(in_channels=TINY.num_features, num_classes=5, num_layers=3).eval()
+    if name == "sage-batch-norm":  # running statistics that are not the identity
+        for norm in model.gnn.norms[:-1]:  # the last layer has none
+            norm.module.running_mean.normal_()
+            norm.module.running_var.uniform_(0.5, 2)
+    ours = layerwise_inference(model.gnn, loader)
+    assert ours.shape == (TINY.num_nodes, 5)
+    torch.testing.assert_close(ours, model.gnn.inference(loader), rtol=1e-4, atol=1e-5)
+    # The loader's order does not matter: each seed's row is written where it belongs.
+    shuffled = NeighborLoader(loader.data, num_neighbors=[-1], batch_size=97, shuffle=True)
+    torch.testing.assert_close(layerwise_inference(model.gnn, shuffled), ours)
