@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from gnnscale.measure import cpu_bf16_native
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -66,6 +68,8 @@ def machine() -> str:
     text = f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB"
     if torch.cuda.is_available():
         text += f", {torch.cuda.get_device_name()}"
+    else:  # without them, bf16-mixed recipes train in fp32 (gnnscale.cli._cpu_precision)
+        text += f", CPU bf16 kernels: {'yes' if cpu_bf16_native() else 'no'}"
     return text
 
 

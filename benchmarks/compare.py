@@ -300,6 +300,9 @@ class Runner:
         os.environ["PYTHONPATH"] = os.pathsep.join(
             [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
+        # Rows labelled bf16 run bf16 on both sides, also on a CPU without bf16 kernels, where
+        # gnnscale would otherwise train its bf16-mixed configs in fp32 (gnnscale.cli).
+        os.environ["GNNSCALE_CPU_BF16"] = "1"
         self.ctx = mp.get_context("forkserver")
         self.ctx.set_forkserver_preload(["jobs"])
         self.count = 0

@@ -32,15 +32,15 @@ from jsonargparse import ArgumentError
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gnnscale.checkpoint import StreamingCheckpointIO
-from gnnscale.data import NeighborDataModule, Preprocess, _GraphDataModule
+from gnnscale.data import NeighborDataModule, Preprocess
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.graphs import prepare_graphs
-from gnnscale.measure import set_mmap_threshold
+from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
 from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
-from gnnscale.plan import MemoryPlan, format_plan, plan
+from gnnscale.plan import PLANNED, MemoryPlan, format_plan, plan
 from gnnscale.synthetic import SyntheticGraph
 
 __all__ = [
@@ -79,22 +79,34 @@ def _steady_cpu_memory() -> None:
       doubled Cluster-GCN's s/epoch (2.73 instead of 1.37; 16 MiB and a 1 GiB trim threshold did
       not help); so speed is the default and the lean setting is opt-in. ``gnnscale plan`` is
       within 25% of both.
-    - oneDNN, which runs bf16 matrix products on CPUs, caches a primitive per shape (1024 by
-      default): bf16 runs grew by 75 MB per epoch of 20 batches; fp32 stayed flat. A cache of 8
-      keeps the growth at 33 MB, at no cost in speed (8.4 s per epoch with 8, 9.1 s with 1024).
+    - bf16 matrix products on CPUs keep a compiled primitive per shape in two caches of 1024,
+      oneDNN's (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and PyTorch's ideep's
+      (``LRU_CACHE_CAPACITY``), and sampled batches bring new shapes every step: bf16 runs grew
+      by 75 MB per epoch of 20 batches; fp32 stayed flat. 8 in oneDNN's left 33 MB per epoch;
+      8 in both, a few MB: 300 products of new shapes grew the process by 171 MiB with neither
+      set, 86-96 with one, 9 with both; hetero_node_classification stayed flat over 4 epochs
+      where it grew 35 MB per epoch. GraphSAINT and Cluster-GCN epochs took as long with both
+      at 8, 64 or 1024 (within noise; peaks 350-400 MiB lower at 8); a neighbour step with rows
+      as sampled pays a primitive build per batch, which ``GraphSAGE(bucket_rows=1024)`` avoids.
+      Both are read at the first bf16 product, so this runs before any.
 
     Settings the user made in the environment win (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
-    ``MALLOC_MMAP_THRESHOLD_``).
+    ``LRU_CACHE_CAPACITY``, ``MALLOC_MMAP_THRESHOLD_``).
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    os.environ.setdefault("LRU_CACHE_CAPACITY", "8")
     threshold = int(os.environ.get("GNNSCALE_MMAP_THRESHOLD", DEFAULT_MMAP_THRESHOLD))
     if threshold > 0 and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         set_mmap_threshold(threshold)
 
 
+def _on_gpu(accelerator: str) -> bool:
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
 def _check_precision(precision: str, accelerator: str) -> None:
     """Lightning would quietly swap fp16 for bf16 on CPU; say so instead."""
-    on_gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    on_gpu = _on_gpu(accelerator)
     if precision in ("16", "16-mixed") and not on_gpu:
         raise ConfigError(
             f"--trainer.precision={precision} needs a CUDA GPU (fp16 autocast with loss scaling); "
@@ -105,6 +117,27 @@ def _check_precision(precision: str, accelerator: str) -> None:
             f"--trainer.precision={precision}: this GPU has no bf16; use "
             "--trainer.precision=16-mixed"
         )
+
+
+def _cpu_precision(precision: str, accelerator: str) -> str:
+    """``32-true`` for ``bf16-mixed`` on a CPU without oneDNN's bf16 kernels, else ``precision``.
+
+    The recipes train in bf16 autocast for its halved activations and, on CPUs with bf16
+    kernels (AVX-512, AMX) and GPUs, its speed. On a CPU without them every bf16 product runs
+    on a reference kernel: a neighbour step took 245 ms against 37 in fp32 (6.6x), so speed
+    wins by default and ``GNNSCALE_CPU_BF16=1`` keeps bf16 for its memory. ``bf16-true`` (the
+    parameters themselves in bf16) is left as asked.
+    """
+    if precision not in ("bf16", "bf16-mixed") or _on_gpu(accelerator) or cpu_bf16_native():
+        return precision
+    if os.environ.get("GNNSCALE_CPU_BF16", "0") not in ("", "0"):
+        return precision
+    rank_zero_warn(
+        f"gnnscale: --trainer.precision={precision} on a CPU without bf16 matrix kernels (no "
+        "AVX-512 or AMX) runs 6x slower than fp32; training in 32-true instead. "
+        "GNNSCALE_CPU_BF16=1 keeps bf16-mixed (about half the activation memory)."
+    )
+    return "32-true"
 
 
 class Trainer(L.Trainer):
@@ -129,13 +162,13 @@ class Trainer(L.Trainer):
             model: The run's model.
             datamodule: The run's DataModule.
             budget_gb: Memory budget in GiB; if the run needs more, suggest a batch size and
-                fan-out that fit.
+                fan-out (for neighbour sampling) that fit.
             num_batches: Training batches to sample and train on (more: a steadier estimate).
         """
-        if not isinstance(datamodule, _GraphDataModule):
+        if not isinstance(datamodule, PLANNED):
             raise ConfigError(
-                f"gnnscale plan models the node DataModules' batches; {type(datamodule).__name__}"
-                " is not one of them (measure a short fit instead)"
+                "gnnscale plan models the batches of gnnscale's node, link and graph DataModules; "
+                f"{type(datamodule).__name__} is not one of them (measure a short fit instead)"
             )
         if budget_gb is not None and budget_gb <= 0:
             raise ConfigError(f"--budget_gb must be > 0 GiB (got {budget_gb})")
@@ -192,6 +225,9 @@ class GnnscaleCLI(LightningCLI):
         """Refuse a precision the device cannot run, before any data is loaded; find ``last``."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
+        config.trainer.precision = _cpu_precision(
+            str(config.trainer.precision), str(config.trainer.accelerator)
+        )
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             _resume_last(config)
 

@@ -6,6 +6,7 @@
   step, deterministic.
 - :func:`read_metrics`: the columns of a run's ``metrics.csv`` (Lightning's ``CSVLogger``).
 - :func:`set_mmap_threshold`: glibc's fixed mmap threshold (why: ``gnnscale.cli``).
+- :func:`cpu_bf16_native`: whether this CPU runs bf16 matrix products natively (oneDNN).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import Tensor
 __all__ = [
     "PeakRSS",
     "anon_mb",
+    "cpu_bf16_native",
     "SavedTensors",
     "peak_rss_mb",
     "read_metrics",
@@ -219,3 +221,36 @@ def set_mmap_threshold(num_bytes: int) -> bool:
         m_mmap_threshold = -3  # from malloc.h
         return bool(ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, num_bytes))
     return False
+
+
+def trim_heap() -> bool:
+    """Give the heap's free pages back to the system (glibc's ``malloc_trim(0)``).
+
+    Under glibc's dynamic mmap threshold, tensors of a few MB come from the heap and their
+    pages stay resident once freed, for the next allocation to reuse; a pass whose tensors vary
+    in size (layer-wise evaluation) cuts the heap into blocks it cannot reuse and grows it.
+    Returns whether it ran (glibc only).
+    """
+    if sys.platform != "linux":
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        return True
+    return False
+
+
+def cpu_bf16_native() -> bool:
+    """Whether bf16 matrix products on this CPU run on oneDNN's bf16 kernels.
+
+    oneDNN has them on CPUs with AVX-512 (bf16 converted to fp32 in registers) or AVX512-BF16
+    / AMX (native). Elsewhere (AVX2 alone) PyTorch falls back to a reference kernel: a [10000,
+    100] x [100, 256] product took 370 ms in bf16 against 4-6 ms in fp32 on such a CPU, and a
+    neighbour training step 245 ms against 37. Unknown (an older torch): assumed fast.
+    """
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if check is None:
+        return True
+    try:
+        return bool(check())
+    except RuntimeError:
+        return True

@@ -5,10 +5,12 @@ import re
 import runpy
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
 
+import gnnscale.cli
 import gnnscale.data
 from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
@@ -217,3 +219,30 @@ def test_true_precisions_train(tmp_path, precision):
     _fit_planetoid(tmp_path, "--trainer.max_epochs=2", f"--trainer.precision={precision}")
     metrics = read_metrics(tmp_path / "runs")
     assert all(math.isfinite(v) for v in metrics["train/loss_epoch"]) and metrics["test/acc"]
+
+
+@pytest.mark.parametrize(
+    ("native", "keep", "asked", "runs"),
+    [
+        (False, None, "bf16-mixed", "32-true"),  # reference kernels: 6x slower, so fp32
+        (False, "1", "bf16-mixed", "bf16-mixed"),  # GNNSCALE_CPU_BF16=1: bf16 for its memory
+        (True, None, "bf16-mixed", "bf16-mixed"),  # oneDNN's bf16 kernels: as asked
+        (False, None, "bf16-true", "bf16-true"),  # bf16 parameters: as asked
+    ],
+)
+def test_cpu_bf16_autocast_falls_back_to_fp32_without_bf16_kernels(
+    tmp_path, monkeypatch, native, keep, asked, runs
+):
+    monkeypatch.setattr(gnnscale.cli, "cpu_bf16_native", lambda: native)
+    if keep is None:
+        monkeypatch.delenv("GNNSCALE_CPU_BF16", raising=False)
+    else:
+        monkeypatch.setenv("GNNSCALE_CPU_BF16", keep)
+    config = ["--config", str(recipe("planetoid").config), "--data.dataset=synthetic"]
+    args = [*config, *cli_args(tmp_path), f"--trainer.precision={asked}"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cli = main(args, run=False)
+    assert cli.trainer.precision == runs
+    said = [str(w.message) for w in caught if "GNNSCALE_CPU_BF16" in str(w.message)]
+    assert len(said) == (runs != asked)  # the switch is said once, and only when made

@@ -1,3 +1,4 @@
+import subprocess
 import sys
 
 import pytest
@@ -5,6 +6,7 @@ import torch
 
 from gnnscale.measure import (
     SavedTensors,
+    cpu_bf16_native,
     peak_rss_mb,
     read_metrics,
     reset_peak_rss,
@@ -49,3 +51,62 @@ def test_read_metrics_takes_each_column_without_its_gaps(tmp_path):
     (tmp_path / "version_1" / "metrics.csv").write_text("epoch\n2\n")
     with pytest.raises(FileNotFoundError, match="expected one metrics.csv"):
         read_metrics(tmp_path)
+
+
+# Tensors of 1 MiB from the heap (a fixed 64 MiB mmap threshold), all freed but the last one,
+# which keeps glibc from trimming the heap's top by itself: the freed pages stay resident.
+HEAP_HOLES = """
+import sys, torch
+from gnnscale.measure import rss_mb, set_mmap_threshold, trim_heap
+assert set_mmap_threshold(64 * 2**20)
+blocks = [torch.ones(2**18) for _ in range(300)]  # 300 x 1 MiB, touched
+del blocks[:-1]
+before = rss_mb()
+ran = trim_heap()
+print(ran, before - rss_mb())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_trim")
+def test_trim_heap_returns_the_freed_heap_pages():
+    done = subprocess.run([sys.executable, "-c", HEAP_HOLES], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ran, released = done.stdout.split()
+    assert ran == "True"
+    assert float(released) > 200, f"{released} MiB released of the 299 MiB freed"
+
+
+# bf16 products of 300 new shapes, after gnnscale's CLI settings (or with both caches at 1024).
+PRIMITIVES = """
+import os, sys
+import torch
+from gnnscale.cli import _steady_cpu_memory
+from gnnscale.measure import rss_mb, trim_heap
+if sys.argv[1] == "large":
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = os.environ["LRU_CACHE_CAPACITY"] = "1024"
+_steady_cpu_memory()
+w, x = torch.randn(100, 256).bfloat16(), torch.randn(11000, 100).bfloat16()
+before = rss_mb()
+for i in range(300):
+    y = x[: 10000 + i] @ w
+del y
+trim_heap()
+print(rss_mb() - before)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's malloc_trim")
+@pytest.mark.skipif(
+    not cpu_bf16_native(),
+    reason="no oneDNN bf16 kernels on this CPU (AVX2 alone): bf16 products build no primitives",
+)
+def test_bf16_products_of_new_shapes_do_not_grow_memory():
+    grown = {}
+    for caches in ("gnnscale", "large"):
+        done = subprocess.run(
+            [sys.executable, "-c", PRIMITIVES, caches], capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        grown[caches] = float(done.stdout.split()[-1])
+    assert grown["gnnscale"] < 40, grown
+    assert grown["large"] > 3 * grown["gnnscale"] + 50, grown  # the caches are what grows
