@@ -225,9 +225,9 @@ class GnnscaleCLI(LightningCLI):
         """Refuse a precision the device cannot run, before any data is loaded; find ``last``."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
-        config.trainer.precision = _cpu_precision(
-            str(config.trainer.precision), str(config.trainer.accelerator)
-        )
+        precision = str(config.trainer.precision)
+        if _cpu_precision(precision, str(config.trainer.accelerator)) != precision:
+            config.trainer.precision = "32-true"
         if self.subcommand == "fit" and config.get("ckpt_path") == "last":
             _resume_last(config)
 
