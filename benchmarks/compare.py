@@ -394,6 +394,8 @@ def summarise_run(run: dict[str, Any], impl: str) -> dict[str, Any]:
     }
     if run["evaluated"]:
         out["acc"] = run["acc"]
+    if "loader_only_s" in run:  # the hand loop's training loader, passed once with no model
+        out["loader_only_s"] = run["loader_only_s"]
     if "peak_cuda_mb" in run:
         out["peak_cuda_mb"] = run["peak_cuda_mb"]
     return out
@@ -442,6 +444,12 @@ def summarise_rows(rows: list[Row], bandwidth: dict[str, Any] | None) -> dict[st
             med["gather_GBps"] = gathered / med["epoch_s"] / 1e9
             if bandwidth and "gather_GBps" in bandwidth:
                 med["gather_fraction"] = med["gather_GBps"] / bandwidth["gather_GBps"]
+        # The sampling floor: the same PyG sampler with the recipe's workers, no model; an epoch
+        # of either side cannot be shorter (#14: once the step is fast, sampling bounds it).
+        floor = table.get(f"{entry['sampler']}/hand", {}).get("median", {}).get("loader_only_s")
+        if floor:
+            med["sampling_floor_s"] = floor
+            med["epoch_over_floor"] = med["epoch_s"] / floor
         if hand.get("epoch_s") and entry["impl"] == "gnnscale":
             ratios = entry["ratio_vs_hand"] = {}
             for k in ("epoch_s", "nodes_per_s", "peak_rss_mb", "peak_rss_train_mb", "peak_cuda_mb"):
