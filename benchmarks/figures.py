@@ -12,6 +12,8 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   the gather bandwidth, and its top operators (``roofline`` in README.md).
 - ``allocator``: s/epoch and peak memory of two recipes under each glibc mmap threshold, the
   default marked (``allocator`` in README.md).
+- ``workers``: s/epoch and peak memory of the sampler recipes with 0, 1 and 2 loader workers,
+  the shipped setting marked (``workers`` in README.md).
 - ``compare``: gnnscale against hand-written PyG loops, memory bandwidth, where the time goes,
   GATv2 against its O(E) bound, scaling to 10^7 nodes (``benchmarks`` in README.md;
   ``benchmarks/results/``).
@@ -45,6 +47,7 @@ SECTIONS = (
     "recipes",
     "roofline",
     "allocator",
+    "workers",
     "compare",
     "gat",
     "sparse",
@@ -76,6 +79,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ondisk-large": "on_disk_large",
         "roofline": "roofline",
         "allocator": "allocator",
+        "workers": "workers",
         "graphs": "many_graphs",
     }[name]
     threads = {
@@ -86,6 +90,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ondisk-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
         "roofline": f"{torch.get_num_threads()} torch threads, one process",
         "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",
+        "workers": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
     }[name]
     return __import__(module).blocks(tiny), threads
