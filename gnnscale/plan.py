@@ -91,9 +91,10 @@ class MemoryPlan:
             run keeps no checkpoints).
         growth_mb: Memory retained batch after batch, extrapolated over the run's epochs up to
             one step's transient memory, where it levels off.
-        mapped_mb: Files of a prepared graph (``dataset: prepared``): page cache, shared by every
-            process that maps them and dropped under pressure, but counted in the resident set
-            once touched, and an epoch touches nearly all of them. Part of ``peak_mb``.
+        mapped_mb: Files of a prepared graph (``dataset: prepared``) or an LMDB graph store
+            (``GraphDataModule``, ``storage: disk``): page cache, shared by every process that
+            maps them and dropped under pressure, but counted in the resident set once
+            touched, and an epoch touches nearly all of them. Part of ``peak_mb``.
         peak_mb: ``growth_mb + mapped_mb + max(base_mb + train_mb, resident_mb + max(eval_mb,
             checkpoint_mb))``.
         batches: The sampled training batches.
@@ -407,6 +408,9 @@ def plan(
     mapped_mb = 0.0
     if isinstance(dm, _GraphDataModule) and dm.dataset == "prepared":
         mapped_mb = dm.prepared.nbytes / MiB
+    elif isinstance(dm, GraphDataModule) and dm.storage == "disk" and dm.store.backend == "lmdb":
+        # LMDB maps its file; SQLite reads through the page cache without mapping it.
+        mapped_mb = dm.store.path.stat().st_size / MiB
     result = MemoryPlan(
         base_mb=probe.base_mb,
         graph_mb=_graph_mb(dm),

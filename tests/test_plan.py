@@ -250,7 +250,7 @@ def test_plan_measures_link_and_graph_batches_and_their_evaluation(tmp_path, nam
     assert plan.eval_mb > 0 and plan.train_mb > 0 and plan.model_mb > 0
     after_training = plan.resident_mb + max(plan.eval_mb, plan.checkpoint_mb)
     assert plan.peak_mb == pytest.approx(
-        plan.growth_mb + max(plan.base_mb + plan.train_mb, after_training)
+        plan.growth_mb + plan.mapped_mb + max(plan.base_mb + plan.train_mb, after_training)
     )
     # A budget with room for half the step: a batch size about half as large.
     budget = plan.base_mb + plan.growth_mb + plan.train_mb / 2
@@ -268,6 +268,9 @@ def test_plan_measures_link_and_graph_batches_and_their_evaluation(tmp_path, nam
         train_batches = len(cli.datamodule.train_dataloader())
         assert plan.batches_per_epoch == math.ceil(train_batches / 2)
         assert plan.graph_mb == 0  # the store stays on disk
+        # ... but LMDB maps its file: counted whole, as the on-disk graphs' files are.
+        store = cli.datamodule.store.path
+        assert store.suffix == ".mdb" and plan.mapped_mb == store.stat().st_size / 2**20 > 0
 
 
 def test_plan_counts_graphs_read_into_memory(tmp_path):
