@@ -344,11 +344,13 @@ def test_plan_predicts_link_and_graph_peaks_within_25_percent(tmp_path, name):
     report, measured = _plan_and_fit(tmp_path, name, *_sized_args(name, tmp_path))
     planned, base = _mib("expected peak", report), _mib("base after setup", report)
     train, evaluation = _mib("training step", report), _mib("evaluation", report)
-    # Neither part may be left out: each is a good part of the run's peak. Graph-level
-    # evaluation scores batches of the training size without autograd: a few per cent of the
-    # peak (37 MiB of 1,033 in one CI run), so there it only has to be planned.
+    # Neither part may be left out where it is a good part of the run's peak: link evaluation
+    # embeds every node and ranks every item. Sampled evaluation without autograd mostly fits in
+    # the memory the training steps freed: graph-level batches took 37 MiB of 1,033 above it in
+    # one CI run, hetero node batches 5 MiB of 752 on a CPU with bf16 kernels (more in fp32), so
+    # there it only has to be planned.
     assert train > 0.2 * measured, report
-    least = {"link_prediction_pinsage": 0.2, "hetero_node_classification": 0.05}.get(name, 0)
+    least = {"link_prediction_pinsage": 0.2}.get(name, 0)
     assert evaluation > least * measured, report
     assert planned - base > 0.3 * measured, "the test should make the step matter"
     print(f"{name}: planned {planned:,.0f} MiB, measured {measured:,.0f} MiB")  # shown with -rA
