@@ -213,18 +213,19 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     batches = _batches(dm, 2 if tiny else 8)
     passes, repeats = (1, 1) if tiny else (5, 5)
     steps = {"gnnscale": _step_fn(model, precision)}
-    if name == "neighbor_sage":
+    if model.bucket_rows and model.target_only_layers:  # rows rounded up (no norm)
         unbucketed = copy.deepcopy(model)
-        unbucketed.bucket_rows = 0  # hidden layers' rows as sampled, not rounded up to 1,024s
+        unbucketed.bucket_rows = 0  # rows as sampled, not rounded up to 1,024s
         steps["unbucketed"] = _step_fn(unbucketed, precision)
+    if name == "neighbor_sage":
         before, hand = copy.deepcopy(model), copy.deepcopy(model)
         steps["before"] = _step_fn(before, precision, _pyg_trim_forward(before))
         hand.gnn.dropout = torch.nn.Dropout(hand.gnn.dropout.p)
         steps["hand"] = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
     result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, batches, passes)}
     gemm = {k: _gemm_ms(s, batches, repeats) for k, s in steps.items() if k != "gnnscale"}
-    # The default neighbour step rounds hidden rows up (bucket_rows); the added rows compute
-    # nothing read, so it is held to the unpadded step's products.
+    # The default step rounds rows up (bucket_rows); the added rows compute nothing read, so it
+    # is held to the unpadded step's products.
     if "unbucketed" in gemm:
         gemm["gnnscale"] = gemm["unbucketed"]
     else:
@@ -271,8 +272,8 @@ def blocks(tiny: bool) -> list[Block]:
     ]
     labels = {
         "gnnscale": "{}",
-        "unbucketed": "{}, hidden rows as sampled (`--model.bucket_rows=0`; the default rounds "
-        "them up to 1,024s and is held to these unpadded GEMMs)",
+        "unbucketed": "{}, rows as sampled (`--model.bucket_rows=0`; the default rounds them "
+        "up to 1,024s and is held to these unpadded GEMMs)",
         "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
         "hand": "{}, the hand loop's forward (no trimming)",
     }

@@ -167,6 +167,20 @@ def _csr(x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges:
     return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 
 
+def _pad_rows(x: Tensor, rowptr: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
+    """``x`` and its CSR row pointer with zero rows without edges, up to a multiple of rows.
+
+    Every layer of a subgraph batch then has a few row counts, so bf16 products on CPU reuse
+    a few oneDNN primitives instead of building one for every batch's node count. The added
+    rows read nothing and nothing reads them; their outputs are cut off.
+    """
+    num_rows = x.size(0)
+    extra = -(-num_rows // multiple) * multiple - num_rows
+    if not extra:
+        return x, rowptr
+    return F.pad(x, (0, 0, 0, extra)), torch.cat([rowptr, rowptr[-1:].expand(extra)])
+
+
 class _SourcesAndTargets(torch.autograd.Function):
     """``(x, x[:num_targets])`` whose backward adds the targets' gradient into the sources'.
 
@@ -362,7 +376,11 @@ class NodeClassifier(L.LightningModule):
         x = x.to(self.dtype)
         if num_sampled_nodes is None or num_sampled_edges is None:  # every node is computed
             if rowptr is not None and self.sparse_aggregation:  # a Cluster-GCN or SAINT batch
-                edge_index = _csr(x, edge_index, rowptr, x.size(0), edge_index.size(1))
+                num_nodes = x.size(0)
+                if self.bucket_rows and self.target_only_layers:  # a norm would see the rows
+                    x, rowptr = _pad_rows(x, rowptr, self.bucket_rows)
+                adj = _csr(x, edge_index, rowptr, x.size(0), edge_index.size(1))
+                return self.gnn(x, adj)[:num_nodes]
             return self.gnn(x, edge_index)
         if not self.target_only_layers:
             return self.gnn(
@@ -464,9 +482,11 @@ class GraphSAGE(NodeClassifier):
             adjacency the loader built (torch-sparse's ``SparseTensor``, else ``torch.sparse``)
             instead of PyG's scatter; ``aggr`` other than mean/max/min/sum always scatters.
         bucket_rows: On neighbour batches, round each hidden layer's rows up to a multiple of
-            this (0: off; see :func:`target_only`). bf16 products on CPU then reuse a few
-            oneDNN primitives instead of building one a batch (README's ``roofline`` block: the
-            default step against rows as sampled); on GPUs the added rows cost next to nothing.
+            this (0: off; see :func:`target_only`); on Cluster-GCN and GraphSAINT batches
+            (without a ``norm``, whose statistics would see them), the batch's rows. bf16
+            products on CPU then reuse a few oneDNN primitives instead of building one a batch
+            (README's ``roofline`` block: the default step against rows as sampled); on GPUs
+            the added rows cost next to nothing.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.

@@ -374,6 +374,34 @@ def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, d
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
 
 
+@requires_torch_sparse
+@pytest.mark.parametrize("dm_name", ["cluster", "saint"])
+@pytest.mark.parametrize("norm", [None, "batch_norm"])
+def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, dm_name, norm):
+    # Rows added up to a multiple have no edges; their outputs are cut off. A norm's statistics
+    # would see them, so a model with one computes the rows as sampled.
+    dm = DATAMODULES[dm_name][0](tmp_path)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    multiple = next(k for k in range(7, 100) if batch.num_nodes % k)  # something is added
+    results, rows = [], []
+    for bucket in (0, multiple):
+        torch.manual_seed(0)
+        model = GraphSAGE(TINY.num_features, 5, num_layers=3, norm=norm, bucket_rows=bucket)
+        model.gnn.dropout.p = 0.0
+        rows.clear()
+        for conv in model.gnn.convs:
+            conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+        out = model.train()(batch.x, batch.edge_index, None, None, batch.rowptr)
+        F.cross_entropy(out, batch.y).backward()
+        results.append((out, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    padded = -(-batch.num_nodes // multiple) * multiple if norm is None else batch.num_nodes
+    assert rows == [padded] * 3
+    assert results[1][0].shape == (batch.num_nodes, 5)
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
+
+
 @requires_sampler
 @pytest.mark.parametrize(
     "name", ["sage-sparse", "sage-max", "gatv2", "gatv2-linear-head", "sage-batch-norm"]
