@@ -167,6 +167,15 @@ def _csr(x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges:
     return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 
 
+def _round_up(count: int, multiple: int) -> int:
+    return -(-count // multiple) * multiple
+
+
+def _with_empty_rows(rowptr: Tensor, count: int) -> Tensor:
+    """A CSR row pointer with ``count`` rows without edges appended."""
+    return torch.cat([rowptr, rowptr[-1:].expand(count)])
+
+
 def _pad_rows(x: Tensor, rowptr: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
     """``x`` and its CSR row pointer with zero rows without edges, up to a multiple of rows.
 
@@ -174,11 +183,10 @@ def _pad_rows(x: Tensor, rowptr: Tensor, multiple: int) -> tuple[Tensor, Tensor]
     a few oneDNN primitives instead of building one for every batch's node count. The added
     rows read nothing and nothing reads them; their outputs are cut off.
     """
-    num_rows = x.size(0)
-    extra = -(-num_rows // multiple) * multiple - num_rows
+    extra = _round_up(x.size(0), multiple) - x.size(0)
     if not extra:
         return x, rowptr
-    return F.pad(x, (0, 0, 0, extra)), torch.cat([rowptr, rowptr[-1:].expand(extra)])
+    return F.pad(x, (0, 0, 0, extra)), _with_empty_rows(rowptr, extra)
 
 
 class _SourcesAndTargets(torch.autograd.Function):
@@ -243,10 +251,9 @@ def target_only(
         num_edges = sum(num_sampled_edges[: num_layers - i])
         layer_rowptr = None if rowptr is None else rowptr[: num_dst + 1]
         if bucket_rows and i < num_layers - 1:  # the last layer's rows are the loss's seeds
-            padded = min(-(-num_dst // bucket_rows) * bucket_rows, x.size(0))
+            padded = min(_round_up(num_dst, bucket_rows), x.size(0))
             if layer_rowptr is not None:  # the added rows have no edges
-                extra = layer_rowptr[-1:].expand(padded - num_dst)
-                layer_rowptr = torch.cat([layer_rowptr, extra])
+                layer_rowptr = _with_empty_rows(layer_rowptr, padded - num_dst)
             num_dst = padded
         if layer_rowptr is None:
             adj: Any = edge_index[:, :num_edges]
