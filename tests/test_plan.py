@@ -346,12 +346,12 @@ def test_plan_predicts_link_and_graph_peaks_within_25_percent(tmp_path, name):
     train, evaluation = _mib("training step", report), _mib("evaluation", report)
     # Neither part may be left out where it is a good part of the run's peak: link evaluation
     # embeds every node and ranks every item. Sampled evaluation without autograd mostly fits in
-    # the memory the training steps freed: graph-level batches took 37 MiB of 1,033 above it in
-    # one CI run, hetero node batches 5 MiB of 752 on a CPU with bf16 kernels (more in fp32), so
-    # there it only has to be planned.
+    # the memory the training steps freed (graph-level batches: 37 MiB of 1,033 above it in one
+    # CI run, 0 in one of nine runs here; hetero node batches 5 MiB of 752 on a CPU with bf16
+    # kernels), so there it only has to be planned: the report has its line (_mib reads it).
     assert train > 0.2 * measured, report
-    least = 0.2 if name == "link_prediction_pinsage" else 0.0
-    assert evaluation > least * measured, report
+    if name == "link_prediction_pinsage":
+        assert evaluation > 0.2 * measured, report
     assert planned - base > 0.3 * measured, "the test should make the step matter"
     print(f"{name}: planned {planned:,.0f} MiB, measured {measured:,.0f} MiB")  # shown with -rA
     assert abs(planned / measured - 1) <= 0.25, (planned, measured)
