@@ -17,9 +17,13 @@ CLI; a few training batches are drawn once, and on the same batches, in one proc
 * **gather**: a batch's feature bytes over the machine's random-row gather bandwidth
   (``x.index_select`` of as many random rows of the same matrix): the time the loader's worker
   spends gathering features, against the step.
+* **first layer's aggregation**: for GraphSAGE on neighbour batches, the worker's
+  ``aggregate_first_layer`` timed on the same batches (each batch's first call: its output
+  is fresh memory, as in a worker); the step then gets the cut batches.
 * **top operators**: ``torch.profiler``'s self CPU time per operator over the batches.
 
-The neighbour recipe's step also runs as it was before target-only layers (PyG's
+The neighbour recipe's step also runs with the first layer aggregated in the step
+(``--model.aggregate_in_loader=false``), as it was before target-only layers (PyG's
 ``BasicGNN.forward`` with ``trim_to_layer``, ``torch.nn.Dropout``, scatter aggregation) and as the
 hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``), and under
 ``torch.compile(dynamic=True)``.
@@ -27,6 +31,7 @@ hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``), and unde
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 import warnings
@@ -103,13 +108,29 @@ def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
 
 
 def _batches(dm: Any, count: int) -> list[Any]:
+    """Training batches as the loader makes them, but never aggregated for the first layer."""
+    aggr, dm._first_layer_aggr = dm._first_layer_aggr, None
     batches = []
     for batch in dm.train_dataloader():
         batch.loss_weight, batch.num_loss_nodes = dm._loss_weight(batch)
         batches.append(batch)
         if len(batches) == count:
             break
+    dm._first_layer_aggr = aggr
     return batches
+
+
+def _aggregated(batches: list[Any], aggr: str) -> tuple[list[Any], float]:
+    """The batches with their first layer aggregated as the loader's worker would; median ms."""
+    from gnnscale.data import aggregate_first_layer
+
+    out, times = [], []
+    for batch in batches:
+        start = time.perf_counter()
+        done = aggregate_first_layer(copy.copy(batch), aggr)
+        times.append((time.perf_counter() - start) * 1e3)
+        out.append(done)  # loss_weight, a node attribute, cut with the rest
+    return out, statistics.median(times)
 
 
 def _step_fn(model: Any, precision: str, forward: Callable | None = None) -> Callable:
@@ -133,11 +154,11 @@ def _step_fn(model: Any, precision: str, forward: Callable | None = None) -> Cal
     return step
 
 
-def _time_ms(steps: dict[str, Callable], batches: list[Any], passes: int) -> dict[str, float]:
-    """Median ms per batch of each step, passes interleaved, after one warm-up pass each."""
+def _time_ms(steps: dict[str, tuple[Callable, list[Any]]], passes: int) -> dict[str, float]:
+    """Median ms per batch of each step on its batches, passes interleaved, after a warm-up."""
     runs: dict[str, list[float]] = {name: [] for name in steps}
     for p in range(passes + 1):
-        for name, step in steps.items():
+        for name, (step, batches) in steps.items():
             start = time.perf_counter()
             for batch in batches:
                 step(batch)
@@ -205,48 +226,60 @@ def _pyg_trim_forward(model: Any) -> Callable:
 
 def measure(name: str, tiny: bool) -> dict[str, Any]:
     """Every figure of one recipe's step."""
-    import copy
-
     from gnnscale.models import _hops
 
     model, dm, precision = _build(name, tiny)
-    batches = _batches(dm, 2 if tiny else 8)
+    batches = _batches(dm, 2 if tiny else 8)  # as sampled: every variant's input
+    default = batches  # the batches the default model gets
+    aggregate_ms = None
+    # The neighbour loader aggregates GraphSAGE's first layer (subgraph batches have no hops).
+    if dm._first_layer_aggr is not None and "num_sampled_nodes" in batches[0]:
+        default, aggregate_ms = _aggregated(batches, dm._first_layer_aggr)
     passes, repeats = (1, 1) if tiny else (5, 5)
-    steps = {"gnnscale": _step_fn(model, precision)}
+    steps = {"gnnscale": (_step_fn(model, precision), default)}
     if model.bucket_rows and model.target_only_layers:  # rows rounded up (no norm)
         unbucketed = copy.deepcopy(model)
         unbucketed.bucket_rows = 0  # rows as sampled, not rounded up to 1,024s
-        steps["unbucketed"] = _step_fn(unbucketed, precision)
+        steps["unbucketed"] = (_step_fn(unbucketed, precision), default)
+    if aggregate_ms is not None:
+        in_step = copy.deepcopy(model)
+        in_step.first_layer_aggr = None  # as --model.aggregate_in_loader=false
+        steps["in_step"] = (_step_fn(in_step, precision), batches)
     if name == "neighbor_sage":
         before, hand = copy.deepcopy(model), copy.deepcopy(model)
-        steps["before"] = _step_fn(before, precision, _pyg_trim_forward(before))
+        steps["before"] = (_step_fn(before, precision, _pyg_trim_forward(before)), batches)
         hand.gnn.dropout = torch.nn.Dropout(hand.gnn.dropout.p)
-        steps["hand"] = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
-    result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, batches, passes)}
-    gemm = {k: _gemm_ms(s, batches, repeats) for k, s in steps.items() if k != "gnnscale"}
+        hand_step = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
+        steps["hand"] = (hand_step, batches)
+    result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, passes)}
+    result["aggregate_ms"] = aggregate_ms
+    gemm = {k: _gemm_ms(*s, repeats) for k, s in steps.items() if k != "gnnscale"}
     # The default step rounds rows up (bucket_rows); the added rows compute nothing read, so it
     # is held to the unpadded step's products.
     if "unbucketed" in gemm:
         gemm["gnnscale"] = gemm["unbucketed"]
     else:
-        gemm["gnnscale"] = _gemm_ms(steps["gnnscale"], batches, repeats)
+        gemm["gnnscale"] = _gemm_ms(*steps["gnnscale"], repeats)
     result["gemm_ms"] = gemm
-    result["top_ops"] = _top_ops(steps["gnnscale"], batches, 6)
+    result["top_ops"] = _top_ops(*steps["gnnscale"], 6)
     x = dm.data.x
     nodes = statistics.mean(b.num_nodes for b in batches)
     result["nodes"] = nodes
+    # Feature rows the step receives: x, and x_aggr where the loader aggregated.
+    result["rows"] = {
+        k: statistics.mean(sum(b[f].size(0) for f in ("x", "x_aggr") if f in b) for b in bs)
+        for k, (_, bs) in steps.items()
+    }
     result["seeds"] = statistics.mean(b.num_loss_nodes for b in batches)
     result["gather_bytes"] = nodes * x[0].numel() * x.element_size()
     result["gather_gbps"] = _gather_gbps(x, int(nodes), 5 if tiny else 20)
     if name == "neighbor_sage":
-        result["compile"] = _compiled(model, precision, batches, passes, _hops)
+        result["compile"] = _compiled(model, precision, default, passes, _hops)
     return result
 
 
 def _compiled(model: Any, precision: str, batches: list, passes: int, hops: Callable) -> dict:
     """torch.compile(dynamic=True) on the model's forward: compile time and step, or why not."""
-    import copy
-
     compiled = copy.deepcopy(model)
     forward = torch.compile(compiled.forward, dynamic=True)
     step = _step_fn(compiled, precision, lambda b: forward(b.x, b.edge_index, *hops(b)))
@@ -259,7 +292,7 @@ def _compiled(model: Any, precision: str, batches: list, passes: int, hops: Call
     except Exception as err:  # noqa: BLE001 - reported, not hidden: the figure says why
         return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"}
     compile_s = time.perf_counter() - start
-    return {"compile_s": compile_s, "step_ms": _time_ms({"c": step}, batches, passes)["c"]}
+    return {"compile_s": compile_s, "step_ms": _time_ms({"c": (step, batches)}, passes)["c"]}
 
 
 def blocks(tiny: bool) -> list[Block]:
@@ -267,13 +300,15 @@ def blocks(tiny: bool) -> list[Block]:
     results = {name: measure(name, tiny) for name in SAMPLERS}
     lines = [
         "| recipe | step (ms) | GEMMs alone (ms) | GEMM share | headroom | nodes per batch "
-        "| feature gather in the worker (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| feature rows into the step | feature gather in the worker (ms) "
+        "| first layer's aggregation in the worker (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     labels = {
         "gnnscale": "{}",
         "unbucketed": "{}, rows as sampled (`--model.bucket_rows=0`; the default rounds them "
         "up to 1,024s and is held to these unpadded GEMMs)",
+        "in_step": "{}, first layer aggregated in the step (`--model.aggregate_in_loader=false`)",
         "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
         "hand": "{}, the hand loop's forward (no trimming)",
     }
@@ -281,10 +316,12 @@ def blocks(tiny: bool) -> list[Block]:
         gather_ms = r["gather_bytes"] / r["gather_gbps"] / 1e6
         for variant, step_ms in r["step_ms"].items():
             gemm = r["gemm_ms"][variant]
+            in_worker = r["aggregate_ms"] if variant in ("gnnscale", "unbucketed") else None
             lines.append(
                 f"| {labels[variant].format(SAMPLERS[name])} | {step_ms:,.1f} | {gemm:,.1f} "
                 f"| **{gemm / step_ms:.0%}** | {step_ms / gemm:.1f}x | {r['nodes']:,.0f} "
-                f"| {gather_ms:,.1f} |"
+                f"| {r['rows'][variant]:,.0f} | {gather_ms:,.1f} "
+                f"| {'-' if in_worker is None else f'{in_worker:,.1f}'} |"
             )
     neighbour = results["neighbor_sage"]
     c = neighbour["compile"]
@@ -299,9 +336,10 @@ def blocks(tiny: bool) -> list[Block]:
     share = {k: neighbour["gemm_ms"][k] / neighbour["step_ms"][k] for k in neighbour["step_ms"]}
     lines += [
         "",
-        f"GEMM share of a neighbour step: **{share['gnnscale']:.0%}** (before target-only "
-        f"layers: {share['before']:.0%}; rows as sampled: {share['unbucketed']:.0%}; goal: at "
-        "least 40%). "
+        f"GEMM share of a neighbour step: **{share['gnnscale']:.0%}** (first layer aggregated "
+        f"in the step: {share['in_step']:.0%}; before target-only layers: "
+        f"{share['before']:.0%}; rows as sampled: {share['unbucketed']:.0%}; goal: at least "
+        "40%). "
         f"`torch.compile(dynamic=True)` on gnnscale's neighbour forward: {compiled}.",
         "",
         "Top operators of gnnscale's steps (self CPU time, torch.profiler):",
@@ -324,8 +362,10 @@ def blocks(tiny: bool) -> list[Block]:
         "each replayed on its own (median of a few runs after a first, which builds its oneDNN "
         "primitive), summed. Headroom: step / GEMMs. Feature gather: a batch's feature bytes "
         f"at the measured random-row gather bandwidth ({gbps:.2f} GB/s), which the loader's "
-        "worker spends beside the step. Rows marked before / hand loop: the same model and "
-        "batches through PyG's own forward (`benchmarks/roofline.py` says how).",
+        "worker spends beside the step; the first layer's aggregation (GraphSAGE on neighbour "
+        "batches, `gnnscale.data.aggregate_first_layer`) is the worker's too, timed on the "
+        "same batches. Rows marked before / hand loop: the same model and batches through "
+        "PyG's own forward (`benchmarks/roofline.py` says how).",
     ]
     return [Block(REPO / "README.md", "roofline", "\n".join(lines))]
 

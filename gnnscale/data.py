@@ -5,6 +5,10 @@ Every training batch, whatever sampled it, carries ``x``, ``edge_index``, ``y`` 
 *expected* sum per micro-batch is 1: the model's loss is ``sum(weight * cross_entropy)``, every
 training node counts the same however many of them a batch holds, and gradient accumulation
 (which averages micro-batch losses) stays an unbiased mean over training nodes.
+
+Neighbour batches for a model that takes it (GraphSAGE: ``first_layer_aggr``) also carry
+``x_aggr``, the first layer's neighbour aggregate, computed in the loader's worker; their ``x``
+and ``edge_index`` then hold only what the later layers read (:func:`aggregate_first_layer`).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import hashlib
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import cached_property
@@ -40,6 +45,8 @@ from torch_geometric.loader import (
     NeighborLoader,
 )
 from torch_geometric.sampler import NeighborSampler
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import spmm
 
 from gnnscale.cache import cached_folder, check_writable
 from gnnscale.errors import ConfigError
@@ -73,6 +80,10 @@ DATASETS = (
     "ogbn-arxiv",
     "ogbn-products",
 )
+# PyG's sparse-dense product goes through torch.sparse CSR tensors, which warn on first use.
+warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
+
 _SPLITS = ("train_mask", "val_mask", "test_mask")
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -319,7 +330,29 @@ def csr_layout(batch: Data) -> Data:
     return batch
 
 
-def hop_layout(batch: Data, num_layers: int) -> Data:
+def csr_adjacency(
+    x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int
+) -> Any:
+    """The first ``num_dst`` rows of a batch's CSR adjacency (columns: ``x``'s rows), uncopied.
+
+    torch-sparse's ``SparseTensor`` where installed, else a ``torch.sparse`` CSR tensor: the
+    ``adj_t`` PyG's convs aggregate with a sparse-dense product.
+    """
+    num_src = x.size(0)
+    rowptr, col = rowptr[: num_dst + 1], edge_index[0, :num_edges]
+    if torch_geometric.typing.WITH_TORCH_SPARSE:
+        return SparseTensor(
+            rowptr=rowptr,
+            col=col,
+            sparse_sizes=(num_dst, num_src),
+            is_sorted=True,
+            trust_data=True,
+        )
+    ones = torch.ones(num_edges, dtype=x.dtype, device=col.device)
+    return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
+
+
+def hop_layout(batch: Data, num_layers: int, first_layer_aggr: str | None = None) -> Data:
     """Lay a neighbour batch out for target-only layers; the loaders run this in their workers.
 
     Adds the nodes and edges each hop sampled (pyg-lib reports them, torch-sparse does not) and
@@ -331,6 +364,8 @@ def hop_layout(batch: Data, num_layers: int) -> Data:
     Args:
         batch: A neighbour-sampled batch (seed nodes first, then each hop's new nodes).
         num_layers: Hops sampled (entries of ``num_neighbors``).
+        first_layer_aggr: Also aggregate the first layer's neighbour features here, with this
+            reduction (:func:`aggregate_first_layer`); none: the model does.
     """
     batch = csr_layout(batch)
     if "num_sampled_nodes" not in batch:
@@ -344,6 +379,48 @@ def hop_layout(batch: Data, num_layers: int) -> Data:
         batch.num_sampled_edges = torch.bincount(hop[dst], minlength=num_layers).tolist()[
             :num_layers
         ]
+    if first_layer_aggr is not None:
+        batch = aggregate_first_layer(batch, first_layer_aggr)
+    return batch
+
+
+def aggregate_first_layer(batch: Data, aggr: str) -> Data:
+    """Aggregate a neighbour batch's raw features for the first layer, and keep what is read.
+
+    A GraphSAGE layer computes ``lin_l(aggr(x_j for j in N(i))) + lin_r(x_i)``. On the raw
+    features the aggregation has no parameters and needs no gradient, so the loader's worker
+    can compute it (the same sparse-dense product the layer would run, as ``x_aggr``) for the
+    first layer's targets, hops ``0..L-1``. The training step then reads only those rows: the
+    batch keeps their features and labels and the edges into hops ``0..L-2``, which the later
+    layers read; the outermost hop's rows and edges stay in the worker. On a [15, 10] batch of
+    1,024 seeds, 2 x 10,800 rows travel to the model instead of 62,850.
+
+    ``num_sampled_nodes`` and ``num_sampled_edges`` still describe the whole sample. Features
+    stored in half precision are aggregated in float32, as the model would after its cast.
+
+    Args:
+        batch: A batch laid out by :func:`hop_layout`.
+        aggr: The first layer's reduction: ``mean``, ``sum``, ``max`` or ``min``.
+    """
+    nodes, edges = batch.num_sampled_nodes, batch.num_sampled_edges
+    num_dst, num_edges = sum(nodes[:-1]), sum(edges)
+    x = batch.x if batch.x.dtype in (torch.float32, torch.float64) else batch.x.float()
+    adj = csr_adjacency(x, batch.edge_index, batch.rowptr, num_dst, num_edges)
+    x_aggr = spmm(adj, x, reduce=aggr)
+    kept_nodes, kept_edges = sum(nodes[:-2]), sum(edges[:-1])  # what layers 2..L read
+    tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "rowptr"}
+    on_edges = {k for k in tensors if batch.is_edge_attr(k)}  # before any is cut
+    num_nodes = batch.num_nodes
+    for key, value in tensors.items():
+        if key == "edge_index":
+            batch[key] = value[:, :kept_edges]
+        elif key in on_edges:
+            batch[key] = value[:kept_edges]
+        elif value.dim() and value.size(0) == num_nodes:  # a node attribute
+            batch[key] = value[:num_dst]
+    batch.rowptr = batch.rowptr[: kept_nodes + 1]
+    batch.num_nodes = num_dst
+    batch.x_aggr = x_aggr
     return batch
 
 
@@ -412,6 +489,9 @@ class _GraphDataModule(L.LightningDataModule):
     # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
     _not_on_disk: str | None = "it needs the whole graph in memory"
     verify: Literal["full", "size"] = "full"
+    # The model's first-layer reduction for neighbour batches' workers to compute, if it takes
+    # one (``NodeClassifier.first_layer_aggr``, learned in ``check_model``); None: the model's.
+    _first_layer_aggr: str | None = None
 
     def __init__(
         self,
@@ -509,6 +589,9 @@ class _GraphDataModule(L.LightningDataModule):
     def check_model(self, model: Any) -> None:
         """Refuse a model whose depth does not match the loaders' fan-outs (before any data loads).
 
+        Also learns whether the model takes its first layer's aggregation from neighbour
+        batches' workers (:func:`aggregate_first_layer`).
+
         Args:
             model: The LightningModule (its ``num_layers``, if it has one, is checked).
         """
@@ -519,6 +602,13 @@ class _GraphDataModule(L.LightningDataModule):
                 f"--data.eval.num_neighbors has {len(fanout)} entries but --model.num_layers is "
                 f"{num_layers}: give one fan-out per layer"
             )
+        self._first_layer_aggr = getattr(model, "first_layer_aggr", None)
+
+    def _hop_layout(self, num_layers: int) -> Callable[[Data], Data]:
+        """The neighbour batches' transform, run in the loader's workers."""
+        return functools.partial(
+            hop_layout, num_layers=num_layers, first_layer_aggr=self._first_layer_aggr
+        )
 
     def setup(self, stage: str) -> None:
         """Check the model agrees with the loaders, then build the training loader."""
@@ -597,7 +687,7 @@ class _GraphDataModule(L.LightningDataModule):
                     fanout,
                     input_nodes=seeds,
                     batch_size=self.eval.batch_size,
-                    transform=functools.partial(hop_layout, num_layers=len(fanout)),
+                    transform=self._hop_layout(len(fanout)),
                 ),
             )
         if self.eval.mode == "full":
@@ -750,7 +840,7 @@ class NeighborDataModule(_GraphDataModule):
             self.num_neighbors,
             input_nodes=self.data.train_mask,
             batch_size=self.batch_size,
-            transform=functools.partial(hop_layout, num_layers=len(self.num_neighbors)),
+            transform=self._hop_layout(len(self.num_neighbors)),
         )
         return self._resumable(loader, shuffle=True)
 

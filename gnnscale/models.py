@@ -10,6 +10,8 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
   as GraphSAGE is defined (``conv((x, x[:num_targets]), edges)``): :func:`target_only`.
 - GraphSAGE aggregates with a sparse-dense product on a CSR adjacency the loader's worker
   built (``gnnscale.data.csr_layout``), not a scatter: neighbour, Cluster-GCN and SAINT batches.
+- On neighbour batches GraphSAGE's first layer takes its aggregation of the raw features from
+  the loader's worker (``gnnscale.data.aggregate_first_layer``): one matrix product in the step.
 - :class:`Dropout` draws its CPU mask from 8 or 16 random bits an element, in one pass with
   the ReLU before it.
 - The targets' rows of a layer's input get their two gradients (as sources and as the root
@@ -18,31 +20,24 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torch_geometric.typing
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
-from torch_geometric.typing import SparseTensor
 from torchmetrics.classification import MulticlassAccuracy
 
-from gnnscale.data import LayerwiseBatch
+from gnnscale.data import LayerwiseBatch, csr_adjacency
 from gnnscale.errors import ConfigError, TrainingDiverged
 from gnnscale.measure import trim_heap
 
 __all__ = ["Dropout", "GATv2", "GraphSAGE", "NodeClassifier", "layerwise_inference", "target_only"]
 
-
-# PyG's sparse-dense product goes through torch.sparse CSR tensors, which warn on first use.
-warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
 
 # The default optimizer (``optimizer: null``): Adam with the GAT paper's learning rate and weight
 # decay. torch's Adam defaults (lr 1e-3, no decay) left both models 1-2 points short on Cora.
@@ -50,9 +45,16 @@ _ADAM_LR = 0.005
 _ADAM_WEIGHT_DECAY = 5e-4
 
 
-def _hops(batch: Data) -> tuple[list[int] | None, list[int] | None, Tensor | None]:
-    """A neighbour batch's layout (``gnnscale.data.hop_layout``), else none."""
-    return batch.get("num_sampled_nodes"), batch.get("num_sampled_edges"), batch.get("rowptr")
+def _hops(
+    batch: Data,
+) -> tuple[list[int] | None, list[int] | None, Tensor | None, Tensor | None]:
+    """A neighbour batch's layout and first-layer aggregate (``gnnscale.data.hop_layout``)."""
+    return (
+        batch.get("num_sampled_nodes"),
+        batch.get("num_sampled_edges"),
+        batch.get("rowptr"),
+        batch.get("x_aggr"),
+    )
 
 
 def _check_probabilities(**values: float) -> None:
@@ -66,12 +68,13 @@ class Dropout(torch.nn.Module):
     """``torch.nn.Dropout`` with a cheaper mask on the CPU; ``F.dropout`` elsewhere.
 
     PyTorch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``), which took
-    longer than the layer's matrix product. Here an element's mask comes from 8 or 16 random
-    bits (8 when ``(1 - p) * 2**8`` is a whole number, as for p = 0.5, else 16): an element is
-    kept when its bits fall below ``k = round((1 - p) * 2**bits)``, and kept values are scaled
-    by ``2**bits / k``. The output is unbiased exactly; the rate is ``p`` exactly with 8 bits
-    and within ``2**-17`` of it with 16. The comparison writes bytes (or the input's dtype)
-    straight away: a boolean mask multiplied into bfloat16 took longer than the multiply.
+    longer than the layer's matrix product. Here an element's mask comes from 1, 8 or 16 random
+    bits: for p = 0.5 one bit is the mask (``numpy.unpackbits``); else an element is kept when
+    8 bits (if ``(1 - p) * 2**8`` is a whole number) or 16 fall below
+    ``k = round((1 - p) * 2**bits)``. Kept values are scaled by ``2**bits / k``. The output is
+    unbiased exactly; the rate is ``p`` exactly with 1 or 8 bits and within ``2**-17`` of it
+    with 16. The comparison writes bytes (or the input's dtype) straight away: a boolean mask
+    multiplied into bfloat16 took longer than the multiply.
 
     ``forward(x, relu=True)`` applies a ReLU in the same pass and saves only its output, which
     the next layer saves anyway: ReLU's backward (``output > 0``) then also covers the mask.
@@ -87,27 +90,35 @@ class Dropout(torch.nn.Module):
 
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
         """Zero elements of ``x`` (after a ReLU if ``relu``) at rate ``p``, scale the rest."""
-        bits = 8 if ((1 - self.p) * 2**8).is_integer() else 16
+        bits = next(b for b in (1, 8, 16) if ((1 - self.p) * 2**b).is_integer() or b == 16)
         keep = round((1 - self.p) * 2**bits)
         if not self.training or keep == 2**bits:
             return F.relu(x) if relu else x
         if x.device.type != "cpu" or keep == 0:
             return F.dropout(F.relu(x) if relu else x, self.p, training=True)
-        words = _random_words((x.numel() * bits + 63) // 64)
-        if bits == 8:
-            draws, below = words.view(torch.uint8), keep
-        else:  # torch compares int16, not uint16: shift the threshold
-            draws, below = words.view(torch.int16), keep - 2**15
-        draws = draws[: x.numel()].view(x.shape)
         scale = 2**bits / keep
         if relu:
-            return _ReluMaskedScale.apply(x, torch.lt(draws, below, out=torch.empty_like(x)), scale)
-        mask = torch.lt(draws, below, out=torch.empty(x.shape, dtype=torch.uint8))
-        return _MaskedScale.apply(x, mask, scale)
+            return _ReluMaskedScale.apply(x, _keep_mask(x.shape, bits, keep, x.dtype), scale)
+        return _MaskedScale.apply(x, _keep_mask(x.shape, bits, keep, torch.uint8), scale)
 
     def extra_repr(self) -> str:
         """Shown in the model's printout."""
         return f"p={self.p}"
+
+
+@torch.compiler.disable  # numpy's bits, not a graph to trace
+def _keep_mask(shape: torch.Size, bits: int, keep: int, dtype: torch.dtype) -> Tensor:
+    """1 where an element is kept, else 0, in ``dtype``: see :class:`Dropout`."""
+    numel = shape.numel()
+    words = _random_words((numel * bits + 63) // 64)
+    if bits == 1:  # each bit is an element's mask: 1/8 of the random words, no comparison
+        unpacked = np.unpackbits(words.numpy().view(np.uint8), count=numel)
+        return torch.from_numpy(unpacked).view(shape).to(dtype)
+    if bits == 8:
+        draws, below = words.view(torch.uint8), keep
+    else:  # torch compares int16, not uint16: shift the threshold
+        draws, below = words.view(torch.int16), keep - 2**15
+    return torch.lt(draws[:numel].view(shape), below, out=torch.empty(shape, dtype=dtype))
 
 
 def _random_words(count: int) -> Tensor:
@@ -149,22 +160,6 @@ class _ReluMaskedScale(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
         (out,) = ctx.saved_tensors
         return torch.ops.aten.threshold_backward(grad, out, 0).mul_(ctx.scale), None, None
-
-
-def _csr(x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int) -> Any:
-    """The first ``num_dst`` rows of a batch's CSR adjacency (columns: ``x``'s rows), uncopied."""
-    num_src = x.size(0)
-    rowptr, col = rowptr[: num_dst + 1], edge_index[0, :num_edges]
-    if torch_geometric.typing.WITH_TORCH_SPARSE:
-        return SparseTensor(
-            rowptr=rowptr,
-            col=col,
-            sparse_sizes=(num_dst, num_src),
-            is_sorted=True,
-            trust_data=True,
-        )
-    ones = torch.ones(num_edges, dtype=x.dtype, device=col.device)
-    return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 
 
 def _round_up(count: int, multiple: int) -> int:
@@ -221,6 +216,7 @@ def target_only(
     num_sampled_edges: list[int],
     rowptr: Tensor | None = None,
     bucket_rows: int = 0,
+    x_aggr: Tensor | None = None,
 ) -> Tensor:
     """``gnn``'s forward on a neighbour batch, each layer computing only what is read next.
 
@@ -242,6 +238,9 @@ def target_only(
             without edges whose outputs nothing reads: matrix products then see a few shapes,
             and oneDNN (bf16 on CPU) reuses a primitive per shape instead of building one for
             every batch.
+        x_aggr: The first layer's aggregated neighbour features, computed by the loader
+            (``gnnscale.data.aggregate_first_layer``; ``gnn`` a GraphSAGE): ``x`` then holds
+            the first layer's targets only, and the layer is one matrix product.
     """
     num_layers, xs = len(gnn.convs), []
     # ReLU then gnnscale's Dropout, nothing between them: one pass (see Dropout's forward).
@@ -250,16 +249,23 @@ def target_only(
         num_dst = sum(num_sampled_nodes[: num_layers - i])
         num_edges = sum(num_sampled_edges[: num_layers - i])
         layer_rowptr = None if rowptr is None else rowptr[: num_dst + 1]
+        aggregated = i == 0 and x_aggr is not None
         if bucket_rows and i < num_layers - 1:  # the last layer's rows are the loss's seeds
-            padded = min(_round_up(num_dst, bucket_rows), x.size(0))
+            padded = _round_up(num_dst, bucket_rows)
+            if not aggregated:  # rows of x past the targets, never beyond them
+                padded = min(padded, x.size(0))
             if layer_rowptr is not None:  # the added rows have no edges
                 layer_rowptr = _with_empty_rows(layer_rowptr, padded - num_dst)
             num_dst = padded
-        if layer_rowptr is None:
-            adj: Any = edge_index[:, :num_edges]
+        if aggregated:
+            assert x_aggr is not None
+            x = _sage_on_aggregated(conv, x_aggr, x, num_dst)
         else:
-            adj = _csr(x, edge_index, layer_rowptr, num_dst, num_edges)
-        x = conv(_SourcesAndTargets.apply(x, num_dst), adj)
+            if layer_rowptr is None:
+                adj: Any = edge_index[:, :num_edges]
+            else:
+                adj = csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges)
+            x = conv(_SourcesAndTargets.apply(x, num_dst), adj)
         if i < num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
             if fuse and isinstance(norm, torch.nn.Identity):
                 x = gnn.dropout(x, relu=True)
@@ -274,6 +280,39 @@ def target_only(
     if hasattr(gnn, "jk"):  # PyG's "last" needs none
         x = gnn.jk(xs)
     return gnn.lin(x) if hasattr(gnn, "lin") else x
+
+
+def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tensor:
+    """A ``SAGEConv`` given its aggregate: ``lin_l(x_aggr) + lin_r(x)`` as one matrix product.
+
+    The two inputs go side by side into one buffer of ``rows`` rows (rows past ``x``'s are
+    zeros, as :func:`_pad_rows`), in the product's dtype (bfloat16 under autocast: the copy is
+    the cast autocast would make), against the two weights side by side.
+    """
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    width = x_aggr.size(1)
+    inputs = torch.empty((rows, width + x.size(1)), dtype=dtype, device=x.device)
+    inputs[: x.size(0), :width] = x_aggr
+    inputs[: x.size(0), width:] = x
+    inputs[x.size(0) :] = 0
+    weight = torch.cat([conv.lin_l.weight, conv.lin_r.weight], dim=1)
+    out = F.linear(inputs, weight, conv.lin_l.bias)
+    _call_forward_hooks(conv, (x_aggr, x), out[: x.size(0)])
+    return out
+
+
+def _call_forward_hooks(module: torch.nn.Module, args: tuple, out: Tensor) -> None:
+    """Show ``module``'s forward hooks an output computed without calling it.
+
+    Monitoring (``gnnscale.MonitorCallback``) and explanation tools hook the convs; their
+    hooks see the layer's output rows as if the conv had run (what they return is ignored).
+    """
+    for key, hook in module._forward_hooks.items():
+        if key in module._forward_hooks_with_kwargs:
+            hook(module, args, {}, out)
+        else:
+            hook(module, args, out)
 
 
 @torch.no_grad()
@@ -358,6 +397,9 @@ class NodeClassifier(L.LightningModule):
     target_only_layers = False
     sparse_aggregation = False
     bucket_rows = 0  # see target_only
+    # The first layer's neighbour reduction, if the loader may compute it on the raw features
+    # (gnnscale.data.aggregate_first_layer); None: the model aggregates every layer itself.
+    first_layer_aggr: str | None = None
 
     def forward(
         self,
@@ -366,6 +408,7 @@ class NodeClassifier(L.LightningModule):
         num_sampled_nodes: list[int] | None = None,
         num_sampled_edges: list[int] | None = None,
         rowptr: Tensor | None = None,
+        x_aggr: Tensor | None = None,
     ) -> Tensor:
         """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
 
@@ -379,6 +422,10 @@ class NodeClassifier(L.LightningModule):
         ``trim_to_layer``: logits for the seeds and their first hop, seeds first. Features are
         cast to the parameters' dtype (float32 under mixed precision; bfloat16, float16 or
         float64 under ``*-true``).
+
+        Given ``x_aggr`` too (``gnnscale.data.aggregate_first_layer``, for a model with
+        ``first_layer_aggr``), the first layer takes its aggregation from the loader and ``x``
+        holds its targets only.
         """
         x = x.to(self.dtype)
         if num_sampled_nodes is None or num_sampled_edges is None:  # every node is computed
@@ -386,7 +433,7 @@ class NodeClassifier(L.LightningModule):
                 num_nodes = x.size(0)
                 if self.bucket_rows and self.target_only_layers:  # a norm would see the rows
                     x, rowptr = _pad_rows(x, rowptr, self.bucket_rows)
-                adj = _csr(x, edge_index, rowptr, x.size(0), edge_index.size(1))
+                adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
                 return self.gnn(x, adj)[:num_nodes]
             return self.gnn(x, edge_index)
         if not self.target_only_layers:
@@ -396,10 +443,24 @@ class NodeClassifier(L.LightningModule):
                 num_sampled_nodes_per_hop=num_sampled_nodes,
                 num_sampled_edges_per_hop=num_sampled_edges,
             )
+        if x_aggr is not None:
+            if self.first_layer_aggr is None:
+                raise ValueError(
+                    f"{type(self).__name__} computes its first layer's aggregation itself: give "
+                    "it batches without x_aggr (gnnscale.data.hop_layout, first_layer_aggr=None)"
+                )
+            x_aggr = x_aggr.to(self.dtype)
         if not self.sparse_aggregation:
             rowptr = None
         return target_only(
-            self.gnn, x, edge_index, num_sampled_nodes, num_sampled_edges, rowptr, self.bucket_rows
+            self.gnn,
+            x,
+            edge_index,
+            num_sampled_nodes,
+            num_sampled_edges,
+            rowptr,
+            self.bucket_rows,
+            x_aggr,
         )
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
@@ -494,6 +555,11 @@ class GraphSAGE(NodeClassifier):
             products on CPU then reuse a few oneDNN primitives instead of building one a batch
             (README's ``roofline`` block: the default step against rows as sampled); on GPUs
             the added rows cost next to nothing.
+        aggregate_in_loader: Let neighbour batches' workers aggregate the first layer's raw
+            features (the same sparse product, which has no parameters): the training step
+            then runs that layer as one matrix product on its targets' rows, and only those
+            travel to the model (``gnnscale.data.aggregate_first_layer``). Needs
+            ``sparse_aggregation`` and no ``norm``; evaluation batches get it too.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -510,6 +576,7 @@ class GraphSAGE(NodeClassifier):
         aggr: str = "mean",
         sparse_aggregation: bool = True,
         bucket_rows: int = 1024,
+        aggregate_in_loader: bool = True,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -531,6 +598,8 @@ class GraphSAGE(NodeClassifier):
         if bucket_rows < 0:
             raise ConfigError(f"--model.bucket_rows must be >= 0 (got {bucket_rows})")
         self.bucket_rows = bucket_rows
+        if aggregate_in_loader and self.target_only_layers and self.sparse_aggregation:
+            self.first_layer_aggr = aggr
 
 
 class GATv2(NodeClassifier):

@@ -64,7 +64,8 @@ class BatchStats:
             every node type, or of every graph of a batch of graphs.
         edges: Edges in the batch, counted the same way.
         hop_nodes: Seeds, then the new nodes of each hop (homogeneous neighbour sampling only).
-        feature_mb: Bytes of the gathered feature rows (``x`` of every node type).
+        feature_mb: Bytes of the feature rows the training step receives (``x`` of every node
+            type, and ``x_aggr``, the first layer's aggregate, where the loader computed it).
         saved_mb: Bytes autograd saved for backward (activations), parameters excluded.
     """
 
@@ -191,12 +192,15 @@ class _Probe(L.Callback):
     ) -> None:
         self._saved.__exit__()
         hops = list(batch.get("num_sampled_nodes") or [])  # homogeneous neighbour batches
+        # As sampled: a batch whose first layer the loader aggregated reaches the step cut.
+        edges = batch.get("num_sampled_edges")
+        features = [s[k] for s in batch.node_stores for k in ("x", "x_aggr") if k in s]
         self.batches.append(
             BatchStats(
-                batch.num_nodes,
-                batch.num_edges,
+                sum(hops) if hops else batch.num_nodes,
+                sum(edges) if edges else batch.num_edges,
                 hops,
-                _tensor_mb(*[s.x for s in batch.node_stores if "x" in s]),
+                _tensor_mb(*features),
                 self._saved.nbytes / MiB,
             )
         )

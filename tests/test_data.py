@@ -12,6 +12,7 @@ from gnnscale import (
     ClusterDataModule,
     EvalArgs,
     FullBatchDataModule,
+    GATv2,
     GraphSAGE,
     LoaderArgs,
     NeighborDataModule,
@@ -326,6 +327,66 @@ def test_hop_layout_sorts_edges_it_is_given_out_of_order():
     assert batch.e_id.tolist() == [1, 2, 3, 0]  # edge attributes follow their edges
     assert batch.rowptr.tolist() == [0, 1, 3, 4, 4, 4]
     assert batch.num_sampled_nodes == [2, 2, 1] and batch.num_sampled_edges == [3, 1]
+
+
+@requires_sampler
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(tmp_path, aggr):
+    import copy
+
+    from torch_geometric.utils import scatter
+
+    from gnnscale.data import aggregate_first_layer
+
+    dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 4, 3], batch_size=64)
+    dm.setup("fit")
+    whole = next(iter(dm.train_dataloader()))
+    nodes, edges = whole.num_sampled_nodes, whole.num_sampled_edges
+    batch = aggregate_first_layer(copy.copy(whole), aggr)
+    targets = sum(nodes[:3])  # the first layer's: hops 0-2
+    # Each target's neighbours' features reduced, as the layer would (targets without
+    # neighbours: zeros).
+    src, dst = whole.edge_index
+    expected = scatter(whole.x[src], dst, dim=0, dim_size=whole.num_nodes, reduce=aggr)
+    torch.testing.assert_close(batch.x_aggr, expected[:targets])
+    assert batch.x_aggr.abs().sum(1).gt(0).sum() > targets // 2  # most targets have neighbours
+    # Only the targets' rows travel on, and the edges into hops 0-1 (sources within them).
+    assert batch.num_nodes == targets and targets < whole.num_nodes
+    for key in ("x", "y", "n_id", "train_mask"):
+        assert torch.equal(batch[key], whole[key][:targets]), key
+    kept = sum(edges[:2])
+    assert torch.equal(batch.edge_index, whole.edge_index[:, :kept])
+    assert torch.equal(batch.e_id, whole.e_id[:kept])
+    assert int(batch.edge_index.max()) < targets
+    assert torch.equal(batch.rowptr, whole.rowptr[: sum(nodes[:2]) + 1])
+    assert batch.num_sampled_nodes == nodes and batch.num_sampled_edges == edges
+
+
+@requires_sampler
+@pytest.mark.parametrize(
+    ("model", "aggregated"),
+    [
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2), True),
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggregate_in_loader=False), False),
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, norm="batch_norm"), False),
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggr="lstm"), False),
+        (lambda: GATv2(TINY.num_features, 5, num_layers=2, hidden_channels=16, heads=2), False),
+    ],
+    ids=["sage", "sage-not-in-loader", "sage-batch-norm", "sage-lstm", "gatv2"],
+)
+def test_only_a_model_that_takes_it_gets_its_first_layer_from_the_loader(
+    tmp_path, model, aggregated
+):
+    eval_args = EvalArgs(mode="sampled", batch_size=256)
+    dm = NeighborDataModule(
+        root=tmp_path, synthetic=TINY, num_neighbors=[5, 4], batch_size=64, eval=eval_args
+    )
+    dm.check_model(model())
+    dm.setup("fit")
+    for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        batch = next(iter(loader))
+        assert ("x_aggr" in batch) == aggregated
+        assert (batch.num_nodes < sum(batch.num_sampled_nodes)) == aggregated
 
 
 @requires_sampler

@@ -102,10 +102,18 @@ def test_trains_well_above_mlp(tmp_path, dm_name, model_name, mlp_accuracy):
     model = MODELS[model_name](
         dm.num_features, dm.num_classes, optimizer=partial(torch.optim.Adam, lr=0.01)
     )
-    trainer = _trainer(tmp_path, epochs, enable_checkpointing=False)
+    aggregated = []  # whether the loader computed each training batch's first layer
+
+    class Spy(L.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            aggregated.append("x_aggr" in batch)
+
+    trainer = _trainer(tmp_path, epochs, enable_checkpointing=False, callbacks=[Spy()])
     trainer.fit(model, dm)
     acc = trainer.test(model, dm, verbose=False)[0]["test/acc"]
     assert acc > mlp_accuracy + 0.2, f"{dm_name}/{model_name}: {acc:.3f} vs MLP {mlp_accuracy:.3f}"
+    # GraphSAGE on neighbour batches trained from the loader's first-layer aggregate.
+    assert set(aggregated) == {dm_name == "neighbor" and model_name == "sage"}
 
 
 @requires_sampler
@@ -266,6 +274,54 @@ def test_bucketed_rows_change_no_output_or_gradient(tmp_path, sparse):
 
 
 @requires_sampler
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize(("aggr", "bucket"), [("mean", 0), ("mean", 7), ("max", 0)])
+def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
+    tmp_path, num_layers, aggr, bucket
+):
+    import copy
+
+    from gnnscale.data import aggregate_first_layer
+    from gnnscale.models import _hops
+
+    batch = _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)[:num_layers])
+    aggregated = aggregate_first_layer(copy.copy(batch), aggr)
+    results, rows = [], []
+    for b in (batch, aggregated):
+        torch.manual_seed(0)
+        model = GraphSAGE(
+            TINY.num_features, 5, num_layers=num_layers, aggr=aggr, bucket_rows=bucket
+        )
+        model.gnn.dropout.p = 0.0  # training mode, same outputs
+        rows.append([])
+        model.gnn.convs[0].register_forward_hook(lambda m, a, out: rows[-1].append(out.size(0)))
+        out = model.train()(b.x, b.edge_index, *_hops(b))
+        F.cross_entropy(out, b.y[:64]).backward()
+        results.append((out, torch.cat([p.grad.flatten() for p in model.parameters()])))
+    # fp32; one product of both halves against two products added.
+    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
+    assert rows[1] == [aggregated.num_nodes]  # the conv's hooks saw its output rows
+    # The batch carries no features of the outermost hop: x_aggr alone holds them.
+    outer = torch.randn_like(batch.x[aggregated.num_nodes :])
+    changed = torch.cat([batch.x[: aggregated.num_nodes], outer])
+    with torch.no_grad():
+        assert not torch.allclose(model(changed, batch.edge_index, *_hops(batch)), results[1][0])
+
+
+@requires_sampler
+def test_a_first_layer_aggregate_reaches_only_a_model_that_takes_it(tmp_path):
+    import copy
+
+    from gnnscale.data import aggregate_first_layer
+
+    batch = aggregate_first_layer(copy.copy(_neighbour_batch(tmp_path, (5, 4))), "mean")
+    model = GraphSAGE(TINY.num_features, 5, aggregate_in_loader=False)
+    with pytest.raises(ValueError, match="computes its first layer's aggregation itself"):
+        model(batch.x, batch.edge_index, *_layout(batch), batch.x_aggr)
+
+
+@requires_sampler
 def test_a_model_with_a_norm_keeps_trimming_after_each_layer(tmp_path):
     # Batch norm's statistics span a layer's rows: computing fewer would change them.
     batch = _neighbour_batch(tmp_path)
@@ -303,7 +359,7 @@ def test_sparse_aggregation_matches_scatter_in_a_training_step(
     assert not torch.equal(outputs[0], model.eval()(batch.x, batch.edge_index)[:64].float())
 
 
-@pytest.mark.parametrize("p", [0.1, 0.5, 0.6, 0.75])  # 16, 8, 16 and 8 random bits a mask
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.6, 0.75])  # 16, 1, 16 and 8 random bits a mask
 def test_dropout_keeps_its_rate_and_its_mean(p):
     from gnnscale.models import Dropout
 
