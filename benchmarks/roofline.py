@@ -237,7 +237,7 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
         default, aggregate_ms = _aggregated(batches, dm._first_layer_aggr)
     passes, repeats = (1, 1) if tiny else (5, 5)
     steps = {"gnnscale": (_step_fn(model, precision), default)}
-    if model.bucket_rows and model.target_only_layers:  # rows rounded up (no norm)
+    if model.bucket_rows:  # rows rounded up
         unbucketed = copy.deepcopy(model)
         unbucketed.bucket_rows = 0  # rows as sampled, not rounded up to 1,024s
         steps["unbucketed"] = (_step_fn(unbucketed, precision), default)

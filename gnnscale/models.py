@@ -14,6 +14,8 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
   the loader's worker (``gnnscale.data.aggregate_first_layer``): one matrix product in the step.
 - :class:`Dropout` draws its CPU mask from 8 or 16 random bits an element, in one pass with
   the ReLU before it.
+- Cluster-GCN and GraphSAINT batches are padded to a few row counts (``bucket_rows``), each
+  norm taking its statistics from the real rows only: :func:`padded_forward`.
 - The targets' rows of a layer's input get their two gradients (as sources and as the root
   term) added in place, not through a zero-filled slice gradient.
 """
@@ -36,7 +38,15 @@ from gnnscale.data import LayerwiseBatch, csr_adjacency
 from gnnscale.errors import ConfigError, TrainingDiverged
 from gnnscale.measure import trim_heap
 
-__all__ = ["Dropout", "GATv2", "GraphSAGE", "NodeClassifier", "layerwise_inference", "target_only"]
+__all__ = [
+    "Dropout",
+    "GATv2",
+    "GraphSAGE",
+    "NodeClassifier",
+    "layerwise_inference",
+    "padded_forward",
+    "target_only",
+]
 
 
 # The default optimizer (``optimizer: null``): Adam with the GAT paper's learning rate and weight
@@ -243,8 +253,6 @@ def target_only(
             the first layer's targets only, and the layer is one matrix product.
     """
     num_layers, xs = len(gnn.convs), []
-    # ReLU then gnnscale's Dropout, nothing between them: one pass (see Dropout's forward).
-    fuse = isinstance(gnn.act, torch.nn.ReLU) and isinstance(gnn.dropout, Dropout)
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
         num_dst = sum(num_sampled_nodes[: num_layers - i])
         num_edges = sum(num_sampled_edges[: num_layers - i])
@@ -267,15 +275,53 @@ def target_only(
                 adj = csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges)
             x = conv(_SourcesAndTargets.apply(x, num_dst), adj)
         if i < num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
-            if fuse and isinstance(norm, torch.nn.Identity):
-                x = gnn.dropout(x, relu=True)
-            else:
-                if gnn.act is not None and gnn.act_first:
-                    x = gnn.act(x)
-                x = norm(x)
-                if gnn.act is not None and not gnn.act_first:
-                    x = gnn.act(x)
-                x = gnn.dropout(x)
+            x = _between_layers(gnn, norm, x, x.size(0))
+            xs.append(x)
+    if hasattr(gnn, "jk"):  # PyG's "last" needs none
+        x = gnn.jk(xs)
+    return gnn.lin(x) if hasattr(gnn, "lin") else x
+
+
+def _between_layers(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, norm: torch.nn.Module, x: Tensor, num_rows: int
+) -> Tensor:
+    """Activation, norm and dropout after a hidden layer, as ``BasicGNN.forward``.
+
+    A norm sees only the first ``num_rows`` rows (the rest are padding, left as they are):
+    its batch statistics and running averages are those of the real rows. ReLU then
+    gnnscale's Dropout with no norm between them run in one pass (see Dropout's forward).
+    """
+    if isinstance(gnn.act, torch.nn.ReLU) and isinstance(gnn.dropout, Dropout):
+        if isinstance(norm, torch.nn.Identity):
+            return gnn.dropout(x, relu=True)
+    if gnn.act is not None and gnn.act_first:
+        x = gnn.act(x)
+    if not isinstance(norm, torch.nn.Identity):
+        x = norm(x) if num_rows == x.size(0) else F.pad(norm(x[:num_rows]), _rows(x, num_rows))
+    if gnn.act is not None and not gnn.act_first:
+        x = gnn.act(x)
+    return gnn.dropout(x)
+
+
+def _rows(x: Tensor, num_rows: int) -> tuple[int, int, int, int]:
+    """``F.pad``'s argument that adds back ``x``'s rows past ``num_rows`` (as zeros)."""
+    return (0, 0, 0, x.size(0) - num_rows)
+
+
+def padded_forward(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, x: Tensor, adj: Any, num_rows: int
+) -> Tensor:
+    """``gnn``'s forward on a subgraph whose rows past ``num_rows`` are padding.
+
+    The padded rows have no edges, so no real row reads them; each norm sees only the real
+    rows (:func:`_between_layers`). Cluster-GCN and GraphSAINT batches are padded to a few row
+    counts so that bf16 products on CPU reuse their oneDNN primitives (``bucket_rows``).
+    """
+    xs = []
+    for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
+        x = conv(x, adj)
+        if i < gnn.num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
+            x = _between_layers(gnn, norm, x, num_rows)
             xs.append(x)
     if hasattr(gnn, "jk"):  # PyG's "last" needs none
         x = gnn.jk(xs)
@@ -431,10 +477,10 @@ class NodeClassifier(L.LightningModule):
         if num_sampled_nodes is None or num_sampled_edges is None:  # every node is computed
             if rowptr is not None and self.sparse_aggregation:  # a Cluster-GCN or SAINT batch
                 num_nodes = x.size(0)
-                if self.bucket_rows and self.target_only_layers:  # a norm would see the rows
+                if self.bucket_rows:
                     x, rowptr = _pad_rows(x, rowptr, self.bucket_rows)
                 adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
-                return self.gnn(x, adj)[:num_nodes]
+                return padded_forward(self.gnn, x, adj, num_nodes)[:num_nodes]
             return self.gnn(x, edge_index)
         if not self.target_only_layers:
             return self.gnn(
@@ -550,8 +596,8 @@ class GraphSAGE(NodeClassifier):
             adjacency the loader built (torch-sparse's ``SparseTensor``, else ``torch.sparse``)
             instead of PyG's scatter; ``aggr`` other than mean/max/min/sum always scatters.
         bucket_rows: On neighbour batches, round each hidden layer's rows up to a multiple of
-            this (0: off; see :func:`target_only`); on Cluster-GCN and GraphSAINT batches
-            (without a ``norm``, whose statistics would see them), the batch's rows. bf16
+            this (0: off; see :func:`target_only`); on Cluster-GCN and GraphSAINT batches,
+            the batch's rows (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16
             products on CPU then reuse a few oneDNN primitives instead of building one a batch
             (README's ``roofline`` block: the default step against rows as sampled); on GPUs
             the added rows cost next to nothing.

@@ -434,8 +434,8 @@ def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, d
 @pytest.mark.parametrize("dm_name", ["cluster", "saint"])
 @pytest.mark.parametrize("norm", [None, "batch_norm"])
 def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, dm_name, norm):
-    # Rows added up to a multiple have no edges; their outputs are cut off. A norm's statistics
-    # would see them, so a model with one computes the rows as sampled.
+    # Rows added up to a multiple have no edges; their outputs are cut off. A norm sees the
+    # real rows only: its batch statistics and running averages are unchanged.
     dm = DATAMODULES[dm_name][0](tmp_path)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
@@ -450,12 +450,17 @@ def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, d
             conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
         out = model.train()(batch.x, batch.edge_index, None, None, batch.rowptr)
         F.cross_entropy(out, batch.y).backward()
-        results.append((out, torch.cat([p.grad.flatten() for p in model.parameters()])))
-    padded = -(-batch.num_nodes // multiple) * multiple if norm is None else batch.num_nodes
-    assert rows == [padded] * 3
+        trained_rows = list(rows)
+        grads = torch.cat([p.grad.flatten() for p in model.parameters()])
+        stats = [b.flatten().float() for b in model.buffers()] or [torch.zeros(0)]
+        with torch.no_grad():  # evaluation uses the running averages
+            evaluated = model.eval()(batch.x, batch.edge_index, None, None, batch.rowptr)
+        results.append((out, grads, torch.cat(stats), evaluated))
+    assert trained_rows == [-(-batch.num_nodes // multiple) * multiple] * 3
     assert results[1][0].shape == (batch.num_nodes, 5)
-    torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
+    for padded, sampled in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(padded, sampled, rtol=1e-4, atol=1e-6)
+    assert (results[0][2].numel() > 0) == (norm is not None)  # running averages compared
 
 
 @requires_sampler
