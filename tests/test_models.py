@@ -130,13 +130,15 @@ def test_sampled_evaluation_agrees_with_exact(tmp_path):
 
 
 # Mean of seeds 0-2 measured here (recipes/planetoid): GATv2 0.822 (0.832, 0.817, 0.817), and
-# 0.815 with its default attention dropout of 0; GraphSAGE 0.806 (0.808, 0.803, 0.808). Over
-# seeds the standard deviation is about 0.006, so a 3-seed mean varies by about 0.004: the margin
-# below (0.008, two of those) absorbs other CPUs' kernels and library versions.
+# 0.815 with its default attention dropout of 0. GraphSAGE, seeds 0-5 with two dropout mask
+# streams (one random byte an element, and since session 14 one bit): 0.794 over the 12 runs,
+# standard deviation 0.0064 a run, so 0.0037 for a 3-seed mean; seeds 0-2 alone gave 0.801 with
+# the byte masks and 0.797 with the bit masks, seeds 3-5 0.789 and 0.790. The targets sit about
+# two and a half of those below the means, which absorbs the seeds' luck and other CPUs' kernels.
 @pytest.mark.slow  # about 4 minutes on one CPU core, mostly GraphSAGE's 256 x 1433 first layer
 @pytest.mark.parametrize(
     "model_cls,kwargs,target",
-    [(GATv2, {"attention_dropout": 0.6}, 0.814), (GraphSAGE, {}, 0.798)],
+    [(GATv2, {"attention_dropout": 0.6}, 0.814), (GraphSAGE, {}, 0.785)],
 )
 def test_cora_accuracy(tmp_path, cora_root, model_cls, kwargs, target):
     """The models' defaults on Cora's public split as ``recipes/planetoid`` runs them (features
