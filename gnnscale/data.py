@@ -410,13 +410,13 @@ def aggregate_first_layer(batch: Data, aggr: str) -> Data:
     kept_nodes, kept_edges = sum(nodes[:-2]), sum(edges[:-1])  # what layers 2..L read
     tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "rowptr"}
     on_edges = {k for k in tensors if batch.is_edge_attr(k)}  # before any is cut
-    num_nodes = batch.num_nodes
+    on_nodes = {k for k in tensors if batch.is_node_attr(k)}
     for key, value in tensors.items():
         if key == "edge_index":
             batch[key] = value[:, :kept_edges]
         elif key in on_edges:
             batch[key] = value[:kept_edges]
-        elif value.dim() and value.size(0) == num_nodes:  # a node attribute
+        elif key in on_nodes:
             batch[key] = value[:num_dst]
     batch.rowptr = batch.rowptr[: kept_nodes + 1]
     batch.num_nodes = num_dst

@@ -291,21 +291,17 @@ def _between_layers(
     its batch statistics and running averages are those of the real rows. ReLU then
     gnnscale's Dropout with no norm between them run in one pass (see Dropout's forward).
     """
-    if isinstance(gnn.act, torch.nn.ReLU) and isinstance(gnn.dropout, Dropout):
-        if isinstance(norm, torch.nn.Identity):
-            return gnn.dropout(x, relu=True)
+    no_norm = isinstance(norm, torch.nn.Identity)
+    if no_norm and isinstance(gnn.act, torch.nn.ReLU) and isinstance(gnn.dropout, Dropout):
+        return gnn.dropout(x, relu=True)
     if gnn.act is not None and gnn.act_first:
         x = gnn.act(x)
-    if not isinstance(norm, torch.nn.Identity):
-        x = norm(x) if num_rows == x.size(0) else F.pad(norm(x[:num_rows]), _rows(x, num_rows))
+    if not no_norm:
+        padding = x.size(0) - num_rows
+        x = F.pad(norm(x[:num_rows]), (0, 0, 0, padding)) if padding else norm(x)
     if gnn.act is not None and not gnn.act_first:
         x = gnn.act(x)
     return gnn.dropout(x)
-
-
-def _rows(x: Tensor, num_rows: int) -> tuple[int, int, int, int]:
-    """``F.pad``'s argument that adds back ``x``'s rows past ``num_rows`` (as zeros)."""
-    return (0, 0, 0, x.size(0) - num_rows)
 
 
 def padded_forward(
@@ -473,6 +469,11 @@ class NodeClassifier(L.LightningModule):
         ``first_layer_aggr``), the first layer takes its aggregation from the loader and ``x``
         holds its targets only.
         """
+        if x_aggr is not None and self.first_layer_aggr is None:
+            raise ValueError(
+                f"{type(self).__name__} computes its first layer's aggregation itself: give "
+                "it batches without x_aggr (gnnscale.data.hop_layout, first_layer_aggr=None)"
+            )
         x = x.to(self.dtype)
         if num_sampled_nodes is None or num_sampled_edges is None:  # every node is computed
             if rowptr is not None and self.sparse_aggregation:  # a Cluster-GCN or SAINT batch
@@ -490,11 +491,6 @@ class NodeClassifier(L.LightningModule):
                 num_sampled_edges_per_hop=num_sampled_edges,
             )
         if x_aggr is not None:
-            if self.first_layer_aggr is None:
-                raise ValueError(
-                    f"{type(self).__name__} computes its first layer's aggregation itself: give "
-                    "it batches without x_aggr (gnnscale.data.hop_layout, first_layer_aggr=None)"
-                )
             x_aggr = x_aggr.to(self.dtype)
         if not self.sparse_aggregation:
             rowptr = None
