@@ -108,26 +108,31 @@ def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
 
 
 def _batches(dm: Any, count: int) -> list[Any]:
-    """Training batches as the loader makes them, but never aggregated for the first layer."""
-    aggr, dm._first_layer_aggr = dm._first_layer_aggr, None
+    """Training batches as sampled, without the worker's work for the model (timed apart).
+
+    That work (first layer aggregated, transposed adjacency) is added by :func:`_worker`.
+    """
+    saved = dm._first_layer_aggr, dm._csc_backward
+    dm._first_layer_aggr, dm._csc_backward = None, False
     batches = []
     for batch in dm.train_dataloader():
         batch.loss_weight, batch.num_loss_nodes = dm._loss_weight(batch)
         batches.append(batch)
         if len(batches) == count:
             break
-    dm._first_layer_aggr = aggr
+    dm._first_layer_aggr, dm._csc_backward = saved
     return batches
 
 
-def _aggregated(batches: list[Any], aggr: str) -> tuple[list[Any], float]:
-    """The batches with their first layer aggregated as the loader's worker would; median ms."""
-    from gnnscale.data import aggregate_first_layer
+def _worker(batches: list[Any], step: Callable[[Any], Any]) -> tuple[list[Any], float]:
+    """The batches after ``step`` (work of the loader's worker), and its median ms a batch.
 
+    Each batch's first call is timed: its output is fresh memory, as in a worker.
+    """
     out, times = [], []
     for batch in batches:
         start = time.perf_counter()
-        done = aggregate_first_layer(copy.copy(batch), aggr)
+        done = step(copy.copy(batch))
         times.append((time.perf_counter() - start) * 1e3)
         out.append(done)  # loss_weight, a node attribute, cut with the rest
     return out, statistics.median(times)
@@ -226,25 +231,32 @@ def _pyg_trim_forward(model: Any) -> Callable:
 
 def measure(name: str, tiny: bool) -> dict[str, Any]:
     """Every figure of one recipe's step."""
+    from gnnscale.data import aggregate_first_layer, csc_layout
     from gnnscale.models import _hops
 
     model, dm, precision = _build(name, tiny)
     batches = _batches(dm, 2 if tiny else 8)  # as sampled: every variant's input
-    default = batches  # the batches the default model gets
-    aggregate_ms = None
+    aggregated = batches
+    aggregate_ms = transpose_ms = None
     # The neighbour loader aggregates GraphSAGE's first layer (subgraph batches have no hops).
     if dm._first_layer_aggr is not None and "num_sampled_nodes" in batches[0]:
-        default, aggregate_ms = _aggregated(batches, dm._first_layer_aggr)
+        aggr = dm._first_layer_aggr
+        aggregated, aggregate_ms = _worker(batches, lambda b: aggregate_first_layer(b, aggr))
+    default = aggregated  # the batches the default model gets
+    if dm._csc_backward:  # the transpose of what is left, for the aggregation's backward
+        default, transpose_ms = _worker(aggregated, csc_layout)
     passes, repeats = (1, 1) if tiny else (5, 5)
     steps = {"gnnscale": (_step_fn(model, precision), default)}
     if model.bucket_rows:  # rows rounded up
         unbucketed = copy.deepcopy(model)
         unbucketed.bucket_rows = 0  # rows as sampled, not rounded up to 1,024s
         steps["unbucketed"] = (_step_fn(unbucketed, precision), default)
+    if transpose_ms is not None:  # torch's backward of the sparse product
+        steps["torch_backward"] = (_step_fn(copy.deepcopy(model), precision), aggregated)
     if aggregate_ms is not None:
         in_step = copy.deepcopy(model)
         in_step.first_layer_aggr = None  # as --model.aggregate_in_loader=false
-        steps["in_step"] = (_step_fn(in_step, precision), batches)
+        steps["in_step"] = (_step_fn(in_step, precision), batches)  # its loader's: no transpose
     if name == "neighbor_sage":
         before, hand = copy.deepcopy(model), copy.deepcopy(model)
         steps["before"] = (_step_fn(before, precision, _pyg_trim_forward(before)), batches)
@@ -252,7 +264,7 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
         hand_step = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
         steps["hand"] = (hand_step, batches)
     result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, passes)}
-    result["aggregate_ms"] = aggregate_ms
+    result["aggregate_ms"], result["transpose_ms"] = aggregate_ms, transpose_ms
     gemm = {k: _gemm_ms(*s, repeats) for k, s in steps.items() if k != "gnnscale"}
     # The default step rounds rows up (bucket_rows); the added rows compute nothing read, so it
     # is held to the unpadded step's products.
@@ -295,33 +307,40 @@ def _compiled(model: Any, precision: str, batches: list, passes: int, hops: Call
     return {"compile_s": compile_s, "step_ms": _time_ms({"c": (step, batches)}, passes)["c"]}
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
 def blocks(tiny: bool) -> list[Block]:
     """README.md's ``roofline`` block."""
     results = {name: measure(name, tiny) for name in SAMPLERS}
     lines = [
         "| recipe | step (ms) | GEMMs alone (ms) | GEMM share | headroom | nodes per batch "
         "| feature rows into the step | feature gather in the worker (ms) "
-        "| first layer's aggregation in the worker (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| first layer's aggregation in the worker (ms) | transpose in the worker (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     labels = {
         "gnnscale": "{}",
         "unbucketed": "{}, rows as sampled (`--model.bucket_rows=0`; the default rounds them "
         "up to 1,024s and is held to these unpadded GEMMs)",
+        "torch_backward": "{}, the sparse mean's backward by torch (no transpose in the batch)",
         "in_step": "{}, first layer aggregated in the step (`--model.aggregate_in_loader=false`)",
         "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
         "hand": "{}, the hand loop's forward (no trimming)",
     }
+    worker_variants = ("gnnscale", "unbucketed", "torch_backward")  # aggregated batches
     for name, r in results.items():
         gather_ms = r["gather_bytes"] / r["gather_gbps"] / 1e6
         for variant, step_ms in r["step_ms"].items():
             gemm = r["gemm_ms"][variant]
-            in_worker = r["aggregate_ms"] if variant in ("gnnscale", "unbucketed") else None
+            aggregate = r["aggregate_ms"] if variant in worker_variants else None
+            transpose = r["transpose_ms"] if variant in ("gnnscale", "unbucketed") else None
             lines.append(
                 f"| {labels[variant].format(SAMPLERS[name])} | {step_ms:,.1f} | {gemm:,.1f} "
                 f"| **{gemm / step_ms:.0%}** | {step_ms / gemm:.1f}x | {r['nodes']:,.0f} "
                 f"| {r['rows'][variant]:,.0f} | {gather_ms:,.1f} "
-                f"| {'-' if in_worker is None else f'{in_worker:,.1f}'} |"
+                f"| {_ms(aggregate)} | {_ms(transpose)} |"
             )
     neighbour = results["neighbor_sage"]
     c = neighbour["compile"]

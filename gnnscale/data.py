@@ -330,6 +330,30 @@ def csr_layout(batch: Data) -> Data:
     return batch
 
 
+def csc_layout(batch: Data) -> Data:
+    """Add the transpose of a batch's CSR adjacency: ``colptr`` and ``csc_row``.
+
+    ``colptr`` points, for each source node, into ``csc_row``, the targets of its edges. A
+    sparse mean's backward is a product with this transpose; torch's own backward of
+    ``torch.sparse.mm`` sorts the edges by source again on every training step, here the
+    loaders' workers sort them once (GraphSAGE asks for it: ``csc_backward``).
+
+    Args:
+        batch: A batch laid out by :func:`csr_layout` (or :func:`hop_layout`).
+    """
+    src, dst = batch.edge_index
+    perm = torch.argsort(src, stable=True)
+    batch.colptr = index2ptr(src[perm], batch.num_nodes)
+    batch.csc_row = dst[perm]
+    return batch
+
+
+def subgraph_layout(batch: Data, csc: bool = False) -> Data:
+    """Cluster-GCN and GraphSAINT batches' transform: :func:`csr_layout`, :func:`csc_layout`."""
+    batch = csr_layout(batch)
+    return csc_layout(batch) if csc else batch
+
+
 def csr_adjacency(
     x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int
 ) -> Any:
@@ -352,7 +376,9 @@ def csr_adjacency(
     return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 
 
-def hop_layout(batch: Data, num_layers: int, first_layer_aggr: str | None = None) -> Data:
+def hop_layout(
+    batch: Data, num_layers: int, first_layer_aggr: str | None = None, csc: bool = False
+) -> Data:
     """Lay a neighbour batch out for target-only layers; the loaders run this in their workers.
 
     Adds the nodes and edges each hop sampled (pyg-lib reports them, torch-sparse does not) and
@@ -366,6 +392,8 @@ def hop_layout(batch: Data, num_layers: int, first_layer_aggr: str | None = None
         num_layers: Hops sampled (entries of ``num_neighbors``).
         first_layer_aggr: Also aggregate the first layer's neighbour features here, with this
             reduction (:func:`aggregate_first_layer`); none: the model does.
+        csc: Also add the transpose of the edges left (:func:`csc_layout`), for a model whose
+            sparse aggregation takes its backward from it.
     """
     batch = csr_layout(batch)
     if "num_sampled_nodes" not in batch:
@@ -381,7 +409,7 @@ def hop_layout(batch: Data, num_layers: int, first_layer_aggr: str | None = None
         ]
     if first_layer_aggr is not None:
         batch = aggregate_first_layer(batch, first_layer_aggr)
-    return batch
+    return csc_layout(batch) if csc else batch
 
 
 def aggregate_first_layer(batch: Data, aggr: str) -> Data:
@@ -492,6 +520,9 @@ class _GraphDataModule(L.LightningDataModule):
     # The model's first-layer reduction for neighbour batches' workers to compute, if it takes
     # one (``NodeClassifier.first_layer_aggr``, learned in ``check_model``); None: the model's.
     _first_layer_aggr: str | None = None
+    # Whether the model's sparse aggregation takes its backward from training batches' CSC
+    # layout (``csc_layout``, ``NodeClassifier.csc_backward``), learned in ``check_model`` too.
+    _csc_backward: bool = False
 
     def __init__(
         self,
@@ -590,7 +621,8 @@ class _GraphDataModule(L.LightningDataModule):
         """Refuse a model whose depth does not match the loaders' fan-outs (before any data loads).
 
         Also learns whether the model takes its first layer's aggregation from neighbour
-        batches' workers (:func:`aggregate_first_layer`).
+        batches' workers (:func:`aggregate_first_layer`), and whether its training batches
+        should carry their adjacency's transpose (:func:`csc_layout`).
 
         Args:
             model: The LightningModule (its ``num_layers``, if it has one, is checked).
@@ -603,12 +635,20 @@ class _GraphDataModule(L.LightningDataModule):
                 f"{num_layers}: give one fan-out per layer"
             )
         self._first_layer_aggr = getattr(model, "first_layer_aggr", None)
+        self._csc_backward = bool(getattr(model, "csc_backward", False))
 
-    def _hop_layout(self, num_layers: int) -> Callable[[Data], Data]:
+    def _hop_layout(self, num_layers: int, train: bool = False) -> Callable[[Data], Data]:
         """The neighbour batches' transform, run in the loader's workers."""
+        # Only the layers reading every edge of the batch use its transpose: aggregated, the
+        # second; else the first, whose input (the features) needs no gradient.
+        csc = train and self._csc_backward and self._first_layer_aggr is not None
         return functools.partial(
-            hop_layout, num_layers=num_layers, first_layer_aggr=self._first_layer_aggr
+            hop_layout, num_layers=num_layers, first_layer_aggr=self._first_layer_aggr, csc=csc
         )
+
+    def _subgraph_layout(self) -> Callable[[Data], Data]:
+        """Cluster-GCN and GraphSAINT training batches' transform, run in the workers."""
+        return functools.partial(subgraph_layout, csc=self._csc_backward)
 
     def setup(self, stage: str) -> None:
         """Check the model agrees with the loaders, then build the training loader."""
@@ -840,7 +880,7 @@ class NeighborDataModule(_GraphDataModule):
             self.num_neighbors,
             input_nodes=self.data.train_mask,
             batch_size=self.batch_size,
-            transform=self._hop_layout(len(self.num_neighbors)),
+            transform=self._hop_layout(len(self.num_neighbors), train=True),
         )
         return self._resumable(loader, shuffle=True)
 
@@ -979,7 +1019,7 @@ class ClusterDataModule(_GraphDataModule):
         loader = ClusterLoader(
             self._cluster_data, batch_size=self.clusters_per_batch, **self.loader.kwargs()
         )
-        return self._resumable(loader, shuffle=True, transform=csr_layout)
+        return self._resumable(loader, shuffle=True, transform=self._subgraph_layout())
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         return batch.loss_weight, int(batch.train_mask.sum())
@@ -1083,7 +1123,7 @@ class SAINTDataModule(_GraphDataModule):
             )
 
         if self._save_dir is None:
-            return self._resumable(sampler(None), shuffle=False, transform=csr_layout)
+            return self._resumable(sampler(None), shuffle=False, transform=self._subgraph_layout())
         cached_folder(self._save_dir, sampler, "GraphSAINT normalisation")
         loader = sampler(self._save_dir)  # reads the normalisation back
         bad = int((~torch.isfinite(loader.node_norm)).sum())
@@ -1092,7 +1132,7 @@ class SAINTDataModule(_GraphDataModule):
                 f"the GraphSAINT normalisation in {self._save_dir} has {bad} non-finite node "
                 "weights; delete the folder to rebuild it"
             )
-        return self._resumable(loader, shuffle=False, transform=csr_layout)
+        return self._resumable(loader, shuffle=False, transform=self._subgraph_layout())
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         train = batch.train_mask

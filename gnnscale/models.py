@@ -57,13 +57,17 @@ _ADAM_WEIGHT_DECAY = 5e-4
 
 def _hops(
     batch: Data,
-) -> tuple[list[int] | None, list[int] | None, Tensor | None, Tensor | None]:
-    """A neighbour batch's layout and first-layer aggregate (``gnnscale.data.hop_layout``)."""
+) -> tuple[
+    list[int] | None, list[int] | None, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None
+]:
+    """A batch's layout, first-layer aggregate and transposed adjacency (``gnnscale.data``)."""
+    csc = (batch.colptr, batch.csc_row) if "colptr" in batch else None
     return (
         batch.get("num_sampled_nodes"),
         batch.get("num_sampled_edges"),
         batch.get("rowptr"),
         batch.get("x_aggr"),
+        csc,
     )
 
 
@@ -227,6 +231,7 @@ def target_only(
     rowptr: Tensor | None = None,
     bucket_rows: int = 0,
     x_aggr: Tensor | None = None,
+    csc: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``gnn``'s forward on a neighbour batch, each layer computing only what is read next.
 
@@ -251,6 +256,9 @@ def target_only(
         x_aggr: The first layer's aggregated neighbour features, computed by the loader
             (``gnnscale.data.aggregate_first_layer``; ``gnn`` a GraphSAGE): ``x`` then holds
             the first layer's targets only, and the layer is one matrix product.
+        csc: The transpose of ``edge_index``'s adjacency (``gnnscale.data.csc_layout``): a
+            GraphSAGE layer that reads every edge of the batch takes its aggregation's backward
+            from it (:class:`_SparseMean`).
     """
     num_layers, xs = len(gnn.convs), []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
@@ -269,11 +277,13 @@ def target_only(
             assert x_aggr is not None
             x = _sage_on_aggregated(conv, x_aggr, x, num_dst)
         else:
+            pair = _SourcesAndTargets.apply(x, num_dst)
             if layer_rowptr is None:
-                adj: Any = edge_index[:, :num_edges]
+                x = conv(pair, edge_index[:, :num_edges])
+            elif csc is not None and num_edges == edge_index.size(1) and _takes_csc(conv):
+                x = _sage_conv(conv, pair, layer_rowptr, edge_index[0], csc)
             else:
-                adj = csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges)
-            x = conv(_SourcesAndTargets.apply(x, num_dst), adj)
+                x = conv(pair, csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges))
         if i < num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
             x = _between_layers(gnn, norm, x, x.size(0))
             xs.append(x)
@@ -305,17 +315,26 @@ def _between_layers(
 
 
 def padded_forward(
-    gnn: pyg_nn.models.basic_gnn.BasicGNN, x: Tensor, adj: Any, num_rows: int
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    x: Tensor,
+    adj: Any,
+    num_rows: int,
+    csc: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``gnn``'s forward on a subgraph whose rows past ``num_rows`` are padding.
 
     The padded rows have no edges, so no real row reads them; each norm sees only the real
     rows (:func:`_between_layers`). Cluster-GCN and GraphSAINT batches are padded to a few row
     counts so that bf16 products on CPU reuse their oneDNN primitives (``bucket_rows``).
+    Given ``csc`` (``rowptr``, ``col``, and the transpose's ``colptr``, ``csc_row``), GraphSAGE
+    layers take their aggregation's backward from the transpose (:class:`_SparseMean`).
     """
     xs = []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
-        x = conv(x, adj)
+        if csc is not None and _takes_csc(conv):
+            x = _sage_conv(conv, (x, x), csc[0], csc[1], csc[2:])
+        else:
+            x = conv(x, adj)
         if i < gnn.num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
             x = _between_layers(gnn, norm, x, num_rows)
             xs.append(x)
@@ -342,6 +361,74 @@ def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tens
     out = F.linear(inputs, weight, conv.lin_l.bias)
     _call_forward_hooks(conv, (x_aggr, x), out[: x.size(0)])
     return out
+
+
+def _takes_csc(conv: Any) -> bool:
+    """Whether :func:`_sage_conv` computes ``conv``: a ``SAGEConv`` with mean or sum."""
+    return isinstance(conv, pyg_nn.SAGEConv) and conv.aggr in ("mean", "sum") and not conv.project
+
+
+def _sage_conv(
+    conv: Any, x: tuple[Tensor, Tensor], rowptr: Tensor, col: Tensor, csc: tuple[Tensor, Tensor]
+) -> Tensor:
+    """``conv(x, adj)`` for a ``SAGEConv``, as PyG computes it, with :class:`_SparseMean`.
+
+    The aggregation's backward multiplies by the batch's transposed adjacency ``csc``.
+    ``rowptr`` and ``col`` are the adjacency's CSR, every edge of the batch (``col``: the
+    sources); rows of ``x[0]`` past ``colptr``'s are padding, without edges.
+    """
+    colptr, csc_row = csc
+    src, dst = x
+    extra = src.size(0) + 1 - colptr.numel()  # padded source rows have no edges
+    if extra:
+        colptr = _with_empty_rows(colptr, extra)
+    aggr = _SparseMean.apply(src, rowptr, col, colptr, csc_row, conv.aggr)
+    out = conv.lin_l(aggr)
+    if conv.root_weight:
+        out = out + conv.lin_r(dst)
+    if conv.normalize:
+        out = F.normalize(out, p=2.0, dim=-1)
+    _call_forward_hooks(conv, (x, None), out)
+    return out
+
+
+class _SparseMean(torch.autograd.Function):
+    """Each target's mean (or sum) of its sources' rows: ``torch.sparse.mm`` on the batch's CSR.
+
+    Forward as PyG's ``spmm``. The backward multiplies the output's gradient (divided by each
+    target's degree, for the mean) by the transposed adjacency (``colptr``, ``csc_row``) that the
+    loader's worker built (``gnnscale.data.csc_layout``); torch's own backward of the product
+    sorts the edges by source again on every step (README's ``roofline`` block times the step
+    both ways).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        rowptr: Tensor,
+        col: Tensor,
+        colptr: Tensor,
+        csc_row: Tensor,
+        reduce: str,
+    ) -> Tensor:
+        ones = torch.ones(col.numel(), dtype=x.dtype, device=x.device)
+        adj = torch.sparse_csr_tensor(rowptr, col, ones, size=(rowptr.numel() - 1, x.size(0)))
+        ctx.save_for_backward(rowptr, colptr, csc_row)
+        ctx.reduce = reduce
+        return torch.sparse.mm(adj, x, reduce)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None, None
+        rowptr, colptr, csc_row = ctx.saved_tensors
+        if ctx.reduce == "mean":
+            grad = grad / rowptr.diff().clamp(min=1).unsqueeze(1)
+        ones = torch.ones(csc_row.numel(), dtype=grad.dtype, device=grad.device)
+        size = (colptr.numel() - 1, rowptr.numel() - 1)
+        adj_t = torch.sparse_csr_tensor(colptr, csc_row, ones, size=size)
+        return torch.sparse.mm(adj_t, grad.contiguous(), "sum"), None, None, None, None, None
 
 
 def _call_forward_hooks(module: torch.nn.Module, args: tuple, out: Tensor) -> None:
@@ -442,6 +529,9 @@ class NodeClassifier(L.LightningModule):
     # The first layer's neighbour reduction, if the loader may compute it on the raw features
     # (gnnscale.data.aggregate_first_layer); None: the model aggregates every layer itself.
     first_layer_aggr: str | None = None
+    # Whether training batches should carry their adjacency's transpose
+    # (gnnscale.data.csc_layout), from which the sparse aggregation takes its backward.
+    csc_backward = False
 
     def forward(
         self,
@@ -451,6 +541,7 @@ class NodeClassifier(L.LightningModule):
         num_sampled_edges: list[int] | None = None,
         rowptr: Tensor | None = None,
         x_aggr: Tensor | None = None,
+        csc: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
 
@@ -467,7 +558,8 @@ class NodeClassifier(L.LightningModule):
 
         Given ``x_aggr`` too (``gnnscale.data.aggregate_first_layer``, for a model with
         ``first_layer_aggr``), the first layer takes its aggregation from the loader and ``x``
-        holds its targets only.
+        holds its targets only. Given ``csc`` too (``gnnscale.data.csc_layout``, for a model
+        with ``csc_backward``), the sparse aggregation's backward multiplies by it.
         """
         if x_aggr is not None and self.first_layer_aggr is None:
             raise ValueError(
@@ -481,7 +573,8 @@ class NodeClassifier(L.LightningModule):
                 if self.bucket_rows:
                     x, rowptr = _pad_rows(x, rowptr, self.bucket_rows)
                 adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
-                return padded_forward(self.gnn, x, adj, num_nodes)[:num_nodes]
+                layout = None if csc is None else (rowptr, edge_index[0], *csc)
+                return padded_forward(self.gnn, x, adj, num_nodes, layout)[:num_nodes]
             return self.gnn(x, edge_index)
         if not self.target_only_layers:
             return self.gnn(
@@ -503,6 +596,7 @@ class NodeClassifier(L.LightningModule):
             rowptr,
             self.bucket_rows,
             x_aggr,
+            csc,
         )
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
@@ -642,6 +736,7 @@ class GraphSAGE(NodeClassifier):
         self.bucket_rows = bucket_rows
         if aggregate_in_loader and self.target_only_layers and self.sparse_aggregation:
             self.first_layer_aggr = aggr
+        self.csc_backward = self.sparse_aggregation and aggr in ("mean", "sum")
 
 
 class GATv2(NodeClassifier):

@@ -389,6 +389,45 @@ def test_only_a_model_that_takes_it_gets_its_first_layer_from_the_loader(
         assert (batch.num_nodes < sum(batch.num_sampled_nodes)) == aggregated
 
 
+def _edges(src, dst):
+    return sorted(zip(src.tolist(), dst.tolist(), strict=True))
+
+
+@requires_sampler
+@pytest.mark.parametrize("dm_name", ["neighbor", "cluster", "saint"])
+@pytest.mark.parametrize("csc", [True, False], ids=["sage", "gatv2"])
+def test_training_batches_carry_their_adjacencys_transpose_for_a_model_that_takes_it(
+    tmp_path, dm_name, csc
+):
+    from torch_geometric.index import ptr2index
+
+    make = {
+        "neighbor": lambda: NeighborDataModule(
+            root=tmp_path, synthetic=TINY, num_neighbors=[5, 4], batch_size=64
+        ),
+        "cluster": lambda: ClusterDataModule(
+            root=tmp_path, synthetic=TINY, num_parts=30, clusters_per_batch=5
+        ),
+        "saint": lambda: SAINTDataModule(
+            root=tmp_path, synthetic=TINY, batch_size=200, walk_length=2, num_steps=10
+        ),
+    }
+    dm = make[dm_name]()
+    model = GraphSAGE(TINY.num_features, 5) if csc else GATv2(TINY.num_features, 5, heads=2)
+    dm.check_model(model)
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert ("colptr" in batch) == csc and ("csc_row" in batch) == csc
+    if csc:  # the same edges, listed by source
+        assert batch.colptr.numel() == batch.num_nodes + 1
+        src = ptr2index(batch.colptr, batch.csc_row.numel())
+        assert bool((src[1:] >= src[:-1]).all())
+        assert _edges(src, batch.csc_row) == _edges(*batch.edge_index)
+    if dm_name == "neighbor":  # evaluation computes no gradient: no transpose
+        dm.eval = EvalArgs(mode="sampled", batch_size=256)
+        assert "colptr" not in next(iter(dm.val_dataloader()))
+
+
 @requires_sampler
 @pytest.mark.parametrize("mode", ["sampled", "layerwise"])
 def test_loaders_share_one_copy_of_the_graph_and_keep_their_fanouts(tmp_path, mode):
