@@ -20,6 +20,9 @@ CLI; a few training batches are drawn once, and on the same batches, in one proc
 * **first layer's aggregation**: for GraphSAGE on neighbour batches, the worker's
   ``aggregate_first_layer`` timed on the same batches (each batch's first call: its output
   is fresh memory, as in a worker); the step then gets the cut batches.
+* **transpose**: the worker's ``csc_layout`` (the adjacency sorted by source, from which
+  GraphSAGE's sparse mean takes its backward), timed alike; each recipe's step also runs
+  without it, on torch's own backward of the sparse product.
 * **top operators**: ``torch.profiler``'s self CPU time per operator over the batches.
 
 The neighbour recipe's step also runs with the first layer aggregated in the step
@@ -160,10 +163,16 @@ def _step_fn(model: Any, precision: str, forward: Callable | None = None) -> Cal
 
 
 def _time_ms(steps: dict[str, tuple[Callable, list[Any]]], passes: int) -> dict[str, float]:
-    """Median ms per batch of each step on its batches, passes interleaved, after a warm-up."""
+    """Median ms per batch of each step on its batches, passes interleaved, after a warm-up.
+
+    Each timed pass of a step starts after one untimed batch: the step before it (another
+    variant, some with other shapes and a working set larger than the cache) evicted its
+    oneDNN primitives (8 kept) and cache lines, which a training run's steps do not pay.
+    """
     runs: dict[str, list[float]] = {name: [] for name in steps}
     for p in range(passes + 1):
         for name, (step, batches) in steps.items():
+            step(batches[-1])
             start = time.perf_counter()
             for batch in batches:
                 step(batch)
@@ -383,8 +392,11 @@ def blocks(tiny: bool) -> list[Block]:
         f"at the measured random-row gather bandwidth ({gbps:.2f} GB/s), which the loader's "
         "worker spends beside the step; the first layer's aggregation (GraphSAGE on neighbour "
         "batches, `gnnscale.data.aggregate_first_layer`) is the worker's too, timed on the "
-        "same batches. Rows marked before / hand loop: the same model and batches through "
-        "PyG's own forward (`benchmarks/roofline.py` says how).",
+        "same batches, and so is the transpose the sparse mean's backward multiplies by "
+        "(`gnnscale.data.csc_layout`). Each timed pass of a step follows one untimed batch "
+        "(the variant before it evicted its cached primitives). Rows marked before / hand "
+        "loop: the same model and batches through PyG's own forward (`benchmarks/roofline.py` "
+        "says how).",
     ]
     return [Block(REPO / "README.md", "roofline", "\n".join(lines))]
 

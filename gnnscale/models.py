@@ -12,7 +12,10 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
   built (``gnnscale.data.csr_layout``), not a scatter: neighbour, Cluster-GCN and SAINT batches.
 - On neighbour batches GraphSAGE's first layer takes its aggregation of the raw features from
   the loader's worker (``gnnscale.data.aggregate_first_layer``): one matrix product in the step.
-- :class:`Dropout` draws its CPU mask from 8 or 16 random bits an element, in one pass with
+- GraphSAGE's sparse mean (or sum) takes its backward from the adjacency's transpose, which
+  the loader's worker sorts (``gnnscale.data.csc_layout``), not torch's backward, which sorts
+  the edges again on every step: :class:`_SparseMean`.
+- :class:`Dropout` draws its CPU mask from 1, 8 or 16 random bits an element, in one pass with
   the ReLU before it.
 - Cluster-GCN and GraphSAINT batches are padded to a few row counts (``bucket_rows``), each
   norm taking its statistics from the real rows only: :func:`padded_forward`.
