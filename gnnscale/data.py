@@ -635,7 +635,9 @@ class _GraphDataModule(L.LightningDataModule):
                 f"{num_layers}: give one fan-out per layer"
             )
         self._first_layer_aggr = getattr(model, "first_layer_aggr", None)
-        self._csc_backward = bool(getattr(model, "csc_backward", False))
+        # Measured on CPUs only: GPUs keep PyG's path, and their batches no transpose.
+        cpu = self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
+        self._csc_backward = bool(getattr(model, "csc_backward", False)) and cpu
 
     def _hop_layout(self, num_layers: int, train: bool = False) -> Callable[[Data], Data]:
         """The neighbour batches' transform, run in the loader's workers."""

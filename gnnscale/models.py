@@ -283,7 +283,7 @@ def target_only(
             pair = _SourcesAndTargets.apply(x, num_dst)
             if layer_rowptr is None:
                 x = conv(pair, edge_index[:, :num_edges])
-            elif csc is not None and num_edges == edge_index.size(1) and _takes_csc(conv):
+            elif csc is not None and num_edges == edge_index.size(1) and _takes_csc(conv, x):
                 x = _sage_conv(conv, pair, layer_rowptr, edge_index[0], csc)
             else:
                 x = conv(pair, csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges))
@@ -334,7 +334,7 @@ def padded_forward(
     """
     xs = []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
-        if csc is not None and _takes_csc(conv):
+        if csc is not None and _takes_csc(conv, x):
             x = _sage_conv(conv, (x, x), csc[0], csc[1], csc[2:])
         else:
             x = conv(x, adj)
@@ -366,9 +366,17 @@ def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tens
     return out
 
 
-def _takes_csc(conv: Any) -> bool:
-    """Whether :func:`_sage_conv` computes ``conv``: a ``SAGEConv`` with mean or sum."""
-    return isinstance(conv, pyg_nn.SAGEConv) and conv.aggr in ("mean", "sum") and not conv.project
+def _takes_csc(conv: Any, x: Tensor) -> bool:
+    """Whether :func:`_sage_conv` computes ``conv``: a CPU ``SAGEConv`` with mean or sum.
+
+    Measured on CPUs only; on GPUs PyG's path runs.
+    """
+    return (
+        x.device.type == "cpu"
+        and isinstance(conv, pyg_nn.SAGEConv)
+        and conv.aggr in ("mean", "sum")
+        and not conv.project
+    )
 
 
 def _sage_conv(

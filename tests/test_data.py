@@ -474,3 +474,21 @@ def test_sampled_evaluation_under_ddp_scores_every_node_once(tmp_path):
     assert sorted(scored[0] + scored[1]) == mask.nonzero().view(-1).tolist()
     dm.trainer = None
     assert not isinstance(dm.val_dataloader(), gdata.RankShare)  # one process: PyG's loader
+
+
+def test_batches_for_a_gpu_carry_no_transpose(tmp_path):
+    # Measured on CPUs only: on GPUs the model keeps PyG's path, so workers skip the sort.
+    from types import SimpleNamespace
+
+    from gnnscale.models import _takes_csc
+
+    dm = ClusterDataModule(root=tmp_path, synthetic=TINY, num_parts=30, clusters_per_batch=5)
+    model = GraphSAGE(TINY.num_features, 5)
+    dm.check_model(model)
+    assert dm._csc_backward
+    on_gpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+    dm.trainer = on_gpu
+    dm.check_model(model)
+    assert not dm._csc_backward
+    conv = model.gnn.convs[1]
+    assert _takes_csc(conv, torch.ones(1)) and not _takes_csc(conv, torch.ones(1, device="meta"))
