@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from blocks import Block
+from registry import REPO, recipe
 
 from gnnscale.cli import DEFAULT_MMAP_THRESHOLD
-from gnnscale.registry import REPO, recipe
 from recipes import measure
 
 SETTINGS = {  # label: GNNSCALE_MMAP_THRESHOLD (0: glibc's own, dynamic threshold)

@@ -6,7 +6,7 @@
 
 Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 
-- ``recipes``: every recipe of ``gnnscale.registry`` through ``gnnscale fit``, and ``gnnscale
+- ``recipes``: every recipe of ``benchmarks/registry.py`` through ``gnnscale fit``, and ``gnnscale
   plan`` on the same config (``recipes`` in README.md, ``results`` in each recipe's README).
 - ``roofline``: one training step of each sampler recipe against its matrix products alone,
   the gather bandwidth, and its top operators (``roofline`` in README.md).
@@ -40,8 +40,7 @@ import time
 
 import blocks as block_io
 import torch
-
-from gnnscale.registry import RECIPES
+from registry import RECIPES
 
 SECTIONS = (
     "recipes",

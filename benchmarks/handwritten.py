@@ -171,11 +171,12 @@ def train_cluster(spec: dict[str, Any]) -> dict[str, Any]:
     """Cluster-GCN with GraphSAGE, as PyG's ``examples/cluster_gcn_reddit.py``.
 
     torch-sparse built from PyPI has no METIS, so PyG's ``ClusterData`` cannot partition here.
-    The loop uses ``gnnscale.data._ClusterData``: PyG's ``ClusterData`` whose only change is
-    the pymetis fallback for METIS. pymetis is deterministic, so this loop trains on exactly
-    the clusters gnnscale's ``ClusterDataModule`` trains on (``compare.py`` compares fingerprints).
+    The loop uses ``gnnscale.data.subgraph._ClusterData``: PyG's ``ClusterData`` whose only
+    change is the pymetis fallback for METIS. pymetis is deterministic, so this loop trains on
+    exactly the clusters gnnscale's ``ClusterDataModule`` trains on (``compare.py``
+    compares fingerprints).
     """
-    from gnnscale.data import _ClusterData  # the partitioner only; see the docstring
+    from gnnscale.data.subgraph import _ClusterData  # the partitioner only; see the docstring
 
     torch.manual_seed(spec["seed"])
     device, m, d = _device(), spec["model"], spec["data"]

@@ -28,8 +28,8 @@ import lightning as L
 from blocks import Block
 
 from gnnscale.cli import main
-from gnnscale.data import LoaderArgs
-from gnnscale.graphs import AtomGraphs, GraphDataModule, features_only_mae, prepare_graphs
+from gnnscale.data.args import LoaderArgs
+from gnnscale.data.graphs import AtomGraphs, GraphDataModule, features_only_mae, prepare_graphs
 from gnnscale.measure import anon_mb, peak_rss_mb, read_metrics, rss_mb
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "many_graphs_on_disk"

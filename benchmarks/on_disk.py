@@ -27,9 +27,9 @@ from pathlib import Path
 
 import psutil
 from blocks import Block
+from registry import REPO, recipe
 
 from gnnscale.measure import anon_mb, read_metrics
-from gnnscale.registry import REPO, recipe
 from recipes import number, run
 
 MiB = 2**20

@@ -24,10 +24,10 @@ from pathlib import Path
 import psutil
 from blocks import REPO, Block
 from on_disk import evict
+from registry import recipe
 
 from gnnscale.measure import anon_mb, read_metrics
-from gnnscale.ondisk import PreparedGraph
-from gnnscale.registry import recipe
+from gnnscale.stores.prepared import PreparedGraph
 
 ENTRY = recipe("on_disk_graph")
 # ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges, 128 features, 172 classes. Its
@@ -128,7 +128,7 @@ def measure(size: str, workdir: Path) -> dict[str, float]:
     gather = {advice: gather_rate(folder, advice) for advice in ("normal", "random")}
     evict(folder)
     start = time.perf_counter()
-    verify = f"from gnnscale.ondisk import PreparedGraph; PreparedGraph({str(folder)!r})"
+    verify = f"from gnnscale.stores.prepared import PreparedGraph; PreparedGraph({str(folder)!r})"
     subprocess.run([sys.executable, "-c", verify], check=True)
     verify_s = time.perf_counter() - start
     evict(folder)

@@ -1,6 +1,6 @@
 """Every recipe as shipped: test accuracy, s/epoch, peak memory, and ``gnnscale plan`` against it.
 
-For each recipe of ``gnnscale.registry`` and each of its variants, ``fit`` runs in a fresh
+For each recipe of ``benchmarks/registry.py`` and each of its variants, ``fit`` runs in a fresh
 process exactly as the recipe's README says (``train.py`` where it has one); the figures come
 from its ``metrics.csv`` and from the peak resident memory of its largest process (itself, or a
 DDP rank it forked). For the shipped variant, ``plan`` runs first in another fresh process, so
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from blocks import Block
+from registry import CORA_RAW, RECIPES, Recipe
 
 from gnnscale.measure import read_metrics
-from gnnscale.registry import CORA_RAW, RECIPES, Recipe
 
 # Runs a command (a script, or a module with -m) and prints the peak resident memory of the
 # largest process: this one, or a child that trained in it (DDP ranks started with fork;

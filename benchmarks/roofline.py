@@ -43,9 +43,8 @@ from typing import Any
 
 import torch
 from blocks import Block
+from registry import REPO, recipe
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from gnnscale.registry import REPO, recipe
 
 SAMPLERS = {"neighbor_sage": "neighbour", "cluster_gcn": "Cluster-GCN", "graphsaint": "GraphSAINT"}
 GEMMS = {"mm", "addmm", "bmm"}
@@ -240,8 +239,8 @@ def _pyg_trim_forward(model: Any) -> Callable:
 
 def measure(name: str, tiny: bool) -> dict[str, Any]:
     """Every figure of one recipe's step."""
-    from gnnscale.data import aggregate_first_layer, csc_layout
-    from gnnscale.models import _hops
+    from gnnscale.data.layout import aggregate_first_layer, csc_layout
+    from gnnscale.models.node import hops
 
     model, dm, precision = _build(name, tiny)
     batches = _batches(dm, 2 if tiny else 8)  # as sampled: every variant's input
@@ -295,7 +294,7 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     result["gather_bytes"] = nodes * x[0].numel() * x.element_size()
     result["gather_gbps"] = _gather_gbps(x, int(nodes), 5 if tiny else 20)
     if name == "neighbor_sage":
-        result["compile"] = _compiled(model, precision, default, passes, _hops)
+        result["compile"] = _compiled(model, precision, default, passes, hops)
     return result
 
 
@@ -391,9 +390,9 @@ def blocks(tiny: bool) -> list[Block]:
         "primitive), summed. Headroom: step / GEMMs. Feature gather: a batch's feature bytes "
         f"at the measured random-row gather bandwidth ({gbps:.2f} GB/s), which the loader's "
         "worker spends beside the step; the first layer's aggregation (GraphSAGE on neighbour "
-        "batches, `gnnscale.data.aggregate_first_layer`) is the worker's too, timed on the "
+        "batches, `gnnscale.data.layout.aggregate_first_layer`) is the worker's too, timed on the "
         "same batches, and so is the transpose the sparse mean's backward multiplies by "
-        "(`gnnscale.data.csc_layout`). Each timed pass of a step follows one untimed batch "
+        "(`gnnscale.data.layout.csc_layout`). Each timed pass of a step follows one untimed batch "
         "(the variant before it evicted its cached primitives). Rows marked before / hand "
         "loop: the same model and batches through PyG's own forward (`benchmarks/roofline.py` "
         "says how).",

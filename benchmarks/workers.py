@@ -18,8 +18,8 @@ from pathlib import Path
 
 import yaml
 from blocks import Block
+from registry import REPO, recipe
 
-from gnnscale.registry import REPO, recipe
 from recipes import measure
 
 RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")

@@ -1,32 +1,46 @@
-"""gnnscale: PyTorch Geometric scaling recipes on a small, tested core."""
+"""gnnscale: PyTorch Geometric scaling recipes on a small, tested core.
+
+The package, by concern: ``data/`` (DataModules by task, graph sources, what loaders add to
+batches), ``models/`` (LightningModules by task; ``models/fast.py`` holds the CPU fast paths),
+``stores/`` (graphs on disk: prepared graphs, many-graph stores, caches), ``batch.py`` (what
+batches carry between DataModules and models), and beside them the CLI (``cli.py``), the memory
+planner (``plan.py``), callbacks, checkpointing, measurement helpers and test helpers.
+"""
 
 from gnnscale.callbacks import GradActivationMonitor, ThroughputMonitor
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data import (
     DATASETS,
+    AtomGraphs,
     ClusterDataModule,
     EvalArgs,
     FullBatchDataModule,
+    GraphDataModule,
+    HeteroNeighborDataModule,
+    LinkDataModule,
+    LinkEvalArgs,
+    LinkSplit,
     LoaderArgs,
     NeighborDataModule,
+    PinSAGENeighbors,
     Preprocess,
     SAINTDataModule,
-    load_dataset,
-    sampling_backend,
-)
-from gnnscale.embedding import EmbeddingSAGE
-from gnnscale.graph_models import GraphGINE
-from gnnscale.graphs import AtomGraphs, GraphDataModule
-from gnnscale.hetero import HeteroNeighborDataModule, HeteroSAGE
-from gnnscale.link import LinkDataModule, LinkEvalArgs, LinkSplit, PinSAGENeighbors
-from gnnscale.link_model import LinkPredictor
-from gnnscale.models import GATv2, GraphSAGE, NodeClassifier
-from gnnscale.synthetic import (
     SyntheticGraph,
     SyntheticRecommender,
+    load_dataset,
     make_item_class_graph,
     make_recommender_graph,
     make_synthetic_graph,
+    sampling_backend,
+)
+from gnnscale.models import (
+    EmbeddingSAGE,
+    GATv2,
+    GraphGINE,
+    GraphSAGE,
+    HeteroSAGE,
+    LinkPredictor,
+    NodeClassifier,
 )
 
 __all__ = [

@@ -35,13 +35,14 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from gnnscale.checkpoint import StreamingCheckpointIO
-from gnnscale.data import NeighborDataModule, Preprocess
+from gnnscale.data.args import Preprocess
+from gnnscale.data.graphs import prepare_graphs
+from gnnscale.data.node import NeighborDataModule
+from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError, GnnscaleError
-from gnnscale.graphs import prepare_graphs
 from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
-from gnnscale.ondisk import FeatureDtype, write_graph, write_streamed_synthetic
 from gnnscale.plan import PLANNED, MemoryPlan, format_plan, plan
-from gnnscale.synthetic import SyntheticGraph
+from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
 
 __all__ = [
     "GnnscaleCLI",
@@ -480,12 +481,12 @@ def _function_main(function: Callable[..., Path], command: str, args: list[str] 
 
 
 def prepare_main(args: list[str] | None = None) -> Path:
-    """``gnnscale prepare``: one graph to a folder (``gnnscale.ondisk``)."""
+    """``gnnscale prepare``: one graph to a folder (``gnnscale.stores.prepared``)."""
     return _function_main(prepare, "gnnscale prepare", args)
 
 
 def prepare_graphs_main(args: list[str] | None = None) -> Path:
-    """``gnnscale prepare-graphs``: many small graphs to a store (``gnnscale.graphs``)."""
+    """``gnnscale prepare-graphs``: many small graphs to a store (``gnnscale.stores.graphs``)."""
     return _function_main(prepare_graphs, "gnnscale prepare-graphs", args)
 
 

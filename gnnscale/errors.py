@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "GnnscaleError", "TrainingDiverged"]
+__all__ = ["ConfigError", "GnnscaleError", "TrainingDiverged", "check_probabilities"]
 
 
 class GnnscaleError(Exception):
@@ -18,3 +18,10 @@ class ConfigError(GnnscaleError, ValueError):
 
 class TrainingDiverged(GnnscaleError, RuntimeError):
     """The training loss became NaN or infinite: the run stops instead of reporting a result."""
+
+
+def check_probabilities(**values: float) -> None:
+    """Refuse a dropout rate outside [0, 1], naming its flag (before PyG builds anything)."""
+    for name, p in values.items():
+        if not 0 <= p <= 1:
+            raise ConfigError(f"--model.{name} must be in [0, 1] (got {p})")

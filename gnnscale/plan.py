@@ -18,7 +18,7 @@ cache). The prediction is the peak resident memory of one training process (the 
 ``ThroughputMonitor`` logs as ``perf/peak_rss_mb``); DataLoader workers are separate processes,
 and in a data-parallel run each rank draws its share of the batches.
 
-The same measurements serve every gnnscale DataModule: node batches (``_GraphDataModule``),
+The same measurements serve every gnnscale DataModule: node batches (``NodeDataModule``),
 link batches (``LinkDataModule``: heterogeneous, counted over every node and edge type, and
 an evaluation that embeds every node and ranks every destination, run and measured as a
 whole) and batches of many small graphs (``GraphDataModule``: counted over all their graphs;
@@ -40,19 +40,21 @@ import torch
 from lightning.pytorch.trainer.setup import _determine_batch_limits
 from torch import Tensor
 
-from gnnscale.data import LayerwiseBatch, NeighborDataModule, _GraphDataModule
-from gnnscale.graphs import GraphDataModule
-from gnnscale.hetero import HeteroNeighborDataModule
-from gnnscale.link import LinkDataModule, LinkEval
+from gnnscale.batch import LayerwiseBatch, LinkEval
+from gnnscale.data.graphs import GraphDataModule
+from gnnscale.data.hetero import HeteroNeighborDataModule
+from gnnscale.data.link import LinkDataModule
+from gnnscale.data.node import NeighborDataModule, NodeDataModule
 from gnnscale.measure import PeakRSS, SavedTensors, rss_mb
-from gnnscale.models import NodeClassifier, seeds_layer
+from gnnscale.models.inference import seeds_layer
+from gnnscale.models.node import NodeClassifier
 
 __all__ = ["PLANNED", "BatchStats", "MemoryPlan", "format_plan", "plan"]
 
 MiB = 2**20
 # The DataModules ``plan`` models: node, link and many-graph batches.
-PLANNED = (_GraphDataModule, HeteroNeighborDataModule, LinkDataModule, GraphDataModule)
-Planned = _GraphDataModule | HeteroNeighborDataModule | LinkDataModule | GraphDataModule
+PLANNED = (NodeDataModule, HeteroNeighborDataModule, LinkDataModule, GraphDataModule)
+Planned = NodeDataModule | HeteroNeighborDataModule | LinkDataModule | GraphDataModule
 
 
 @dataclass
@@ -140,7 +142,7 @@ def _store_tensors(*graphs: Any) -> list[Tensor]:
 
 def _graph_mb(dm: Planned) -> float:
     """Bytes of the graph tensors the DataModule holds in memory."""
-    if isinstance(dm, _GraphDataModule):
+    if isinstance(dm, NodeDataModule):
         return _tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")])
     if isinstance(dm, LinkDataModule):  # the graph and its three splits, which share features
         return _tensor_mb(*_store_tensors(dm.data, *dm.splits))
@@ -153,7 +155,7 @@ def _graph_mb(dm: Planned) -> float:
 
 
 def _eval_mode(dm: Planned) -> str:
-    if isinstance(dm, _GraphDataModule):
+    if isinstance(dm, NodeDataModule):
         return dm.eval.mode
     if isinstance(dm, HeteroNeighborDataModule):
         return "sampled"
@@ -307,14 +309,14 @@ def _checkpoint_mb(trainer: L.Trainer, model: L.LightningModule) -> float:
     return max(peak.peak_mb - before, 0.0)  # sampled peaks can read a hair under the start
 
 
-def _layerwise_mb(dm: _GraphDataModule, model: NodeClassifier, precision: str) -> float:
+def _layerwise_mb(dm: NodeDataModule, model: NodeClassifier, precision: str) -> float:
     """Whole-graph buffers of layer-wise inference, plus its largest one-hop batch.
 
-    Per layer, ``gnnscale.models.layerwise_inference`` keeps the layer's input for all nodes and
-    writes the seeds' outputs into one ``N x out`` tensor, in the dtype the layer computes in
-    (half under ``bf16-mixed`` and ``16-mixed``): exact sizes, computed. A one-hop batch's own
-    cost (its gathered rows, one message per edge, the layer's temporaries) is measured by
-    running each layer on the largest of a few batches, in the run's precision.
+    Per layer, ``gnnscale.models.inference.layerwise_inference`` keeps the layer's input for all
+    nodes and writes the seeds' outputs into one ``N x out`` tensor, in the dtype the layer
+    computes in (half under ``bf16-mixed`` and ``16-mixed``): exact sizes, computed. A one-hop
+    batch's own cost (its gathered rows, one message per edge, the layer's temporaries) is
+    measured by running each layer on the largest of a few batches, in the run's precision.
     """
     start = rss_mb()
     batch = next(iter(dm._eval_loader("val_mask")))
@@ -415,12 +417,12 @@ def plan(
     growth_mb = min(per_batch * run_epochs * per_epoch, step_mb)
     checkpoint_mb = _checkpoint_mb(trainer, model) if checkpoint else 0.0
     eval_mode = _eval_mode(dm)
-    if isinstance(dm, _GraphDataModule) and eval_mode == "layerwise":
+    if isinstance(dm, NodeDataModule) and eval_mode == "layerwise":
         eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model), trainer_kwargs["precision"])
     else:
         eval_mb = _validate_mb(dm, model, trainer_kwargs, num_batches, world_size)
     mapped_mb = 0.0
-    if isinstance(dm, _GraphDataModule) and dm.dataset == "prepared":
+    if isinstance(dm, NodeDataModule) and dm.dataset == "prepared":
         mapped_mb = dm.prepared.nbytes / MiB
     elif isinstance(dm, GraphDataModule) and dm.storage == "disk" and dm.store.backend == "lmdb":
         # LMDB maps its file; SQLite reads through the page cache without mapping it.
@@ -455,7 +457,7 @@ def _suggest(dm: Planned, result: MemoryPlan, budget_mb: float) -> list[str]:
     room = budget_mb - result.base_mb - result.growth_mb
     after_training = budget_mb - result.resident_mb - result.growth_mb
     if room <= 0:
-        if not isinstance(dm, _GraphDataModule):
+        if not isinstance(dm, NodeDataModule):
             return [
                 f"the data and process alone take {result.base_mb:,.0f} MiB: use a larger machine"
             ]

@@ -20,13 +20,11 @@ import torch
 import torch_geometric.typing
 from torch_geometric.data import Data
 
-from gnnscale.registry import CORA_RAW
-from gnnscale.synthetic import SyntheticGraph
+from gnnscale.data.synthetic import SyntheticGraph
 
 __all__ = [
     "BACKEND_MISSING",
     "KillAtStep",
-    "CORA_RAW",
     "TINY",
     "TINY_ARGS",
     "centroid_accuracy",

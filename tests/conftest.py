@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from registry import CORA_RAW
 
-from gnnscale.testing import BACKEND_MISSING, CORA_RAW
+from gnnscale.testing import BACKEND_MISSING
 
 # One thread: on a shared 2-core machine, two OpenMP threads wait at barriers for a descheduled
 # sibling, which made small fits here 10-30x slower. Child processes inherit the variable.

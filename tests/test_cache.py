@@ -7,7 +7,7 @@ import time
 import pytest
 
 from gnnscale import ClusterDataModule, SyntheticGraph
-from gnnscale.cache import cached_folder, check_writable
+from gnnscale.stores.cache import cached_folder, check_writable
 
 
 def _write(value: bytes):

@@ -9,14 +9,14 @@ import warnings
 from pathlib import Path
 
 import pytest
+from registry import recipe
 
 import gnnscale.cli
-import gnnscale.data
+import gnnscale.data.node
 from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
 from gnnscale.errors import ConfigError, TrainingDiverged
 from gnnscale.measure import read_metrics
-from gnnscale.registry import recipe
 from gnnscale.testing import (
     TINY,
     centroid_accuracy,
@@ -208,7 +208,7 @@ def test_non_finite_features_are_refused_with_a_count(monkeypatch):
     data = make_synthetic_graph(TINY)
     data.x[[3, 7]] = float("nan")
     data.x[11, 0] = float("inf")
-    monkeypatch.setattr(gnnscale.data, "load_dataset", lambda *a: data)
+    monkeypatch.setattr(gnnscale.data.node, "load_dataset", lambda *a: data)
     with pytest.raises(ConfigError, match="3 node\\(s\\) have NaN or infinite features"):
         _ = FullBatchDataModule().data
 

@@ -7,7 +7,7 @@ import torch
 from torch_geometric.data import Data
 from torch_geometric.utils import degree, homophily, is_undirected
 
-import gnnscale.data as gdata
+import gnnscale.data.node as gdata
 from gnnscale import (
     ClusterDataModule,
     EvalArgs,
@@ -22,6 +22,7 @@ from gnnscale import (
     load_dataset,
     make_synthetic_graph,
 )
+from gnnscale.data.loaders import RankShare
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
@@ -317,7 +318,7 @@ def test_neighbour_batches_come_hop_by_hop_with_a_csr_row_pointer(tmp_path):
 
 
 def test_hop_layout_sorts_edges_it_is_given_out_of_order():
-    from gnnscale.data import hop_layout
+    from gnnscale.data.layout import hop_layout
 
     # Seeds 0, 1; hop 1: 2, 3; hop 2: 4. Edges (src -> dst) listed out of target order.
     edge_index = torch.tensor([[4, 2, 3, 2], [2, 0, 1, 1]])
@@ -336,7 +337,7 @@ def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(
 
     from torch_geometric.utils import scatter
 
-    from gnnscale.data import aggregate_first_layer
+    from gnnscale.data.layout import aggregate_first_layer
 
     dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 4, 3], batch_size=64)
     dm.setup("fit")
@@ -468,19 +469,19 @@ def test_sampled_evaluation_under_ddp_scores_every_node_once(tmp_path):
     for rank in (0, 1):
         dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, lightning_module=None)
         loader = dm.val_dataloader()
-        assert isinstance(loader, gdata.RankShare)  # not a DataLoader: Lightning leaves it
+        assert isinstance(loader, RankShare)  # not a DataLoader: Lightning leaves it
         scored.append([n for batch in loader for n in batch.n_id[: batch.batch_size].tolist()])
     assert abs(len(scored[0]) - len(scored[1])) == 1
     assert sorted(scored[0] + scored[1]) == mask.nonzero().view(-1).tolist()
     dm.trainer = None
-    assert not isinstance(dm.val_dataloader(), gdata.RankShare)  # one process: PyG's loader
+    assert not isinstance(dm.val_dataloader(), RankShare)  # one process: PyG's loader
 
 
 def test_batches_for_a_gpu_carry_no_transpose(tmp_path):
     # Measured on CPUs only: on GPUs the model keeps PyG's path, so workers skip the sort.
     from types import SimpleNamespace
 
-    from gnnscale.models import _takes_csc
+    from gnnscale.models.fast import _takes_csc
 
     dm = ClusterDataModule(root=tmp_path, synthetic=TINY, num_parts=30, clusters_per_batch=5)
     model = GraphSAGE(TINY.num_features, 5)

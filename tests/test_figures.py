@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 import pytest
+from registry import RECIPES, REPO
 
-from gnnscale.registry import RECIPES, REPO
 from gnnscale.testing import requires_torch_sparse
 
 MARKERS = re.compile(r"<!-- (\w+):begin -->")

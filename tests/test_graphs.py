@@ -16,22 +16,19 @@ from torch.utils.data import DistributedSampler
 from torch_geometric.data import Data
 
 from gnnscale import GraphDataModule, GraphGINE
-from gnnscale.data import LoaderArgs
+from gnnscale.data.args import LoaderArgs
+from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
 from gnnscale.errors import ConfigError
-from gnnscale.graphs import (
-    AtomGraphDataset,
-    AtomGraphs,
+from gnnscale.measure import anon_mb
+from gnnscale.stores.graphs import (
     GraphStore,
     GraphStoreError,
     decode,
     encode,
-    features_only_mae,
-    prepare_graphs,
     read_manifest,
     verify,
     write_graphs,
 )
-from gnnscale.measure import anon_mb
 
 SMALL = AtomGraphs(num_graphs=300, seed=3)
 
@@ -136,7 +133,7 @@ def test_a_store_without_manifest_is_refused(store, tmp_path):
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-from gnnscale.graphs import AtomGraphDataset, AtomGraphs, write_graphs
+from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, write_graphs
 from dataclasses import asdict
 
 class DiesAt(AtomGraphDataset):
@@ -244,7 +241,7 @@ def test_two_ranks_train_every_graph_exactly_once_per_epoch(store):
 def test_the_exactly_once_check_fails_a_broken_sampler(store):
     """The check above fails a plain DistributedSampler (its padding trains a graph twice)."""
     dm = GraphDataModule(store, batch_size=16, val_fraction=0.1, test_fraction=0.09)
-    from gnnscale.graphs import _Split
+    from gnnscale.data.graphs import _Split
 
     split = _Split(dm.graphs, dm.splits["train"])
     per_rank = []

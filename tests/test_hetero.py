@@ -8,13 +8,13 @@ import sys
 import lightning as L
 import pytest
 import torch
+from registry import recipe
 
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, SyntheticRecommender
 from gnnscale.cli import main
+from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
 from gnnscale.measure import read_metrics
-from gnnscale.registry import recipe
-from gnnscale.resume import ResumableLoader
 from gnnscale.testing import centroid_accuracy, requires_sampler
 
 # 8 classes; features alone reach about 0.4 (the nearest centroid), the graph much more.

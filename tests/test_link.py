@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from gnnscale import LinkDataModule, LinkPredictor, SyntheticRecommender, make_recommender_graph
+from gnnscale.batch import LinkEval
+from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
-from gnnscale.link import LinkEval, PinSAGENeighbors, _pair_keys, pinsage_neighbors
 from gnnscale.testing import requires_sampler
 
 TINY = SyntheticRecommender(
@@ -45,7 +46,7 @@ def _fit_and_test(model, dm, epochs):
 
 
 def _keys(index, num_dst=TINY.num_items):
-    return set(_pair_keys(index, num_dst).tolist())
+    return set(pair_keys(index, num_dst).tolist())
 
 
 @requires_sampler
@@ -135,7 +136,7 @@ def test_ranking_masks_known_edges_and_keeps_to_the_candidates():
             RATES,
             {},
             positives,
-            _pair_keys(known, num_dst).sort().values,
+            pair_keys(known, num_dst).sort().values,
             None,
             None,
             torch.zeros(num_dst),

@@ -285,8 +285,8 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
 ):
     import copy
 
-    from gnnscale.data import aggregate_first_layer
-    from gnnscale.models import _hops
+    from gnnscale.data.layout import aggregate_first_layer
+    from gnnscale.models.node import hops
 
     batch = _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)[:num_layers])
     aggregated = aggregate_first_layer(copy.copy(batch), aggr)
@@ -299,7 +299,7 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
         model.gnn.dropout.p = 0.0  # training mode, same outputs
         rows.append([])
         model.gnn.convs[0].register_forward_hook(lambda m, a, out: rows[-1].append(out.size(0)))
-        out = model.train()(b.x, b.edge_index, *_hops(b))
+        out = model.train()(b.x, b.edge_index, *hops(b))
         F.cross_entropy(out, b.y[:64]).backward()
         results.append((out, torch.cat([p.grad.flatten() for p in model.parameters()])))
     # fp32; one product of both halves against two products added.
@@ -310,14 +310,14 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
     outer = torch.randn_like(batch.x[aggregated.num_nodes :])
     changed = torch.cat([batch.x[: aggregated.num_nodes], outer])
     with torch.no_grad():
-        assert not torch.allclose(model(changed, batch.edge_index, *_hops(batch)), results[1][0])
+        assert not torch.allclose(model(changed, batch.edge_index, *hops(batch)), results[1][0])
 
 
 @requires_sampler
 def test_a_first_layer_aggregate_reaches_only_a_model_that_takes_it(tmp_path):
     import copy
 
-    from gnnscale.data import aggregate_first_layer
+    from gnnscale.data.layout import aggregate_first_layer
 
     batch = aggregate_first_layer(copy.copy(_neighbour_batch(tmp_path, (5, 4))), "mean")
     model = GraphSAGE(TINY.num_features, 5, aggregate_in_loader=False)
@@ -379,7 +379,7 @@ def _transposed_batches(tmp_path, kind, aggr):
     """A training batch of ``kind`` without and with its adjacency's transpose (csc_layout)."""
     import copy
 
-    from gnnscale.data import aggregate_first_layer, csc_layout
+    from gnnscale.data.layout import aggregate_first_layer, csc_layout
 
     if kind.startswith("neighbour"):
         batch = _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)[: int(kind[-1])])
@@ -400,7 +400,7 @@ def test_the_transposed_adjacency_keeps_logits_and_gradients(tmp_path, kind, agg
     # gradient: the last L-1; a neighbour batch's layer 3 of 3 reads a prefix of the edges,
     # not the whole batch the transpose covers, and keeps torch's backward.
     torch_backwards = {"neighbour-2": [1, 0], "neighbour-3": [2, 1], "cluster": [2, 0]}
-    from gnnscale.models import _hops
+    from gnnscale.models.node import hops
 
     batches = _transposed_batches(tmp_path, kind, aggr)
     num_layers = int(kind[-1]) if kind.startswith("neighbour") else 3
@@ -412,7 +412,7 @@ def test_the_transposed_adjacency_keeps_logits_and_gradients(tmp_path, kind, agg
         )
         model.gnn.dropout.p = 0.0
         with _Ops() as ops:
-            out = model.train()(batch.x, batch.edge_index, *_hops(batch))
+            out = model.train()(batch.x, batch.edge_index, *hops(batch))
             F.cross_entropy(out, batch.y[: out.size(0)]).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         results.append((out, grads, ops.counts["_sparse_mm_reduce_impl_backward"]))
@@ -424,7 +424,7 @@ def test_the_transposed_adjacency_keeps_logits_and_gradients(tmp_path, kind, agg
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.6, 0.75])  # 16, 1, 16 and 8 random bits a mask
 def test_dropout_keeps_its_rate_and_its_mean(p):
-    from gnnscale.models import Dropout
+    from gnnscale.models.fast import Dropout
 
     torch.manual_seed(0)
     dropout = Dropout(p).train()
@@ -456,7 +456,7 @@ def test_dropout_keeps_its_rate_and_its_mean(p):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_relu_dropout_in_one_pass_saves_only_its_output(dtype):
-    from gnnscale.models import Dropout
+    from gnnscale.models.fast import Dropout
 
     torch.manual_seed(0)
     dropout = Dropout(0.5).train()
@@ -532,7 +532,7 @@ def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, d
 )
 def test_layerwise_inference_equals_pygs(tmp_path, name):
     # Seeds only, written in place, in any order of batches: the same outputs as PyG's.
-    from gnnscale.models import layerwise_inference
+    from gnnscale.models.inference import layerwise_inference
 
     build = TARGET_ONLY.get(name, partial(GraphSAGE, norm="batch_norm"))
     eval_args = EvalArgs(mode="layerwise", batch_size=97)  # batches of unequal size

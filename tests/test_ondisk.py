@@ -13,13 +13,19 @@ import lightning as L
 import psutil
 import pytest
 import torch
+from registry import REPO
 
 from gnnscale import GraphSAGE, NeighborDataModule, SyntheticGraph, make_synthetic_graph
 from gnnscale.cli import main
-from gnnscale.data import ClusterDataModule, EvalArgs
+from gnnscale.data.args import EvalArgs
+from gnnscale.data.subgraph import ClusterDataModule
 from gnnscale.measure import read_metrics
-from gnnscale.ondisk import PreparedGraph, PreparedGraphError, write_graph, write_streamed_synthetic
-from gnnscale.registry import REPO
+from gnnscale.stores.prepared import (
+    PreparedGraph,
+    PreparedGraphError,
+    write_graph,
+    write_streamed_synthetic,
+)
 from gnnscale.testing import TINY, centroid_accuracy, cli_args, requires_sampler
 
 SAMPLED = ["--data.eval.mode=sampled", "--data.eval.num_neighbors=[-1,-1]"]

@@ -5,13 +5,13 @@ import sys
 
 import lightning as L
 import pytest
+from registry import recipe
 
 from gnnscale import GraphSAGE
 from gnnscale.cli import Trainer, main
+from gnnscale.data.graphs import AtomGraphs, prepare_graphs
 from gnnscale.errors import ConfigError
-from gnnscale.graphs import AtomGraphs, prepare_graphs
 from gnnscale.plan import _suggest
-from gnnscale.registry import recipe
 from gnnscale.testing import TINY_ARGS, requires_sampler
 
 NEIGHBOR = ["--config", str(recipe("neighbor_sage").config)]

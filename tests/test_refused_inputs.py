@@ -12,10 +12,10 @@ import shlex
 from pathlib import Path
 
 import pytest
+from registry import REPO, recipe
 
 from gnnscale.cli import main, prepare_main
 from gnnscale.errors import GnnscaleError
-from gnnscale.registry import REPO, recipe
 from gnnscale.testing import cli_args
 
 DOC = REPO / "docs" / "refused_inputs.md"
@@ -59,7 +59,7 @@ def test_table_row_is_refused_with_its_message(tmp_path, monkeypatch, command, a
 
 def _joined_source(folder: Path) -> str:
     """gnnscale's source with implicitly joined string literals joined: its messages as written."""
-    text = "".join(p.read_text() for p in sorted(folder.glob("*.py")))
+    text = "".join(p.read_text() for p in sorted(folder.rglob("*.py")))
     return re.sub(r"\"\s*\n\s*f?\"", "", text)
 
 

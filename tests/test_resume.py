@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from registry import recipe
 
 from gnnscale import NeighborDataModule
 from gnnscale.cli import main
-from gnnscale.data import LoaderArgs
+from gnnscale.data.args import LoaderArgs
+from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
-from gnnscale.registry import recipe
-from gnnscale.resume import ResumableLoader
 from gnnscale.testing import TINY, cli_args, requires_sampler, requires_torch_sparse
 
 # Each recipe as shipped (workers, precision, accumulation of 2), on the tiny graph, with 13

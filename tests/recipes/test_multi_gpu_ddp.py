@@ -19,7 +19,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from gnnscale import GraphSAGE, make_synthetic_graph
-from gnnscale.data import _single
+from gnnscale.data import single
 from gnnscale.testing import TINY
 
 class Shards(L.LightningDataModule):
@@ -35,7 +35,7 @@ class Shards(L.LightningDataModule):
             nodes = torch.cat([hit[10:60], miss[:100]])    # 50 of 150 right
         data.eval_mask = torch.zeros(data.num_nodes, dtype=torch.bool)
         data.eval_mask[nodes] = True
-        return _single(data)
+        return single(data)
 
 L.seed_everything(0)
 model = GraphSAGE(TINY.num_features, TINY.num_classes, hidden_channels=16)

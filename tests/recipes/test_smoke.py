@@ -17,6 +17,7 @@ import sys
 
 import pytest
 import yaml
+from registry import RECIPES, REPO
 
 from gnnscale import (
     GraphDataModule,
@@ -26,10 +27,9 @@ from gnnscale import (
     make_synthetic_graph,
 )
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
-from gnnscale.graphs import features_only_mae
+from gnnscale.data.graphs import features_only_mae
 from gnnscale.measure import read_metrics
-from gnnscale.ondisk import PreparedGraph
-from gnnscale.registry import RECIPES, REPO
+from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.testing import centroid_accuracy, requires_sampler, requires_torch_sparse
 
 NEEDS = {"sampler": [requires_sampler], "torch_sparse": [requires_torch_sparse], "nothing": []}

@@ -15,36 +15,116 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
+import lightning as L
 import torch
-import torch.nn.functional as F
-from lightning.pytorch.cli import OptimizerCallable
-from torch import Tensor, nn
+from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import NeighborLoader
-from torchmetrics.classification import MulticlassAccuracy
+from torch_geometric.typing import EdgeType
 
-from gnnscale.data import (
-    LoaderArgs,
-    _check_positive,
-    _check_root,
-    _log_backend_once,
-    rank_share,
-    resumable,
-)
-from gnnscale.errors import ConfigError, TrainingDiverged
-from gnnscale.link import _HeteroGraphData
-from gnnscale.link_model import _HeteroGNN
-from gnnscale.models import _check_probabilities
-from gnnscale.resume import ResumableLoader
-from gnnscale.synthetic import SyntheticRecommender, make_item_class_graph
+from gnnscale.data.args import LoaderArgs, check_positive
+from gnnscale.data.loaders import rank_share, resumable
+from gnnscale.data.resume import ResumableLoader
+from gnnscale.data.sources import check_root, log_backend_once
+from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
+from gnnscale.errors import ConfigError
 
-__all__ = ["HeteroNeighborDataModule", "HeteroSAGE"]
+_HOMOGENEOUS: EdgeType = ("node", "to", "node")
+
+
+def edge_key(edge_type: EdgeType) -> str:
+    """``("user", "rates", "item")`` as written in YAML keys: ``user__rates__item``."""
+    return "__".join(edge_type)
+
+
+def per_edge_type_fanout(
+    given: list[int] | dict[str, list[int]], edge_types: list[EdgeType], num_layers: int = 0
+) -> dict[EdgeType, list[int]]:
+    """Fan-out per edge type from ``--data.num_neighbors``; unknown or missing types by name.
+
+    Shared by ``LinkDataModule`` and ``HeteroNeighborDataModule``.
+
+    Args:
+        given: One list for every edge type, or one per edge type keyed ``src__rel__dst``.
+        edge_types: The graph's edge types.
+        num_layers: The model's depth (0: not checked).
+    """
+    if isinstance(given, dict):
+        known = {edge_key(t): t for t in edge_types}
+        unknown = sorted(set(given) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"--data.num_neighbors names {', '.join(unknown)}, not an edge type of this "
+                f"graph; its edge types are {', '.join(known)}"
+            )
+        missing = sorted(set(known) - set(given))
+        if missing:
+            raise ConfigError(
+                f"--data.num_neighbors has no fan-out for {', '.join(missing)}; give every "
+                "edge type one (or one list for all)"
+            )
+        fanout = {known[k]: list(v) for k, v in given.items()}
+    else:
+        fanout = {t: list(given) for t in edge_types}
+    lengths = {len(v) for v in fanout.values()}
+    if len(lengths) != 1 or any(k == 0 or k < -1 for v in fanout.values() for k in v):
+        raise ConfigError(
+            "--data.num_neighbors: every edge type needs one fan-out per layer, the same "
+            f"number of layers for all, each > 0 or -1 for all (got {given})"
+        )
+    if num_layers and lengths != {num_layers}:
+        raise ConfigError(
+            f"--data.num_neighbors has {lengths.pop()} layers but --model.num_layers is "
+            f"{num_layers}: give one fan-out per layer"
+        )
+    return fanout
+
+
+class HeteroGraphData(L.LightningDataModule):
+    """What the heterogeneous DataModules share: types, sizes and fan-outs of ``self.data``.
+
+    Subclasses set ``self.data`` (a ``HeteroData``) and ``self._num_neighbors``.
+    """
+
+    data: HeteroData
+    _num_neighbors: list[int] | dict[str, list[int]]
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types (PyG's ``metadata()``)."""
+        return self.data.metadata()
+
+    @property
+    def feature_dims(self) -> dict[str, int]:
+        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
+        data = self.data
+        return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in data.node_types}
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Nodes per type."""
+        return {t: int(self.data[t].num_nodes) for t in self.data.node_types}
+
+    def fanout(self, num_layers: int = 0) -> dict[EdgeType, list[int]]:
+        """Fan-out per edge type (see :func:`per_edge_type_fanout`)."""
+        return per_edge_type_fanout(self._num_neighbors, self.metadata[1], num_layers)
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose depth differs from the fan-outs (before any data loads)."""
+        num_layers = int(getattr(model, "num_layers", 0))
+        if isinstance(self._num_neighbors, list) and num_layers:
+            if len(self._num_neighbors) != num_layers:
+                raise ConfigError(
+                    f"--data.num_neighbors has {len(self._num_neighbors)} layers but "
+                    f"--model.num_layers is {num_layers}: give one fan-out per layer"
+                )
+
 
 _SPLITS = ("train_mask", "val_mask", "test_mask")
 _LABELLED = {"synthetic": "item", "DBLP": "author", "IMDB": "movie"}  # each dataset's labels
 
 
-class HeteroNeighborDataModule(_HeteroGraphData):
+class HeteroNeighborDataModule(HeteroGraphData):
     """Neighbour-sampled batches of one node type's seeds on a heterogeneous graph.
 
     Each batch holds ``batch_size`` labelled seeds of ``target_type`` (first in their type's
@@ -85,7 +165,7 @@ class HeteroNeighborDataModule(_HeteroGraphData):
         eval_batch_size: int = 4096,
     ) -> None:
         super().__init__()
-        _check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size)
+        check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size)
         if not (train_fraction > 0 and val_fraction > 0 and train_fraction + val_fraction < 1):
             raise ConfigError(
                 "--data.train_fraction and --data.val_fraction must be > 0 and sum to less than "
@@ -112,7 +192,7 @@ class HeteroNeighborDataModule(_HeteroGraphData):
         else:  # PyG's, with their public splits
             from torch_geometric import datasets
 
-            _check_root(self.dataset, self.root)
+            check_root(self.dataset, self.root)
             data = getattr(datasets, self.dataset)(str(self.root / self.dataset))[0]
         t = self.target_type
         if t not in data.node_types:
@@ -146,7 +226,7 @@ class HeteroNeighborDataModule(_HeteroGraphData):
 
     def setup(self, stage: str) -> None:
         """Check the fan-outs against the graph's edge types and the model's depth."""
-        _log_backend_once()
+        log_backend_once()
         model = self.trainer.lightning_module if self.trainer is not None else None
         self.check_model(model)
         self.fanout(int(getattr(model, "num_layers", 0)))
@@ -196,125 +276,3 @@ class HeteroNeighborDataModule(_HeteroGraphData):
             store.loss_weight[: store.batch_size] = 0.0 if padding else 1.0 / self.batch_size
             batch.num_loss_nodes = 0 if padding else store.batch_size  # for ThroughputMonitor
         return batch
-
-
-class HeteroSAGE(_HeteroGNN):
-    """Heterogeneous GraphSAGE classifying one node type's nodes (``HeteroNeighborDataModule``).
-
-    Node types with features enter through a linear layer, featureless ones through a learned
-    embedding table (sparse gradients, ``SparseAdam``); ``to_hetero`` gives every edge type its
-    own ``SAGEConv`` per layer and averages the relations into each node type; a linear head
-    turns the target type's last layer into class logits. Loss and accuracy cover the batch's
-    seeds only. Built in ``setup`` from the DataModule's types and sizes, which it saves in its
-    hyperparameters, so checkpoints reload without the data.
-
-    Args:
-        num_classes: Classes of the target type (linked from the DataModule).
-        hidden_channels: Width of the embeddings and of every layer.
-        num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
-        dropout: Dropout between layers.
-        sparse: Sparse gradients for the featureless types' tables (only looked-up rows);
-            they then get ``embedding_optimizer`` (``SparseAdam``).
-        embedding_device: ``cpu`` keeps the tables and their optimizer state in host memory;
-            ``model``: they live with the GNN.
-        accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
-            ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
-        optimizer: Optimizer of the dense weights.
-        embedding_optimizer: Optimizer of the tables.
-        graph: Node and edge types, sizes and target type; ``None`` takes them from the
-            DataModule (saved in checkpoints).
-    """
-
-    def __init__(
-        self,
-        num_classes: int,
-        hidden_channels: int = 64,
-        num_layers: int = 2,
-        dropout: float = 0.0,
-        sparse: bool = True,
-        embedding_device: Literal["model", "cpu"] = "model",
-        accumulate_grad_batches: int = 1,
-        optimizer: OptimizerCallable = torch.optim.Adam,
-        embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
-        graph: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__()
-        _check_probabilities(dropout=dropout)
-        if min(num_layers, hidden_channels, accumulate_grad_batches) < 1 or num_classes < 2:
-            raise ConfigError(
-                "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "
-                f"must be >= 1 and --model.num_classes >= 2 (got {num_layers}, "
-                f"{hidden_channels}, {accumulate_grad_batches}, {num_classes})"
-            )
-        self.save_hyperparameters(ignore=["optimizer", "embedding_optimizer"])
-        self.automatic_optimization = False  # up to two optimizers: Lightning steps neither
-        self.num_layers = num_layers
-        self.optimizer, self.embedding_optimizer = optimizer, embedding_optimizer
-        # torchmetrics accumulates correct/total counts, so DDP reduces counts, not ratios.
-        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.encoder: nn.Module | None = None
-        if graph is not None:
-            self._build(graph)
-
-    def _build(self, graph: dict[str, Any]) -> None:
-        """Input layers per node type, the heterogeneous encoder, the head."""
-        self._build_encoder(graph)
-        self.head = nn.Linear(self.hparams["hidden_channels"], self.hparams["num_classes"])
-        self.target = str(graph["target"])
-        self.hparams["graph"] = graph
-
-    def setup(self, stage: str) -> None:
-        """Build from the DataModule's types and sizes (unless a checkpoint gave them)."""
-        if self.encoder is not None:
-            return
-        dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
-        node_types, edge_types = dm.metadata
-        self._build(
-            {
-                "node_types": node_types,
-                "edge_types": [list(e) for e in edge_types],
-                "num_features": dm.feature_dims,
-                "num_nodes": dm.num_nodes,
-                "target": dm.target_type,
-            }
-        )
-
-    def forward(self, batch: HeteroData) -> Tensor:
-        """Class logits of every target-type node of the (sub)graph, seeds first."""
-        return self.head(self._encode(batch)[self.target])
-
-    def _seeds(self, batch: HeteroData) -> tuple[Tensor, Tensor, Any]:
-        """Logits and labels of the batch's seeds, and the store they come from."""
-        store = batch[self.target]
-        size = store.batch_size
-        return self(batch)[:size].float(), store.y[:size], store
-
-    def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
-        """Weighted cross-entropy on the seeds; steps every ``accumulate_grad_batches``."""
-        h = self._encode(batch)
-        store = batch[self.target]
-        size = store.batch_size
-        out, y = self.head(h[self.target][:size]).float(), store.y[:size]
-        loss = (F.cross_entropy(out, y, reduction="none") * store.loss_weight[:size]).sum()
-        if not torch.isfinite(loss):
-            raise TrainingDiverged(
-                f"the training loss is {loss.item()} at step {self.global_step}: the run "
-                "stopped; lower the learning rate (--model.optimizer)"
-            )
-        self._backward_and_step(loss + self._unused(h, (self.target,)), batch_idx)
-        self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=size)
-        return loss
-
-    def validation_step(self, batch: HeteroData, batch_idx: int) -> None:
-        """Accuracy on the target type's validation nodes."""
-        out, y, _ = self._seeds(batch)
-        self.val_acc(out, y)
-        self.log("val/loss", F.cross_entropy(out, y), batch_size=y.numel())
-        self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.numel())
-
-    def test_step(self, batch: HeteroData, batch_idx: int) -> None:
-        """Accuracy on the target type's test nodes."""
-        out, y, _ = self._seeds(batch)
-        self.test_acc(out, y)
-        self.log("test/acc", self.test_acc, batch_size=y.numel())

@@ -26,7 +26,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-import lightning as L
 import torch
 import torch_geometric.transforms as T
 from torch import Tensor
@@ -35,70 +34,22 @@ from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler import NegativeSampling
 from torch_geometric.typing import EdgeType
 
-from gnnscale.data import (
-    DATASETS,
-    LoaderArgs,
-    _check_root,
-    _log_backend_once,
-    _single,
-    load_dataset,
-    resumable,
+from gnnscale.batch import LinkEval
+from gnnscale.data.args import LoaderArgs
+from gnnscale.data.hetero import HeteroGraphData, edge_key
+from gnnscale.data.loaders import resumable, single
+from gnnscale.data.pinsage import (
+    HardNegatives,
+    PinSAGENeighbors,
+    pair_keys,
+    pinsage_neighbors,
 )
+from gnnscale.data.resume import ResumableLoader
+from gnnscale.data.sources import DATASETS, check_root, load_dataset, log_backend_once
+from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
-from gnnscale.resume import ResumableLoader
-from gnnscale.synthetic import SyntheticRecommender, make_recommender_graph
-
-__all__ = ["LinkDataModule", "LinkEval", "LinkEvalArgs", "LinkSplit", "PinSAGENeighbors"]
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
-
-
-def edge_key(edge_type: EdgeType) -> str:
-    """``("user", "rates", "item")`` as written in YAML keys: ``user__rates__item``."""
-    return "__".join(edge_type)
-
-
-def per_edge_type_fanout(
-    given: list[int] | dict[str, list[int]], edge_types: list[EdgeType], num_layers: int = 0
-) -> dict[EdgeType, list[int]]:
-    """Fan-out per edge type from ``--data.num_neighbors``; unknown or missing types by name.
-
-    Shared by ``LinkDataModule`` and ``HeteroNeighborDataModule``.
-
-    Args:
-        given: One list for every edge type, or one per edge type keyed ``src__rel__dst``.
-        edge_types: The graph's edge types.
-        num_layers: The model's depth (0: not checked).
-    """
-    if isinstance(given, dict):
-        known = {edge_key(t): t for t in edge_types}
-        unknown = sorted(set(given) - set(known))
-        if unknown:
-            raise ConfigError(
-                f"--data.num_neighbors names {', '.join(unknown)}, not an edge type of this "
-                f"graph; its edge types are {', '.join(known)}"
-            )
-        missing = sorted(set(known) - set(given))
-        if missing:
-            raise ConfigError(
-                f"--data.num_neighbors has no fan-out for {', '.join(missing)}; give every "
-                "edge type one (or one list for all)"
-            )
-        fanout = {known[k]: list(v) for k, v in given.items()}
-    else:
-        fanout = {t: list(given) for t in edge_types}
-    lengths = {len(v) for v in fanout.values()}
-    if len(lengths) != 1 or any(k == 0 or k < -1 for v in fanout.values() for k in v):
-        raise ConfigError(
-            "--data.num_neighbors: every edge type needs one fan-out per layer, the same "
-            f"number of layers for all, each > 0 or -1 for all (got {given})"
-        )
-    if num_layers and lengths != {num_layers}:
-        raise ConfigError(
-            f"--data.num_neighbors has {lengths.pop()} layers but --model.num_layers is "
-            f"{num_layers}: give one fan-out per layer"
-        )
-    return fanout
 
 
 @dataclass(frozen=True)
@@ -170,34 +121,6 @@ class LinkEvalArgs:
             )
 
 
-@dataclass(frozen=True)
-class PinSAGENeighbors:
-    """PinSAGE's importance neighbours: the destination nodes most visited by random walks.
-
-    From every destination node (an item), ``num_walks`` walks of ``walk_length`` round trips
-    over the training graph (item -> user -> item) count visits; each item's ``top_k`` most
-    visited other items become its neighbours through a new relation
-    ``item__similar__item``. Walks read training message-passing edges only (no leakage).
-
-    Args:
-        num_walks: Walks started from every item.
-        walk_length: Round trips (item -> user -> item) per walk.
-        top_k: Importance neighbours kept per item.
-    """
-
-    num_walks: int = 50
-    walk_length: int = 2
-    top_k: int = 10
-
-    def __post_init__(self) -> None:
-        """Refuse non-positive sizes."""
-        if min(self.num_walks, self.walk_length, self.top_k) < 1:
-            raise ConfigError(
-                "--data.pinsage.num_walks, walk_length and top_k must be >= 1 (got "
-                f"{self.num_walks}, {self.walk_length}, {self.top_k})"
-            )
-
-
 def _as_hetero(data: Any) -> HeteroData:
     """A homogeneous ``Data`` as one node type and one edge type; ``HeteroData`` as it is."""
     if isinstance(data, HeteroData):
@@ -209,220 +132,7 @@ def _as_hetero(data: Any) -> HeteroData:
     return out
 
 
-def _pair_keys(index: Tensor, num_dst: int) -> Tensor:
-    """Each (src, dst) pair as one sortable integer."""
-    return index[0] * num_dst + index[1]
-
-
-def _random_walk_step(rowptr: Tensor, col: Tensor, at: Tensor, gen: torch.Generator) -> Tensor:
-    """One uniform step from every node in ``at`` (nodes without edges stay where they are)."""
-    deg = rowptr[at + 1] - rowptr[at]
-    offset = (torch.rand(at.numel(), generator=gen) * deg).long()
-    step = col[(rowptr[at] + offset).clamp_(max=max(col.numel() - 1, 0))]
-    return torch.where(deg > 0, step, at)
-
-
-def pinsage_neighbors(
-    edge_index: Tensor, num_src: int, num_dst: int, args: PinSAGENeighbors, seed: int = 0
-) -> Tensor:
-    """``(2, E)`` importance edges ``neighbour -> item`` between destination nodes (items).
-
-    Args:
-        edge_index: ``src -> dst`` edges (users rate items) to walk on, both ways.
-        num_src: Source nodes (users).
-        num_dst: Destination nodes (items).
-        args: Walks per item, their length, neighbours kept.
-        seed: Seed of the walks.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    src, dst = edge_index
-    # item -> user adjacency (CSR by item) and user -> item (CSR by user).
-    by_item = torch.argsort(dst, stable=True)
-    item_ptr = torch.zeros(num_dst + 1, dtype=torch.long)
-    item_ptr[1:] = torch.bincount(dst, minlength=num_dst).cumsum(0)
-    by_user = torch.argsort(src, stable=True)
-    user_ptr = torch.zeros(num_src + 1, dtype=torch.long)
-    user_ptr[1:] = torch.bincount(src, minlength=num_src).cumsum(0)
-    start = torch.arange(num_dst).repeat_interleave(args.num_walks)
-    at, visits = start, []
-    for _ in range(args.walk_length):
-        user = _random_walk_step(item_ptr, src[by_item], at, gen)
-        has_user = item_ptr[at + 1] > item_ptr[at]
-        at = torch.where(has_user, _random_walk_step(user_ptr, dst[by_user], user, gen), at)
-        visits.append(torch.stack([start, at]))
-    pairs = torch.cat(visits, dim=1)
-    pairs = pairs[:, pairs[0] != pairs[1]]
-    keys, counts = torch.unique(_pair_keys(pairs, num_dst), return_counts=True)
-    item, other = keys // num_dst, keys % num_dst
-    # Most visited first within each item: sort by (item, -count), keep the first top_k.
-    order = torch.argsort(item * (counts.max() + 1) - counts, stable=True)
-    item, other = item[order], other[order]
-    first = torch.zeros(num_dst + 1, dtype=torch.long)
-    first[1:] = torch.bincount(item, minlength=num_dst).cumsum(0)
-    rank = torch.arange(item.numel()) - first[item]
-    keep = rank < args.top_k
-    return torch.stack([other[keep], item[keep]])  # messages flow neighbour -> item
-
-
-class _HardNegatives:
-    """Adds ``per_positive`` hard negatives per positive, in the loader's workers.
-
-    Hard: destination nodes of the batch's own sampled neighbourhood (near the source in the
-    graph, unlike uniform ones) that are not known edges of the source.
-    """
-
-    def __init__(self, target: EdgeType, known: Tensor, num_dst: int, per_positive: int) -> None:
-        self.target, self.known = target, known
-        self.num_dst, self.per_positive = num_dst, per_positive
-
-    def __call__(self, batch: HeteroData) -> HeteroData:
-        store = batch[self.target]
-        src_type, _, dst_type = self.target
-        positive = store.edge_label_index[:, store.edge_label == 1]
-        src = positive[0].repeat(self.per_positive)
-        dst = torch.randint(batch[dst_type].num_nodes, (src.numel(),))
-        pairs = torch.stack([batch[src_type].n_id[src], batch[dst_type].n_id[dst]])
-        keys = _pair_keys(pairs, self.num_dst)
-        at = torch.searchsorted(self.known, keys).clamp_(max=max(self.known.numel() - 1, 0))
-        fresh = (
-            self.known[at] != keys
-            if self.known.numel()
-            else torch.ones_like(keys, dtype=torch.bool)
-        )
-        store.edge_label_index = torch.cat(
-            [store.edge_label_index, torch.stack([src, dst])[:, fresh]], 1
-        )
-        store.edge_label = torch.cat([store.edge_label, torch.zeros(int(fresh.sum()))])
-        return batch
-
-
-@dataclass
-class LinkEval:
-    """One evaluation step: every node's embedding, then a ranking of candidates per source.
-
-    Args:
-        graph: The graph evaluation passes messages on.
-        target: The supervised relation ``(src, rel, dst)``.
-        loaders: Per node type (the target's two), batches that embed each of its nodes.
-        positives: ``(2, P)`` true edges to find (global ids); under DDP, this rank's share.
-        known: Sorted keys (``_pair_keys``) of edges already known: masked out of rankings.
-        label_index: ``(2, L)`` labelled pairs for AUC (true edges and sampled non-edges);
-            under DDP, this rank's share.
-        label: Their labels.
-        popularity: Each destination's degree in the known edges (the popularity baseline).
-        candidates: Destination nodes ranked (``None``: all).
-        k: Cut-off of the ranking metrics.
-        batch_size: Sources ranked per chunk.
-    """
-
-    graph: HeteroData
-    target: EdgeType
-    loaders: dict[str, NeighborLoader]
-    positives: Tensor
-    known: Tensor
-    label_index: Tensor
-    label: Tensor
-    popularity: Tensor
-    candidates: Tensor | None
-    k: int
-    batch_size: int
-
-    @property
-    def suffix(self) -> str:
-        """How the metrics' names say what was ranked: '' if every destination, else ``_of<n>``."""
-        return "" if self.candidates is None else f"_of{self.candidates.numel()}"
-
-    def rank(self, scores: Any) -> tuple[Tensor, Tensor]:
-        """Top-``k`` destinations of every source with positives, scored by ``scores``.
-
-        Args:
-            scores: ``scores(sources, dsts) -> (len(sources), len(dsts))``.
-
-        Returns:
-            ``(S, k)`` top destinations (global ids), and the positives as ``(row, dst)``: what
-            PyG's ``LinkPredMetric.update`` takes.
-        """
-        sources, row = torch.unique(self.positives[0], return_inverse=True)
-        if not sources.numel():  # a DDP rank whose share holds no source (a tiny graph)
-            return torch.empty(0, self.k, dtype=torch.long), self.positives
-        num_dst = self.popularity.numel()
-        sampled = torch.zeros(num_dst, dtype=torch.bool)
-        if self.candidates is not None:
-            sampled[self.candidates] = True
-        tops = []
-        for chunk in torch.split(torch.arange(sources.numel()), self.batch_size):
-            mine = (row >= chunk[0]) & (row <= chunk[-1])
-            r, d = row[mine] - chunk[0], self.positives[1, mine]
-            if self.candidates is None:
-                cols = torch.arange(num_dst)
-            else:  # the sample, and this chunk's own positives
-                cols = torch.unique(torch.cat([self.candidates, d]))
-            local = torch.full((num_dst,), -1, dtype=torch.long)
-            local[cols] = torch.arange(cols.numel())
-            s = scores(sources[chunk], cols).float()
-            if self.candidates is not None:  # another source's positive is not a candidate
-                own = s[r, local[d]]
-                s[:, ~sampled[cols]] = float("-inf")
-                s[r, local[d]] = own
-            known_r, known_d = self._known(sources[chunk], num_dst)
-            ranked = local[known_d] >= 0
-            s[known_r[ranked], local[known_d[ranked]]] = float("-inf")
-            tops.append(cols[s.topk(min(self.k, cols.numel()), dim=1).indices])
-        return torch.cat(tops), torch.stack([row, self.positives[1]])
-
-    def _known(self, sources: Tensor, num_dst: int) -> tuple[Tensor, Tensor]:
-        """Known edges of ``sources``: ``(row in sources, dst)``."""
-        lo = torch.searchsorted(self.known, sources * num_dst)
-        hi = torch.searchsorted(self.known, (sources + 1) * num_dst)
-        counts = hi - lo
-        row = torch.arange(sources.numel()).repeat_interleave(counts)
-        offset = torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(
-            counts
-        )
-        return row, self.known[lo.repeat_interleave(counts) + offset] % num_dst
-
-
-class _HeteroGraphData(L.LightningDataModule):
-    """What the heterogeneous DataModules share: types, sizes and fan-outs of ``self.data``.
-
-    Subclasses set ``self.data`` (a ``HeteroData``) and ``self._num_neighbors``.
-    """
-
-    data: HeteroData
-    _num_neighbors: list[int] | dict[str, list[int]]
-
-    @property
-    def metadata(self) -> tuple[list[str], list[EdgeType]]:
-        """Node and edge types (PyG's ``metadata()``)."""
-        return self.data.metadata()
-
-    @property
-    def feature_dims(self) -> dict[str, int]:
-        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
-        data = self.data
-        return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in data.node_types}
-
-    @property
-    def num_nodes(self) -> dict[str, int]:
-        """Nodes per type."""
-        return {t: int(self.data[t].num_nodes) for t in self.data.node_types}
-
-    def fanout(self, num_layers: int = 0) -> dict[EdgeType, list[int]]:
-        """Fan-out per edge type (see :func:`per_edge_type_fanout`)."""
-        return per_edge_type_fanout(self._num_neighbors, self.metadata[1], num_layers)
-
-    def check_model(self, model: Any) -> None:
-        """Refuse a model whose depth differs from the fan-outs (before any data loads)."""
-        num_layers = int(getattr(model, "num_layers", 0))
-        if isinstance(self._num_neighbors, list) and num_layers:
-            if len(self._num_neighbors) != num_layers:
-                raise ConfigError(
-                    f"--data.num_neighbors has {len(self._num_neighbors)} layers but "
-                    f"--model.num_layers is {num_layers}: give one fan-out per layer"
-                )
-
-
-class LinkDataModule(_HeteroGraphData):
+class LinkDataModule(HeteroGraphData):
     """Link prediction batches from ``LinkNeighborLoader``, on one or several node and edge types.
 
     Args:
@@ -481,7 +191,7 @@ class LinkDataModule(_HeteroGraphData):
             )
         if edge_type is not None and len(edge_type) != 3:
             raise ConfigError(f"--data.edge_type must be [src, relation, dst] (got {edge_type})")
-        _check_root(dataset, Path(root))
+        check_root(dataset, Path(root))
         self.dataset, self.root = dataset, Path(root)
         self._edge_type = edge_type
         self._num_neighbors = num_neighbors
@@ -586,7 +296,7 @@ class LinkDataModule(_HeteroGraphData):
 
     def setup(self, stage: str) -> None:
         """Split, check the fan-outs against the model."""
-        _log_backend_once()
+        log_backend_once()
         num_layers = 0
         if self.trainer is not None:
             self.check_model(self.trainer.lightning_module)
@@ -603,9 +313,9 @@ class LinkDataModule(_HeteroGraphData):
             if "edge_label_index" in store:
                 parts.append(store.edge_label_index[:, store.edge_label == 1])
         edges = torch.cat(parts, 1)
-        keys = _pair_keys(edges, num_dst)
+        keys = pair_keys(edges, num_dst)
         if self.undirected:
-            keys = torch.cat([keys, _pair_keys(edges.flip(0), num_dst)])
+            keys = torch.cat([keys, pair_keys(edges.flip(0), num_dst)])
         return torch.unique(keys)
 
     def train_dataloader(self) -> ResumableLoader:
@@ -614,7 +324,7 @@ class LinkDataModule(_HeteroGraphData):
         target, store = self.target, self.splits[0][self.target]
         transform = None
         if self.num_hard_negatives:
-            transform = _HardNegatives(
+            transform = HardNegatives(
                 target, self._known(train), self.data[target[2]].num_nodes, self.num_hard_negatives
             )
         loader = LinkNeighborLoader(
@@ -668,7 +378,7 @@ class LinkDataModule(_HeteroGraphData):
         if self.eval.candidates is not None and self.eval.candidates < num_dst:
             gen = torch.Generator().manual_seed(1)
             candidates = torch.randperm(num_dst, generator=gen)[: self.eval.candidates]
-        return _single(
+        return single(
             LinkEval(
                 graph,
                 target,

@@ -44,8 +44,8 @@ from torch_geometric.data import Data
 from torch_geometric.sampler.utils import to_csc
 from tqdm import tqdm
 
+from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
-from gnnscale.synthetic import SyntheticGraph
 
 __all__ = ["PreparedGraph", "write_graph", "write_streamed_synthetic"]
 

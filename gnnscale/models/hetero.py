@@ -1,12 +1,4 @@
-"""``LinkPredictor``: GraphSAGE over any node and edge types, scoring pairs by dot product.
-
-Node types with features enter through a linear layer; featureless ones (users, categories)
-through a learned embedding table, sparse and optionally in host memory as in
-``EmbeddingSAGE``. The encoder is one GraphSAGE stack made heterogeneous by PyG's
-``to_hetero`` (one ``SAGEConv`` per edge type and layer, summed per node type). It builds
-itself from ``LinkDataModule``'s node and edge types in ``setup`` and saves them in its
-hyperparameters, so checkpoints reload without the data.
-"""
+"""Heterogeneous GNNs: the shared encoder base and HeteroSAGE for node classification."""
 
 from __future__ import annotations
 
@@ -18,17 +10,11 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torch_geometric.data import HeteroData
-from torch_geometric.metrics import LinkPredMRR, LinkPredRecall
 from torch_geometric.nn import SAGEConv, to_hetero
-from torchmetrics import Metric
-from torchmetrics.classification import BinaryAUROC
+from torchmetrics.classification import MulticlassAccuracy
 
-from gnnscale.embedding import _HostEmbedding
-from gnnscale.errors import ConfigError, TrainingDiverged
-from gnnscale.link import LinkEval
-from gnnscale.models import _check_probabilities
-
-__all__ = ["LinkPredictor"]
+from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
+from gnnscale.models.embedding import HostEmbedding
 
 
 class _SAGE(nn.Module):
@@ -48,7 +34,7 @@ class _SAGE(nn.Module):
         return x
 
 
-class _HeteroGNN(L.LightningModule):
+class HeteroGNN(L.LightningModule):
     """What ``LinkPredictor`` and ``gnnscale.HeteroSAGE`` share: inputs, encoder, optimizers.
 
     Node types with features enter through a linear layer, featureless ones through an
@@ -67,7 +53,7 @@ class _HeteroGNN(L.LightningModule):
         """Input layers per node type and the heterogeneous encoder, for ``graph``'s types."""
         hp = self.hparams
         channels = hp["hidden_channels"]
-        table = _HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
+        table = HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
         self.inputs = nn.ModuleDict()
         self.tables = nn.ModuleDict()
         for t in graph["node_types"]:
@@ -132,10 +118,18 @@ class _HeteroGNN(L.LightningModule):
         return optimizers
 
 
-class LinkPredictor(_HeteroGNN):
-    """Link prediction on ``LinkDataModule`` batches: embeddings, dot-product scores, BCE.
+class HeteroSAGE(HeteroGNN):
+    """Heterogeneous GraphSAGE classifying one node type's nodes (``HeteroNeighborDataModule``).
+
+    Node types with features enter through a linear layer, featureless ones through a learned
+    embedding table (sparse gradients, ``SparseAdam``); ``to_hetero`` gives every edge type its
+    own ``SAGEConv`` per layer and averages the relations into each node type; a linear head
+    turns the target type's last layer into class logits. Loss and accuracy cover the batch's
+    seeds only. Built in ``setup`` from the DataModule's types and sizes, which it saves in its
+    hyperparameters, so checkpoints reload without the data.
 
     Args:
+        num_classes: Classes of the target type (linked from the DataModule).
         hidden_channels: Width of the embeddings and of every layer.
         num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
         dropout: Dropout between layers.
@@ -146,13 +140,14 @@ class LinkPredictor(_HeteroGNN):
         accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
             ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
         optimizer: Optimizer of the dense weights.
-        embedding_optimizer: Optimizer of the sparse tables.
-        graph: Node and edge types, sizes and target; ``None`` takes them from the DataModule
-            (saved in checkpoints, so they reload without the data).
+        embedding_optimizer: Optimizer of the tables.
+        graph: Node and edge types, sizes and target type; ``None`` takes them from the
+            DataModule (saved in checkpoints).
     """
 
     def __init__(
         self,
+        num_classes: int,
         hidden_channels: int = 64,
         num_layers: int = 2,
         dropout: float = 0.0,
@@ -164,38 +159,30 @@ class LinkPredictor(_HeteroGNN):
         graph: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
-        _check_probabilities(dropout=dropout)
-        if num_layers < 1 or hidden_channels < 1 or accumulate_grad_batches < 1:
+        check_probabilities(dropout=dropout)
+        if min(num_layers, hidden_channels, accumulate_grad_batches) < 1 or num_classes < 2:
             raise ConfigError(
                 "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "
-                f"must be >= 1 (got {num_layers}, {hidden_channels}, {accumulate_grad_batches})"
+                f"must be >= 1 and --model.num_classes >= 2 (got {num_layers}, "
+                f"{hidden_channels}, {accumulate_grad_batches}, {num_classes})"
             )
         self.save_hyperparameters(ignore=["optimizer", "embedding_optimizer"])
         self.automatic_optimization = False  # up to two optimizers: Lightning steps neither
         self.num_layers = num_layers
         self.optimizer, self.embedding_optimizer = optimizer, embedding_optimizer
+        # torchmetrics accumulates correct/total counts, so DDP reduces counts, not ratios.
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
         self.encoder: nn.Module | None = None
         if graph is not None:
             self._build(graph)
 
     def _build(self, graph: dict[str, Any]) -> None:
-        """Input layers per node type, the heterogeneous encoder, the ranking metrics."""
+        """Input layers per node type, the heterogeneous encoder, the head."""
         self._build_encoder(graph)
-        self.target = tuple(graph["target"])
+        self.head = nn.Linear(self.hparams["hidden_channels"], self.hparams["num_classes"])
+        self.target = str(graph["target"])
         self.hparams["graph"] = graph
-        k = graph["k"]
-        self.metrics = nn.ModuleDict(
-            {
-                f"{stage}_{name}": metric
-                for stage in ("val", "test")
-                for name, metric in (
-                    ("recall", LinkPredRecall(k)),
-                    ("mrr", LinkPredMRR(k)),
-                    ("popularity", LinkPredRecall(k)),
-                    ("auc", BinaryAUROC()),
-                )
-            }
-        )
 
     def setup(self, stage: str) -> None:
         """Build from the DataModule's types and sizes (unless a checkpoint gave them)."""
@@ -209,89 +196,45 @@ class LinkPredictor(_HeteroGNN):
                 "edge_types": [list(e) for e in edge_types],
                 "num_features": dm.feature_dims,
                 "num_nodes": dm.num_nodes,
-                "target": list(dm.target),
-                "k": dm.eval.k,
+                "target": dm.target_type,
             }
         )
 
-    def forward(self, batch: HeteroData) -> dict[str, Tensor]:
-        """Embeddings of every node of the (sub)graph, per node type."""
-        return self._encode(batch)
+    def forward(self, batch: HeteroData) -> Tensor:
+        """Class logits of every target-type node of the (sub)graph, seeds first."""
+        return self.head(self._encode(batch)[self.target])
 
-    def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
-        src, _, dst = self.target
-        return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1) * self.hparams[
-            "hidden_channels"
-        ] ** -0.5
+    def _seeds(self, batch: HeteroData) -> tuple[Tensor, Tensor, Any]:
+        """Logits and labels of the batch's seeds, and the store they come from."""
+        store = batch[self.target]
+        size = store.batch_size
+        return self(batch)[:size].float(), store.y[:size], store
 
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
-        """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
+        """Weighted cross-entropy on the seeds; steps every ``accumulate_grad_batches``."""
+        h = self._encode(batch)
         store = batch[self.target]
-        h = self(batch)
-        score = self._score(h, store.edge_label_index).float()
-        loss = (
-            F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
-            * store.loss_weight
-        ).sum()
-        loss = loss + self._unused(h, (self.target[0], self.target[2]))  # categories: DDP
+        size = store.batch_size
+        out, y = self.head(h[self.target][:size]).float(), store.y[:size]
+        loss = (F.cross_entropy(out, y, reduction="none") * store.loss_weight[:size]).sum()
         if not torch.isfinite(loss):
             raise TrainingDiverged(
                 f"the training loss is {loss.item()} at step {self.global_step}: the run "
                 "stopped; lower the learning rate (--model.optimizer)"
             )
-        self._backward_and_step(loss, batch_idx)
-        self.log(
-            "train/loss", loss, prog_bar=True, on_epoch=True, batch_size=store.edge_label.numel()
-        )
+        self._backward_and_step(loss + self._unused(h, (self.target,)), batch_idx)
+        self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=size)
         return loss
 
-    @torch.no_grad()
-    def embed_all(self, evaluation: LinkEval) -> dict[str, Tensor]:
-        """Every node's embedding of the target's two types, one sampled batch at a time."""
-        out = {}
-        for t, loader in evaluation.loaders.items():
-            h = torch.empty(evaluation.graph[t].num_nodes, self.hparams["hidden_channels"])
-            for batch in loader:
-                batch = batch.to(self.device)
-                size = batch[t].batch_size
-                h[batch[t].n_id[:size].cpu()] = self(batch)[t][:size].float().cpu()
-            out[t] = h
-        return out
+    def validation_step(self, batch: HeteroData, batch_idx: int) -> None:
+        """Accuracy on the target type's validation nodes."""
+        out, y, _ = self._seeds(batch)
+        self.val_acc(out, y)
+        self.log("val/loss", F.cross_entropy(out, y), batch_size=y.numel())
+        self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.numel())
 
-    def _evaluate(self, evaluation: LinkEval, stage: str) -> None:
-        h = self.embed_all(evaluation)
-        src, _, dst = self.target
-        k, suffix = evaluation.k, evaluation.suffix
-
-        def scores(sources: Tensor, dsts: Tensor) -> Tensor:
-            return h[src][sources] @ h[dst][dsts].T
-
-        def popular(sources: Tensor, dsts: Tensor) -> Tensor:
-            return evaluation.popularity[dsts].expand(sources.numel(), -1).clone()
-
-        top, truth = evaluation.rank(scores)
-        num_sources = top.size(0)
-        for name, ranked in (
-            ("recall", top),
-            ("mrr", top),
-            ("popularity", evaluation.rank(popular)[0]),
-        ):
-            metric = cast(Metric, self.metrics[f"{stage}_{name}"])
-            metric.update(ranked, truth)
-            label = (
-                f"{stage}/recall@{k}{suffix}_popularity"
-                if name == "popularity"
-                else f"{stage}/{name}@{k}{suffix}"
-            )
-            self.log(label, metric, batch_size=num_sources, prog_bar=name == "recall")
-        auc = cast(Metric, self.metrics[f"{stage}_auc"])
-        auc.update(self._score(h, evaluation.label_index), evaluation.label.long())
-        self.log(f"{stage}/auc", auc, batch_size=evaluation.label.numel())
-
-    def validation_step(self, batch: LinkEval, batch_idx: int) -> None:
-        """Recall@k, MRR@k and AUC on validation edges, and the popularity baseline's recall."""
-        self._evaluate(batch, "val")
-
-    def test_step(self, batch: LinkEval, batch_idx: int) -> None:
-        """Recall@k, MRR@k and AUC on test edges, and the popularity baseline's recall."""
-        self._evaluate(batch, "test")
+    def test_step(self, batch: HeteroData, batch_idx: int) -> None:
+        """Accuracy on the target type's test nodes."""
+        out, y, _ = self._seeds(batch)
+        self.test_acc(out, y)
+        self.log("test/acc", self.test_acc, batch_size=y.numel())

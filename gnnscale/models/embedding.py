@@ -17,16 +17,17 @@ from torch import Tensor, nn
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 
-from gnnscale.errors import ConfigError
-from gnnscale.models import Dropout, NodeClassifier, _check_probabilities, _hops
+from gnnscale.errors import ConfigError, check_probabilities
+from gnnscale.models.fast import Dropout
+from gnnscale.models.node import NodeClassifier, hops
 
 __all__ = ["EmbeddingSAGE"]
 
 
-class _HostEmbedding(nn.Embedding):
+class HostEmbedding(nn.Embedding):
     """An embedding table that ``.to(device)`` leaves on the CPU (with its optimizer state)."""
 
-    def _apply(self, fn: Any, recurse: bool = True) -> _HostEmbedding:
+    def _apply(self, fn: Any, recurse: bool = True) -> HostEmbedding:
         return self
 
 
@@ -70,7 +71,7 @@ class EmbeddingSAGE(NodeClassifier):
         optimizer: OptimizerCallable = torch.optim.Adam,
     ) -> None:
         super().__init__(num_classes, num_layers, optimizer, None)
-        _check_probabilities(dropout=dropout)
+        check_probabilities(dropout=dropout)
         if accumulate_grad_batches < 1:
             raise ConfigError(
                 f"--model.accumulate_grad_batches must be >= 1 (got {accumulate_grad_batches})"
@@ -88,7 +89,7 @@ class EmbeddingSAGE(NodeClassifier):
 
     def _make_table(self, num_nodes: int) -> None:
         hp = self.hparams
-        cls = _HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
+        cls = HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
         self.embedding = cls(num_nodes, hp["embedding_dim"], sparse=hp["sparse"])
         hp["num_nodes"] = num_nodes
 
@@ -112,7 +113,7 @@ class EmbeddingSAGE(NodeClassifier):
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted loss; step both optimizers every ``accumulate_grad_batches`` micro-batches."""
         k = self.hparams["accumulate_grad_batches"]
-        out = self(self.embed(batch.n_id), batch.edge_index, *_hops(batch))
+        out = self(self.embed(batch.n_id), batch.edge_index, *hops(batch))
         y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
         loss = (F.cross_entropy(out.float(), y, reduction="none") * weight).sum()
         self.manual_backward(loss / k)  # loss_weight sums to ~1 per micro-batch: mean over k
@@ -124,7 +125,7 @@ class EmbeddingSAGE(NodeClassifier):
         return loss
 
     def _logits(self, batch: Data) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        out = self(self.embed(batch.n_id), batch.edge_index, *_hops(batch))  # sampled: seeds
+        out = self(self.embed(batch.n_id), batch.edge_index, *hops(batch))  # sampled: seeds
         return out[: batch.batch_size], batch.y[: batch.batch_size]
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]

@@ -1,0 +1,52 @@
+"""DataModules by task, the graphs they load and what their loaders add to batches.
+
+- ``node``: node classification on one graph: full batch, neighbour sampling (also from a
+  prepared folder); ``subgraph``: Cluster-GCN and GraphSAINT.
+- ``hetero``: node classification on a heterogeneous graph; ``link``: link prediction, with
+  ``pinsage`` for PinSAGE neighbours and hard negatives; ``graphs``: many small graphs.
+- ``sources``: datasets by name; ``synthetic``: the generated graphs; ``args``: the option
+  groups every DataModule takes; ``layout``: what workers add to batches; ``loaders`` and
+  ``resume``: resumable, per-rank loaders.
+"""
+
+from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess
+from gnnscale.data.graphs import AtomGraphs, GraphDataModule
+from gnnscale.data.hetero import HeteroNeighborDataModule
+from gnnscale.data.link import LinkDataModule, LinkEvalArgs, LinkSplit
+from gnnscale.data.node import FullBatchDataModule, NeighborDataModule, NodeDataModule
+from gnnscale.data.pinsage import PinSAGENeighbors
+from gnnscale.data.sources import DATASETS, load_dataset, sampling_backend
+from gnnscale.data.subgraph import ClusterDataModule, SAINTDataModule
+from gnnscale.data.synthetic import (
+    SyntheticGraph,
+    SyntheticRecommender,
+    make_item_class_graph,
+    make_recommender_graph,
+    make_synthetic_graph,
+)
+
+__all__ = [
+    "DATASETS",
+    "AtomGraphs",
+    "ClusterDataModule",
+    "EvalArgs",
+    "FullBatchDataModule",
+    "GraphDataModule",
+    "HeteroNeighborDataModule",
+    "LinkDataModule",
+    "LinkEvalArgs",
+    "LinkSplit",
+    "LoaderArgs",
+    "NeighborDataModule",
+    "NodeDataModule",
+    "PinSAGENeighbors",
+    "Preprocess",
+    "SAINTDataModule",
+    "SyntheticGraph",
+    "SyntheticRecommender",
+    "load_dataset",
+    "make_item_class_graph",
+    "make_recommender_graph",
+    "make_synthetic_graph",
+    "sampling_backend",
+]

@@ -1,0 +1,159 @@
+"""What the loaders' workers add to a batch before it reaches the model (the batch layouts)."""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch_geometric.typing
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.index import index2ptr
+from torch_geometric.typing import SparseTensor
+from torch_geometric.utils import spmm
+
+warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
+warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
+
+
+def csr_layout(batch: Data) -> Data:
+    """Sort a batch's edges by target node and add ``rowptr``, their CSR row pointer.
+
+    GraphSAGE then aggregates with a sparse-dense product instead of a scatter
+    (``gnnscale.models``). The loaders run this in their workers, off the training step's path;
+    edges already in target order (as neighbour samplers list them) are not moved.
+
+    Args:
+        batch: Any batch with ``edge_index``; edge attributes follow their edges.
+    """
+    dst = batch.edge_index[1]
+    if dst.numel() and not bool((dst[1:] >= dst[:-1]).all()):
+        perm = torch.argsort(dst, stable=True)
+        for key, value in batch.items():
+            if isinstance(value, Tensor) and batch.is_edge_attr(key):
+                batch[key] = value[:, perm] if key == "edge_index" else value[perm]
+    batch.rowptr = index2ptr(batch.edge_index[1], batch.num_nodes)
+    return batch
+
+
+def csc_layout(batch: Data) -> Data:
+    """Add the transpose of a batch's CSR adjacency: ``colptr`` and ``csc_row``.
+
+    ``colptr`` points, for each source node, into ``csc_row``, the targets of its edges. A
+    sparse mean's backward is a product with this transpose; torch's own backward of
+    ``torch.sparse.mm`` sorts the edges by source again on every training step, here the
+    loaders' workers sort them once (GraphSAGE asks for it: ``csc_backward``).
+
+    Args:
+        batch: A batch laid out by :func:`csr_layout` (or :func:`hop_layout`).
+    """
+    src, dst = batch.edge_index
+    perm = torch.argsort(src, stable=True)
+    batch.colptr = index2ptr(src[perm], batch.num_nodes)
+    batch.csc_row = dst[perm]
+    return batch
+
+
+def subgraph_layout(batch: Data, csc: bool = False) -> Data:
+    """Cluster-GCN and GraphSAINT batches' transform: :func:`csr_layout`, :func:`csc_layout`."""
+    batch = csr_layout(batch)
+    return csc_layout(batch) if csc else batch
+
+
+def csr_adjacency(
+    x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int
+) -> Any:
+    """The first ``num_dst`` rows of a batch's CSR adjacency (columns: ``x``'s rows), uncopied.
+
+    torch-sparse's ``SparseTensor`` where installed, else a ``torch.sparse`` CSR tensor: the
+    ``adj_t`` PyG's convs aggregate with a sparse-dense product.
+    """
+    num_src = x.size(0)
+    rowptr, col = rowptr[: num_dst + 1], edge_index[0, :num_edges]
+    if torch_geometric.typing.WITH_TORCH_SPARSE:
+        return SparseTensor(
+            rowptr=rowptr,
+            col=col,
+            sparse_sizes=(num_dst, num_src),
+            is_sorted=True,
+            trust_data=True,
+        )
+    ones = torch.ones(num_edges, dtype=x.dtype, device=col.device)
+    return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
+
+
+def hop_layout(
+    batch: Data, num_layers: int, first_layer_aggr: str | None = None, csc: bool = False
+) -> Data:
+    """Lay a neighbour batch out for target-only layers; the loaders run this in their workers.
+
+    Adds the nodes and edges each hop sampled (pyg-lib reports them, torch-sparse does not) and
+    the CSR layout of :func:`csr_layout`. Both backends list a batch's nodes hop by hop, seeds
+    first; with the edges sorted by target, the edges into the first ``n`` nodes are the first
+    ``rowptr[n]``, and their sources lie one hop further out at most. So each layer reads a
+    prefix of the nodes and of the edges, and ``rowptr[: n + 1]`` is its sparse adjacency.
+
+    Args:
+        batch: A neighbour-sampled batch (seed nodes first, then each hop's new nodes).
+        num_layers: Hops sampled (entries of ``num_neighbors``).
+        first_layer_aggr: Also aggregate the first layer's neighbour features here, with this
+            reduction (:func:`aggregate_first_layer`); none: the model does.
+        csc: Also add the transpose of the edges left (:func:`csc_layout`), for a model whose
+            sparse aggregation takes its backward from it.
+    """
+    batch = csr_layout(batch)
+    if "num_sampled_nodes" not in batch:
+        src, dst = batch.edge_index
+        hop = torch.full((batch.num_nodes,), num_layers + 1, dtype=torch.long)
+        hop[: batch.batch_size] = 0
+        for k in range(1, num_layers + 1):
+            reached = src[hop[dst] == k - 1]
+            hop[reached[hop[reached] > k]] = k
+        batch.num_sampled_nodes = torch.bincount(hop, minlength=num_layers + 1).tolist()
+        batch.num_sampled_edges = torch.bincount(hop[dst], minlength=num_layers).tolist()[
+            :num_layers
+        ]
+    if first_layer_aggr is not None:
+        batch = aggregate_first_layer(batch, first_layer_aggr)
+    return csc_layout(batch) if csc else batch
+
+
+def aggregate_first_layer(batch: Data, aggr: str) -> Data:
+    """Aggregate a neighbour batch's raw features for the first layer, and keep what is read.
+
+    A GraphSAGE layer computes ``lin_l(aggr(x_j for j in N(i))) + lin_r(x_i)``. On the raw
+    features the aggregation has no parameters and needs no gradient, so the loader's worker
+    can compute it (the same sparse-dense product the layer would run, as ``x_aggr``) for the
+    first layer's targets, hops ``0..L-1``. The training step then reads only those rows: the
+    batch keeps their features and labels and the edges into hops ``0..L-2``, which the later
+    layers read; the outermost hop's rows and edges stay in the worker. On a [15, 10] batch of
+    1,024 seeds, 2 x 10,800 rows travel to the model instead of 62,850.
+
+    ``num_sampled_nodes`` and ``num_sampled_edges`` still describe the whole sample. Features
+    stored in half precision are aggregated in float32, as the model would after its cast.
+
+    Args:
+        batch: A batch laid out by :func:`hop_layout`.
+        aggr: The first layer's reduction: ``mean``, ``sum``, ``max`` or ``min``.
+    """
+    nodes, edges = batch.num_sampled_nodes, batch.num_sampled_edges
+    num_dst, num_edges = sum(nodes[:-1]), sum(edges)
+    x = batch.x if batch.x.dtype in (torch.float32, torch.float64) else batch.x.float()
+    adj = csr_adjacency(x, batch.edge_index, batch.rowptr, num_dst, num_edges)
+    x_aggr = spmm(adj, x, reduce=aggr)
+    kept_nodes, kept_edges = sum(nodes[:-2]), sum(edges[:-1])  # what layers 2..L read
+    tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "rowptr"}
+    on_edges = {k for k in tensors if batch.is_edge_attr(k)}  # before any is cut
+    on_nodes = {k for k in tensors if batch.is_node_attr(k)}
+    for key, value in tensors.items():
+        if key == "edge_index":
+            batch[key] = value[:, :kept_edges]
+        elif key in on_edges:
+            batch[key] = value[:kept_edges]
+        elif key in on_nodes:
+            batch[key] = value[:num_dst]
+    batch.rowptr = batch.rowptr[: kept_nodes + 1]
+    batch.num_nodes = num_dst
+    batch.x_aggr = x_aggr
+    return batch

@@ -1,0 +1,437 @@
+"""Node classification on one graph: the shared base, full batch, neighbour sampling.
+
+Each DataModule is constructible from YAML alone (Cluster-GCN and GraphSAINT: ``subgraph``).
+
+Every training batch, whatever sampled it, carries ``x``, ``edge_index``, ``y`` and a per-node
+``loss_weight`` (plus ``num_loss_nodes`` for logging). The weights are scaled so that their
+*expected* sum per micro-batch is 1: the model's loss is ``sum(weight * cross_entropy)``, every
+training node counts the same however many of them a batch holds, and gradient accumulation
+(which averages micro-batch losses) stays an unbiased mean over training nodes.
+
+Neighbour batches for a model that takes it (GraphSAGE: ``first_layer_aggr``) also carry
+``x_aggr``, the first layer's neighbour aggregate, computed in the loader's worker; their ``x``
+and ``edge_index`` then hold only what the later layers read (:func:`aggregate_first_layer`).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from collections.abc import Callable
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torch_geometric.transforms as T
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DataLoader
+from torch_geometric.data import Data
+from torch_geometric.loader import (
+    NeighborLoader,
+)
+from torch_geometric.sampler import NeighborSampler
+
+from gnnscale.batch import LayerwiseBatch
+from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_positive
+from gnnscale.data.layout import hop_layout, subgraph_layout
+from gnnscale.data.loaders import rank_share, resumable, single
+from gnnscale.data.resume import ResumableLoader
+from gnnscale.data.sources import (
+    DATASETS,
+    check_root,
+    load_dataset,
+    log_backend_once,
+    validate_graph,
+)
+from gnnscale.data.synthetic import SyntheticGraph
+from gnnscale.errors import ConfigError
+from gnnscale.stores.prepared import PreparedGraph
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class NodeDataModule(L.LightningDataModule):
+    """What every gnnscale DataModule shares: loading, checks, evaluation loaders."""
+
+    # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
+    _not_on_disk: str | None = "it needs the whole graph in memory"
+    verify: Literal["full", "size"] = "full"
+    # The model's first-layer reduction for neighbour batches' workers to compute, if it takes
+    # one (``NodeClassifier.first_layer_aggr``, learned in ``check_model``); None: the model's.
+    _first_layer_aggr: str | None = None
+    # Whether the model's sparse aggregation takes its backward from training batches' CSC
+    # layout (``csc_layout``, ``NodeClassifier.csc_backward``), learned in ``check_model`` too.
+    _csc_backward: bool = False
+
+    def __init__(
+        self,
+        dataset: str,
+        root: Path,
+        synthetic: SyntheticGraph,
+        preprocess: Preprocess,
+        loader: LoaderArgs,
+        eval: EvalArgs,
+    ) -> None:
+        super().__init__()
+        if dataset not in DATASETS:
+            raise ConfigError(
+                f"--data.dataset {dataset!r} is not known; choose one of {', '.join(DATASETS)}"
+            )
+        if dataset == "prepared":
+            if self._not_on_disk:
+                raise ConfigError(
+                    f"{type(self).__name__} cannot train from --data.dataset prepared: "
+                    f"{self._not_on_disk}; use gnnscale.NeighborDataModule"
+                )
+            if preprocess != Preprocess():
+                raise ConfigError(
+                    "--data.preprocess does not apply to --data.dataset prepared (the files are "
+                    "mapped as written): preprocess before `gnnscale prepare`, or drop it"
+                )
+            if eval.mode != "sampled":
+                raise ConfigError(
+                    f"--data.eval.mode {eval.mode!r} holds every node's activations in memory; "
+                    "with --data.dataset prepared use --data.eval.mode=sampled"
+                )
+        check_root(dataset, Path(root))  # after the checks of the settings alone
+        self.dataset = dataset
+        self.root = Path(root)
+        self.synthetic = synthetic
+        self.preprocess = preprocess
+        self.loader = loader
+        self.eval = eval
+        self._num_classes = 0
+
+    @cached_property
+    def prepared(self) -> PreparedGraph:
+        """The memory-mapped graph of ``dataset: prepared`` (``root`` is its folder)."""
+        start = time.perf_counter()
+        graph = PreparedGraph(self.root, self.verify)
+        checked = "checksums verified" if self.verify == "full" else "sizes checked"
+        rank_zero_info(
+            f"gnnscale: mapped {self.root} ({graph.nbytes / 2**30:.2f} GiB, {checked} in "
+            f"{time.perf_counter() - start:.1f} s)"
+        )
+        return graph
+
+    @cached_property
+    def data(self) -> Data:
+        """The preprocessed graph, loaded on first use (mapped, for ``dataset: prepared``)."""
+        if self.dataset == "prepared":
+            self._num_classes = self.prepared.num_classes
+            return self.prepared.data
+        data = load_dataset(self.dataset, self.root, self.synthetic)
+        if self.preprocess.to_undirected:
+            data = T.ToUndirected()(data)
+        if self.preprocess.largest_component:
+            before = data.num_nodes
+            data = T.LargestConnectedComponents()(data)
+            rank_zero_info(
+                f"gnnscale: largest connected component kept {data.num_nodes} of {before} nodes "
+                f"(dropped {before - data.num_nodes})"
+            )
+        if self.preprocess.normalize_features:
+            data = T.NormalizeFeatures()(data)
+        data.x = data.x.to(_DTYPES[self.preprocess.feature_dtype])
+        self._num_classes = validate_graph(data, self.dataset)
+        return data
+
+    @property
+    def num_features(self) -> int:
+        """Node feature dimension (linked to ``model.in_channels``)."""
+        return self.data.num_features
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes (linked to ``model.num_classes``)."""
+        _ = self.data
+        return self._num_classes
+
+    @property
+    def cache_dir(self) -> Path:
+        """Folder for partitions and normalisation statistics."""
+        return self.root / "gnnscale_cache"
+
+    def prepare_data(self) -> None:
+        """Download (if needed) and load the dataset."""
+        _ = self.data
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose depth does not match the loaders' fan-outs (before any data loads).
+
+        Also learns whether the model takes its first layer's aggregation from neighbour
+        batches' workers (:func:`aggregate_first_layer`), and whether its training batches
+        should carry their adjacency's transpose (:func:`csc_layout`).
+
+        Args:
+            model: The LightningModule (its ``num_layers``, if it has one, is checked).
+        """
+        num_layers = int(getattr(model, "num_layers", 0))
+        fanout = self.eval.num_neighbors
+        if fanout is not None and num_layers and len(fanout) != num_layers:
+            raise ConfigError(
+                f"--data.eval.num_neighbors has {len(fanout)} entries but --model.num_layers is "
+                f"{num_layers}: give one fan-out per layer"
+            )
+        self._first_layer_aggr = getattr(model, "first_layer_aggr", None)
+        # Measured on CPUs only: GPUs keep PyG's path, and their batches no transpose.
+        cpu = self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
+        self._csc_backward = bool(getattr(model, "csc_backward", False)) and cpu
+
+    def _hop_layout(self, num_layers: int, train: bool = False) -> Callable[[Data], Data]:
+        """The neighbour batches' transform, run in the loader's workers."""
+        # Only the layers reading every edge of the batch use its transpose: aggregated, the
+        # second; else the first, whose input (the features) needs no gradient.
+        csc = train and self._csc_backward and self._first_layer_aggr is not None
+        return functools.partial(
+            hop_layout, num_layers=num_layers, first_layer_aggr=self._first_layer_aggr, csc=csc
+        )
+
+    def _subgraph_layout(self) -> Callable[[Data], Data]:
+        """Cluster-GCN and GraphSAINT training batches' transform, run in the workers."""
+        return functools.partial(subgraph_layout, csc=self._csc_backward)
+
+    def setup(self, stage: str) -> None:
+        """Check the model agrees with the loaders, then build the training loader."""
+        log_backend_once()
+        if self.trainer is not None:
+            self.check_model(self.trainer.lightning_module)
+        if stage == "fit":
+            self._setup_train()
+
+    def _model_num_layers(self) -> int:
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        return int(getattr(model, "num_layers", 0))
+
+    def _setup_train(self) -> None:
+        """Precompute what the training loader needs (partitions, statistics); none by default."""
+
+    def _resumable(
+        self, loader: DataLoader, shuffle: bool, transform: Any = None
+    ) -> ResumableLoader:
+        """``loader``'s batches, seeded per epoch and batch, resumable mid-epoch (``resume``).
+
+        Every rank uses rank 0's seed, drawn from the global stream (``seed_everything`` fixes
+        it), and takes its own share of each epoch's batches.
+        """
+        return resumable(self.trainer, loader, shuffle, transform)
+
+    def _eval_fanout(self) -> list[int]:
+        return self.eval.num_neighbors or [-1] * max(self._model_num_layers(), 1)
+
+    @cached_property
+    def _csc_sampler(self) -> NeighborSampler:
+        if self.dataset != "prepared":
+            return NeighborSampler(self.data, [-1], share_memory=self.loader.num_workers > 0)
+        # The prepared CSC is already in the sampler's layout: map it instead of building one.
+        # (PyG builds the CSC in __init__; given a one-node graph that is free, then replaced.)
+        sampler = NeighborSampler(
+            Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1), [-1]
+        )
+        sampler.num_nodes = self.data.num_nodes
+        sampler.colptr, sampler.row = self.prepared.csc
+        sampler.perm = None
+        return sampler
+
+    def _neighbor_loader(self, data: Data, fanout: list[int], **kwargs: Any) -> NeighborLoader:
+        """PyG's ``NeighborLoader`` over one CSC copy of the graph, shared by every loader.
+
+        Each ``NeighborLoader`` would build its own sampler, and with it a CSC copy of the graph
+        (``colptr``, ``row`` and ``perm``: about 16 bytes per edge). Training, validation and
+        test loaders held three copies at once, 319 MiB each on sparse_embeddings' 2M-node graph.
+        Here every loader gets a shallow copy of one sampler, with its own fan-out.
+        """
+        sampler = copy.copy(self._csc_sampler)
+        sampler.num_neighbors = fanout
+        return NeighborLoader(
+            data,
+            num_neighbors=fanout,
+            neighbor_sampler=sampler,
+            # Workers' seeds from a generator of its own: starting workers must not move the
+            # global stream the model's dropout draws from (see gnnscale.data.resume).
+            generator=torch.Generator(),
+            **self.loader.kwargs(),
+            **kwargs,
+        )
+
+    def _eval_loader(self, mask_key: str | None) -> Any:
+        data = self.data
+        mask = None if mask_key is None else data[mask_key]
+        if self.eval.mode == "sampled":
+            fanout = self._eval_fanout()
+            return rank_share(
+                self.trainer,
+                mask,
+                data.num_nodes,
+                lambda seeds: self._neighbor_loader(
+                    data,
+                    fanout,
+                    input_nodes=seeds,
+                    batch_size=self.eval.batch_size,
+                    transform=self._hop_layout(len(fanout)),
+                ),
+            )
+        if self.eval.mode == "full":
+            data = copy.copy(data)
+            data.eval_mask = mask
+            return single(data)
+        # PyG's layer-wise inference feeds x to the layers as is: in the parameters' dtype.
+        model = self.trainer.lightning_module if self.trainer is not None else None
+        dtype = model.dtype if isinstance(model, L.LightningModule) else torch.float32
+        if data.x.dtype != dtype:
+            data = copy.copy(data)
+            data.x = data.x.to(dtype)
+        loader = self._neighbor_loader(data, [-1], batch_size=self.eval.batch_size)
+        return single(LayerwiseBatch(loader, data.y, mask))
+
+    def val_dataloader(self) -> Any:
+        """Validation nodes, evaluated as ``eval.mode`` says."""
+        return self._eval_loader("val_mask")
+
+    def test_dataloader(self) -> Any:
+        """Test nodes, evaluated as ``eval.mode`` says."""
+        return self._eval_loader("test_mask")
+
+    def predict_dataloader(self) -> Any:
+        """All nodes, evaluated as ``eval.mode`` says."""
+        return self._eval_loader(None)
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Attach the per-node loss weights to training batches (on the CPU, before transfer).
+
+        Under DDP, a batch repeated to even out the ranks' counts (``padding``) weighs 0.
+        """
+        if self.trainer is not None and self.trainer.training and isinstance(batch, Data):
+            batch.loss_weight, batch.num_loss_nodes = self._loss_weight(batch)
+            if batch.get("padding", False):
+                batch.loss_weight, batch.num_loss_nodes = batch.loss_weight * 0, 0
+        return batch
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        raise NotImplementedError
+
+
+class FullBatchDataModule(NodeDataModule):
+    """The whole graph as one batch: the accuracy reference on graphs that fit in memory.
+
+    Args:
+        dataset: Dataset name, one of ``synthetic``, ``Cora``, ``CiteSeer``, ``PubMed``,
+            ``Reddit``, ``Flickr``, ``ogbn-arxiv``, ``ogbn-products``.
+        root: Folder of the dataset files and of gnnscale's caches.
+        synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
+        preprocess: Preprocessing applied once after loading.
+        loader: DataLoader workers and memory pinning.
+        eval: How validation and test are computed (default: the whole graph at once).
+    """
+
+    _not_on_disk = "a full batch is the whole graph in memory"
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        root: Path = Path("data"),
+        synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008 (frozen dataclass)
+        preprocess: Preprocess = Preprocess(),  # noqa: B008
+        loader: LoaderArgs = LoaderArgs(),  # noqa: B008
+        eval: EvalArgs = EvalArgs(mode="full"),  # noqa: B008
+    ) -> None:
+        super().__init__(dataset, root, synthetic, preprocess, loader, eval)
+
+    def _setup_train(self) -> None:
+        self._num_train = int(self.data.train_mask.sum())
+
+    def train_dataloader(self) -> DataLoader:
+        """One batch per epoch: the whole graph."""
+        return single(self.data)
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        return batch.train_mask / self._num_train, self._num_train
+
+
+class NeighborDataModule(NodeDataModule):
+    """Neighbour sampling (GraphSAGE): each batch is seed nodes plus a sampled fan-out per layer.
+
+    Args:
+        dataset: Dataset name, one of ``synthetic``, ``Cora``, ``CiteSeer``, ``PubMed``,
+            ``Reddit``, ``Flickr``, ``ogbn-arxiv``, ``ogbn-products``.
+        root: Folder of the dataset files and of gnnscale's caches.
+        num_neighbors: Neighbours sampled per node, one entry per GNN layer (``-1``: all).
+        batch_size: Seed (training) nodes per batch.
+        synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
+        preprocess: Preprocessing applied once after loading.
+        loader: DataLoader workers and memory pinning.
+        eval: How validation and test are computed.
+        verify: ``dataset: prepared`` only: ``full`` checks every block's checksum when the
+            folder is opened (one read of every file per process), ``size`` only the sizes
+            (for a large folder verified once already).
+
+    With ``dataset: prepared`` and ``root`` a folder written by ``gnnscale prepare``, the graph
+    is memory-mapped (``gnnscale.stores.prepared``): the sampler walks the mapped CSC and batches
+    gather their feature rows from the mapped file, so nothing but the batch enters private memory
+    and processes on one machine share the pages. Evaluation must then be ``sampled``.
+    """
+
+    _not_on_disk = None
+
+    def __init__(
+        self,
+        dataset: str = "synthetic",
+        root: Path = Path("data"),
+        num_neighbors: list[int] = [15, 10],  # noqa: B006 (never mutated)
+        batch_size: int = 1024,
+        synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008
+        preprocess: Preprocess = Preprocess(),  # noqa: B008
+        loader: LoaderArgs = LoaderArgs(),  # noqa: B008
+        eval: EvalArgs = EvalArgs(),  # noqa: B008
+        verify: Literal["full", "size"] = "full",
+    ) -> None:
+        super().__init__(dataset, root, synthetic, preprocess, loader, eval)
+        check_positive(batch_size=batch_size)
+        if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
+            raise ConfigError(
+                f"--data.num_neighbors must list one fan-out per layer, each > 0 or -1 for all "
+                f"neighbours (got {num_neighbors})"
+            )
+        self.num_neighbors = list(num_neighbors)
+        self.batch_size = batch_size
+        self.verify = verify
+
+    def check_model(self, model: Any) -> None:
+        """Refuse a model whose depth differs from the fan-out's length (before any data loads).
+
+        Args:
+            model: The LightningModule (its ``num_layers``, if it has one, is checked).
+        """
+        num_layers = int(getattr(model, "num_layers", 0))
+        if num_layers and len(self.num_neighbors) != num_layers:
+            raise ConfigError(
+                f"--data.num_neighbors has {len(self.num_neighbors)} entries "
+                f"({self.num_neighbors}) but --model.num_layers is {num_layers}: give one "
+                "fan-out per layer"
+            )
+        super().check_model(model)
+
+    def _eval_fanout(self) -> list[int]:
+        return self.eval.num_neighbors or self.num_neighbors
+
+    def train_dataloader(self) -> ResumableLoader:
+        """Shuffled batches of ``batch_size`` training seeds with their sampled neighbourhoods."""
+        loader = self._neighbor_loader(
+            self.data,
+            self.num_neighbors,
+            input_nodes=self.data.train_mask,
+            batch_size=self.batch_size,
+            transform=self._hop_layout(len(self.num_neighbors), train=True),
+        )
+        return self._resumable(loader, shuffle=True)
+
+    def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
+        # Seeds come first; a short last batch keeps weight 1/batch_size per seed, so every
+        # training node weighs the same.
+        weight = torch.zeros(batch.num_nodes)
+        weight[: batch.batch_size] = 1.0 / self.batch_size
+        return weight, batch.batch_size

@@ -1,0 +1,148 @@
+"""Node-classification graphs by name: PyG's and OGB's datasets, generated, or prepared."""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+
+import torch
+import torch_geometric.typing
+from lightning.pytorch.utilities import rank_zero_info
+from torch_geometric.data import Data
+
+from gnnscale.data.synthetic import SyntheticGraph, make_synthetic_graph
+from gnnscale.errors import ConfigError
+from gnnscale.stores.prepared import PreparedGraph
+
+DATASETS = (
+    "synthetic",
+    "prepared",
+    "Cora",
+    "CiteSeer",
+    "PubMed",
+    "Reddit",
+    "Flickr",
+    "ogbn-arxiv",
+    "ogbn-products",
+)
+# PyG's sparse-dense product goes through torch.sparse CSR tensors, which warn on first use.
+
+_SPLITS = ("train_mask", "val_mask", "test_mask")
+
+
+def sampling_backend() -> str:
+    """Name the library that PyG's neighbour sampling runs on."""
+    if torch_geometric.typing.WITH_PYG_LIB:
+        return "pyg-lib"
+    if torch_geometric.typing.WITH_TORCH_SPARSE:
+        return "torch-sparse"
+    return "none"
+
+
+@functools.cache
+def log_backend_once() -> None:
+    """Log which library PyG's neighbour sampling runs on, once a process."""
+    rank_zero_info(f"gnnscale: neighbour sampling backend is {sampling_backend()}")
+
+
+def check_root(dataset: str, root: Path) -> None:
+    """Refuse a ``--data.root`` that cannot hold or does not hold ``dataset``."""
+    if dataset == "synthetic":
+        return  # the root only holds caches, created on first use
+    if dataset == "prepared":
+        PreparedGraph.read_manifest(root)  # a clear error now if it is not a prepared folder
+        return
+    if not root.is_dir():
+        raise ConfigError(
+            f"--data.root {str(root)!r} does not exist or is not a folder: create it "
+            f"(mkdir -p {root}) to download {dataset} into it, or point --data.root at the "
+            f"folder that holds {dataset}"
+        )
+    if not os.access(root, os.R_OK | os.X_OK):
+        raise ConfigError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
+
+
+def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None) -> Data:
+    """Load a node-classification graph by name, downloading into ``root`` if needed.
+
+    Args:
+        name: One of :data:`DATASETS`.
+        root: Folder of the dataset files (Planetoid reads ``root/<name>/raw`` without network).
+        synthetic: Settings of the generated graph when ``name == "synthetic"``.
+    """
+    if name == "synthetic":
+        return make_synthetic_graph(synthetic or SyntheticGraph())
+    if name == "prepared":
+        return PreparedGraph(root).data
+    if name in ("Cora", "CiteSeer", "PubMed"):
+        from torch_geometric.datasets import Planetoid
+
+        return Planetoid(str(root), name)[0]
+    if name in ("Reddit", "Flickr"):
+        from torch_geometric import datasets
+
+        return getattr(datasets, name)(str(root / name))[0]
+    if name.startswith("ogbn-"):
+        try:
+            from ogb.nodeproppred import PygNodePropPredDataset
+        except ImportError as err:
+            raise ImportError(f"{name} needs the ogb package: pip install 'gnnscale[ogb]'") from err
+        ds = PygNodePropPredDataset(name, str(root))
+        data, split = ds[0], ds.get_idx_split()
+        data.y = data.y.view(-1)
+        for key, idx in zip(_SPLITS, ("train", "valid", "test"), strict=True):
+            data[key] = torch.zeros(data.num_nodes, dtype=torch.bool)
+            data[key][split[idx]] = True
+        return data
+    raise ConfigError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
+
+
+def validate_graph(data: Data, dataset: str) -> int:
+    """Check splits and labels; return the number of classes."""
+    for key in _SPLITS:
+        if data.get(key) is None:
+            raise ConfigError(
+                f"--data.dataset {dataset!r} has no {key!r}: gnnscale needs train, val and test "
+                "masks; choose a dataset with a public split or add the masks to the Data object"
+            )
+    if int(data.train_mask.sum()) == 0:
+        raise ConfigError(
+            f"the training split of --data.dataset {dataset!r} is empty (after preprocessing); "
+            "check --data.preprocess.largest_component and the split fractions"
+        )
+    if data.y is None or data.y.dim() != 1 or data.y.is_floating_point():
+        raise ConfigError(
+            f"--data.dataset {dataset!r} needs one integer class id per node in y (got shape "
+            f"{None if data.y is None else tuple(data.y.shape)}); convert one-hot labels with "
+            "y.argmax(-1)"
+        )
+    if data.x is not None and data.x.is_floating_point():
+        bad = int((~torch.isfinite(data.x)).any(-1).sum()) if data.x.dim() > 1 else 0
+        if bad:
+            raise ConfigError(
+                f"--data.dataset {dataset!r}: {bad} node(s) have NaN or infinite features; "
+                "fix or drop them (or impute) before training"
+            )
+    for key, name in (("val_mask", "validation"), ("test_mask", "test")):
+        if not bool(data[key].any()):
+            raise ConfigError(
+                f"the {name} split of --data.dataset {dataset!r} is empty: gnnscale validates and "
+                "tests on it (for a generated graph, raise --data.synthetic.val_fraction, or "
+                "lower train_fraction + val_fraction below 1)"
+            )
+    labelled = data.train_mask | data.val_mask | data.test_mask
+    y = data.y[labelled]
+    if int(y.min()) < 0:
+        raise ConfigError(
+            f"labels out of range in --data.dataset {dataset!r}: found {int(y.min())} among "
+            "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
+        )
+    num_classes, present = int(y.max()) + 1, int(torch.unique(y).numel())
+    if present < num_classes / 2:
+        raise ConfigError(
+            f"labels of --data.dataset {dataset!r} are not 0..num_classes-1: the largest is "
+            f"{num_classes - 1} but only {present} distinct classes occur, so the model would "
+            f"have {num_classes} outputs; remap them (torch.unique(y, return_inverse=True))"
+        )
+    return num_classes

@@ -1,0 +1,24 @@
+"""LightningModules on PyG's layers, by task.
+
+- ``node``: GraphSAGE and GATv2 node classifiers (``NodeClassifier``, their shared base);
+  ``embedding``: GraphSAGE over a learned embedding per node; ``inference``: exact layer-wise
+  inference; ``fast``: the CPU fast paths the node models call, isolated.
+- ``hetero``: heterogeneous encoders and HeteroSAGE; ``link``: link prediction;
+  ``graph``: graph-level regression and classification (GINE).
+"""
+
+from gnnscale.models.embedding import EmbeddingSAGE
+from gnnscale.models.graph import GraphGINE
+from gnnscale.models.hetero import HeteroSAGE
+from gnnscale.models.link import LinkPredictor
+from gnnscale.models.node import GATv2, GraphSAGE, NodeClassifier
+
+__all__ = [
+    "EmbeddingSAGE",
+    "GATv2",
+    "GraphGINE",
+    "GraphSAGE",
+    "HeteroSAGE",
+    "LinkPredictor",
+    "NodeClassifier",
+]

@@ -1,0 +1,409 @@
+"""The fast paths the node models call, kept apart from the models (which read like PyG's).
+
+What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline.py``):
+
+- On neighbour batches each layer computes only the rows the next layer (or the loss) reads,
+  as GraphSAGE is defined (``conv((x, x[:num_targets]), edges)``): :func:`target_only`.
+- GraphSAGE aggregates with a sparse-dense product on a CSR adjacency the loader's worker
+  built (``gnnscale.data.layout.csr_layout``), not a scatter: neighbour, Cluster-GCN and SAINT
+  batches.
+- On neighbour batches GraphSAGE's first layer takes its aggregation of the raw features from
+  the loader's worker (``gnnscale.data.layout.aggregate_first_layer``): one matrix product in
+  the step.
+- GraphSAGE's sparse mean (or sum) takes its backward from the adjacency's transpose, which
+  the loader's worker sorts (``gnnscale.data.layout.csc_layout``), not torch's backward, which sorts
+  the edges again on every step: :class:`_SparseMean`.
+- :class:`Dropout` draws its CPU mask from 1, 8 or 16 random bits an element, in one pass with
+  the ReLU before it.
+- Cluster-GCN and GraphSAINT batches are padded to a few row counts (``bucket_rows``), each
+  norm taking its statistics from the real rows only: :func:`padded_forward`.
+- The targets' rows of a layer's input get their two gradients (as sources and as the root
+  term) added in place, not through a zero-filled slice gradient.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch_geometric import nn as pyg_nn
+
+from gnnscale.data.layout import csr_adjacency
+from gnnscale.errors import check_probabilities
+
+
+class Dropout(torch.nn.Module):
+    """``torch.nn.Dropout`` with a cheaper mask on the CPU; ``F.dropout`` elsewhere.
+
+    PyTorch's CPU dropout draws one Bernoulli variate per element (``bernoulli_``), which took
+    longer than the layer's matrix product. Here an element's mask comes from 1, 8 or 16 random
+    bits: for p = 0.5 one bit is the mask (``numpy.unpackbits``); else an element is kept when
+    8 bits (if ``(1 - p) * 2**8`` is a whole number) or 16 fall below
+    ``k = round((1 - p) * 2**bits)``. Kept values are scaled by ``2**bits / k``. The output is
+    unbiased exactly; the rate is ``p`` exactly with 1 or 8 bits and within ``2**-17`` of it
+    with 16. The comparison writes bytes (or the input's dtype) straight away: a boolean mask
+    multiplied into bfloat16 took longer than the multiply.
+
+    ``forward(x, relu=True)`` applies a ReLU in the same pass and saves only its output, which
+    the next layer saves anyway: ReLU's backward (``output > 0``) then also covers the mask.
+
+    Args:
+        p: Probability of zeroing an element.
+    """
+
+    def __init__(self, p: float = 0.5) -> None:
+        super().__init__()
+        check_probabilities(dropout=p)
+        self.p = p
+
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        """Zero elements of ``x`` (after a ReLU if ``relu``) at rate ``p``, scale the rest."""
+        bits = next(b for b in (1, 8, 16) if ((1 - self.p) * 2**b).is_integer() or b == 16)
+        keep = round((1 - self.p) * 2**bits)
+        if not self.training or keep == 2**bits:
+            return F.relu(x) if relu else x
+        if x.device.type != "cpu" or keep == 0:
+            return F.dropout(F.relu(x) if relu else x, self.p, training=True)
+        scale = 2**bits / keep
+        if relu:
+            return _ReluMaskedScale.apply(x, _keep_mask(x.shape, bits, keep, x.dtype), scale)
+        return _MaskedScale.apply(x, _keep_mask(x.shape, bits, keep, torch.uint8), scale)
+
+    def extra_repr(self) -> str:
+        """Shown in the model's printout."""
+        return f"p={self.p}"
+
+
+@torch.compiler.disable  # numpy's bits, not a graph to trace
+def _keep_mask(shape: torch.Size, bits: int, keep: int, dtype: torch.dtype) -> Tensor:
+    """1 where an element is kept, else 0, in ``dtype``: see :class:`Dropout`."""
+    numel = shape.numel()
+    words = _random_words((numel * bits + 63) // 64)
+    if bits == 1:  # each bit is an element's mask: 1/8 of the random words, no comparison
+        unpacked = np.unpackbits(words.numpy().view(np.uint8), count=numel)
+        return torch.from_numpy(unpacked).view(shape).to(dtype)
+    if bits == 8:
+        draws, below = words.view(torch.uint8), keep
+    else:  # torch compares int16, not uint16: shift the threshold
+        draws, below = words.view(torch.int16), keep - 2**15
+    return torch.lt(draws[:numel].view(shape), below, out=torch.empty(shape, dtype=dtype))
+
+
+def _random_words(count: int) -> Tensor:
+    """``count`` random 64-bit words from numpy's PCG64, seeded from torch's generator.
+
+    PCG64 drew them twice as fast as torch's CPU generator (``random_``) here; the seed comes
+    from torch, so ``seed_everything`` still decides every mask.
+    """
+    seed = int(torch.randint(2**62, ()).item())
+    return torch.from_numpy(np.random.PCG64(seed).random_raw(count).view(np.int64))
+
+
+class _MaskedScale(torch.autograd.Function):
+    """``x * mask * scale``, saving only the byte mask for backward (as ``F.dropout`` does)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, mask: Tensor, scale: float) -> Tensor:
+        ctx.save_for_backward(mask)
+        ctx.scale = scale
+        return (x * mask.to(x.dtype)).mul_(scale)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (mask,) = ctx.saved_tensors
+        return (grad * mask.to(grad.dtype)).mul_(ctx.scale), None, None
+
+
+class _ReluMaskedScale(torch.autograd.Function):
+    """``relu(x) * mask * scale``, saving only the output: its zeros are ReLU's and the mask's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, mask: Tensor, scale: float) -> Tensor:
+        out = torch.addcmul(x.new_zeros(()), torch.relu(x), mask, value=scale)  # one pass
+        ctx.save_for_backward(out)
+        ctx.scale = scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None]:
+        (out,) = ctx.saved_tensors
+        return torch.ops.aten.threshold_backward(grad, out, 0).mul_(ctx.scale), None, None
+
+
+def _round_up(count: int, multiple: int) -> int:
+    return -(-count // multiple) * multiple
+
+
+def _with_empty_rows(rowptr: Tensor, count: int) -> Tensor:
+    """A CSR row pointer with ``count`` rows without edges appended."""
+    return torch.cat([rowptr, rowptr[-1:].expand(count)])
+
+
+def pad_rows(x: Tensor, rowptr: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
+    """``x`` and its CSR row pointer with zero rows without edges, up to a multiple of rows.
+
+    Every layer of a subgraph batch then has a few row counts, so bf16 products on CPU reuse
+    a few oneDNN primitives instead of building one for every batch's node count. The added
+    rows read nothing and nothing reads them; their outputs are cut off.
+    """
+    extra = _round_up(x.size(0), multiple) - x.size(0)
+    if not extra:
+        return x, rowptr
+    return F.pad(x, (0, 0, 0, extra)), _with_empty_rows(rowptr, extra)
+
+
+class _SourcesAndTargets(torch.autograd.Function):
+    """``(x, x[:num_targets])`` whose backward adds the targets' gradient into the sources'.
+
+    Autograd's own slice would materialise a zero ``x``-sized gradient for ``x[:num_targets]``
+    and add it to the sources' gradient: two passes over the widest tensor of the backward.
+    The sources' gradient arrives fresh from the aggregation's backward (a sparse product or
+    scatter, which the conv alone reads), so it takes the targets' rows in place.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, num_targets: int) -> tuple[Tensor, Tensor]:
+        ctx.num_targets, ctx.like = num_targets, (x.shape, x.dtype, x.device)
+        return x.view_as(x), x[:num_targets]
+
+    @staticmethod
+    def backward(ctx: Any, grad_src: Tensor | None, grad_dst: Tensor | None) -> tuple[Any, None]:
+        if grad_src is None:
+            shape, dtype, device = ctx.like
+            grad_src = torch.zeros(shape, dtype=dtype, device=device)
+        if grad_dst is not None:
+            grad_src[: ctx.num_targets] += grad_dst
+        return grad_src, None
+
+
+def target_only(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    x: Tensor,
+    edge_index: Tensor,
+    num_sampled_nodes: list[int],
+    num_sampled_edges: list[int],
+    rowptr: Tensor | None = None,
+    bucket_rows: int = 0,
+    x_aggr: Tensor | None = None,
+    csc: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """``gnn``'s forward on a neighbour batch, each layer computing only what is read next.
+
+    Layer ``i`` of ``L`` reads the nodes of hops ``0..L-i`` and the edges into hops
+    ``0..L-i-1``, and outputs rows for hops ``0..L-i-1`` only (a bipartite conv, sources and
+    targets). The last layer outputs the seeds' rows. PyG's ``trim_to_layer`` drops rows only
+    after a layer computed them: on a [15, 10] batch of 1,024 seeds the first layer then
+    produced (and dropped out) 62,850 rows where the second reads 10,800.
+
+    Args:
+        gnn: A PyG ``BasicGNN`` whose convs accept ``(x_src, x_dst)`` pairs.
+        x: Node features, hop by hop (seeds first).
+        edge_index: Edges sorted by target (``gnnscale.data.layout.hop_layout``).
+        num_sampled_nodes: Nodes per hop, seeds first.
+        num_sampled_edges: Edges per hop.
+        rowptr: The CSR row pointer of ``edge_index``'s targets: given, layers aggregate with a
+            sparse-dense product, else with PyG's scatter over ``edge_index``.
+        bucket_rows: Round each hidden layer's rows up to a multiple of this (0: off), as rows
+            without edges whose outputs nothing reads: matrix products then see a few shapes,
+            and oneDNN (bf16 on CPU) reuses a primitive per shape instead of building one for
+            every batch.
+        x_aggr: The first layer's aggregated neighbour features, computed by the loader
+            (``gnnscale.data.layout.aggregate_first_layer``; ``gnn`` a GraphSAGE): ``x`` then holds
+            the first layer's targets only, and the layer is one matrix product.
+        csc: The transpose of ``edge_index``'s adjacency (``gnnscale.data.layout.csc_layout``): a
+            GraphSAGE layer that reads every edge of the batch takes its aggregation's backward
+            from it (:class:`_SparseMean`).
+    """
+    num_layers, xs = len(gnn.convs), []
+    for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
+        num_dst = sum(num_sampled_nodes[: num_layers - i])
+        num_edges = sum(num_sampled_edges[: num_layers - i])
+        layer_rowptr = None if rowptr is None else rowptr[: num_dst + 1]
+        aggregated = i == 0 and x_aggr is not None
+        if bucket_rows and i < num_layers - 1:  # the last layer's rows are the loss's seeds
+            padded = _round_up(num_dst, bucket_rows)
+            if not aggregated:  # rows of x past the targets, never beyond them
+                padded = min(padded, x.size(0))
+            if layer_rowptr is not None:  # the added rows have no edges
+                layer_rowptr = _with_empty_rows(layer_rowptr, padded - num_dst)
+            num_dst = padded
+        if aggregated:
+            assert x_aggr is not None
+            x = _sage_on_aggregated(conv, x_aggr, x, num_dst)
+        else:
+            pair = _SourcesAndTargets.apply(x, num_dst)
+            if layer_rowptr is None:
+                x = conv(pair, edge_index[:, :num_edges])
+            elif csc is not None and num_edges == edge_index.size(1) and _takes_csc(conv, x):
+                x = _sage_conv(conv, pair, layer_rowptr, edge_index[0], csc)
+            else:
+                x = conv(pair, csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges))
+        if i < num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
+            x = _between_layers(gnn, norm, x, x.size(0))
+            xs.append(x)
+    if hasattr(gnn, "jk"):  # PyG's "last" needs none
+        x = gnn.jk(xs)
+    return gnn.lin(x) if hasattr(gnn, "lin") else x
+
+
+def _between_layers(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, norm: torch.nn.Module, x: Tensor, num_rows: int
+) -> Tensor:
+    """Activation, norm and dropout after a hidden layer, as ``BasicGNN.forward``.
+
+    A norm sees only the first ``num_rows`` rows (the rest are padding, left as they are):
+    its batch statistics and running averages are those of the real rows. ReLU then
+    gnnscale's Dropout with no norm between them run in one pass (see Dropout's forward).
+    """
+    no_norm = isinstance(norm, torch.nn.Identity)
+    if no_norm and isinstance(gnn.act, torch.nn.ReLU) and isinstance(gnn.dropout, Dropout):
+        return gnn.dropout(x, relu=True)
+    if gnn.act is not None and gnn.act_first:
+        x = gnn.act(x)
+    if not no_norm:
+        padding = x.size(0) - num_rows
+        x = F.pad(norm(x[:num_rows]), (0, 0, 0, padding)) if padding else norm(x)
+    if gnn.act is not None and not gnn.act_first:
+        x = gnn.act(x)
+    return gnn.dropout(x)
+
+
+def padded_forward(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    x: Tensor,
+    adj: Any,
+    num_rows: int,
+    csc: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
+) -> Tensor:
+    """``gnn``'s forward on a subgraph whose rows past ``num_rows`` are padding.
+
+    The padded rows have no edges, so no real row reads them; each norm sees only the real
+    rows (:func:`_between_layers`). Cluster-GCN and GraphSAINT batches are padded to a few row
+    counts so that bf16 products on CPU reuse their oneDNN primitives (``bucket_rows``).
+    Given ``csc`` (``rowptr``, ``col``, and the transpose's ``colptr``, ``csc_row``), GraphSAGE
+    layers take their aggregation's backward from the transpose (:class:`_SparseMean`).
+    """
+    xs = []
+    for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
+        if csc is not None and _takes_csc(conv, x):
+            x = _sage_conv(conv, (x, x), csc[0], csc[1], csc[2:])
+        else:
+            x = conv(x, adj)
+        if i < gnn.num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
+            x = _between_layers(gnn, norm, x, num_rows)
+            xs.append(x)
+    if hasattr(gnn, "jk"):  # PyG's "last" needs none
+        x = gnn.jk(xs)
+    return gnn.lin(x) if hasattr(gnn, "lin") else x
+
+
+def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tensor:
+    """A ``SAGEConv`` given its aggregate: ``lin_l(x_aggr) + lin_r(x)`` as one matrix product.
+
+    The two inputs go side by side into one buffer of ``rows`` rows (rows past ``x``'s are
+    zeros, as :func:`pad_rows`), in the product's dtype (bfloat16 under autocast: the copy is
+    the cast autocast would make), against the two weights side by side.
+    """
+    device = x.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    width = x_aggr.size(1)
+    inputs = torch.empty((rows, width + x.size(1)), dtype=dtype, device=x.device)
+    inputs[: x.size(0), :width] = x_aggr
+    inputs[: x.size(0), width:] = x
+    inputs[x.size(0) :] = 0
+    weight = torch.cat([conv.lin_l.weight, conv.lin_r.weight], dim=1)
+    out = F.linear(inputs, weight, conv.lin_l.bias)
+    _call_forward_hooks(conv, (x_aggr, x), out[: x.size(0)])
+    return out
+
+
+def _takes_csc(conv: Any, x: Tensor) -> bool:
+    """Whether :func:`_sage_conv` computes ``conv``: a CPU ``SAGEConv`` with mean or sum.
+
+    Measured on CPUs only; on GPUs PyG's path runs.
+    """
+    return (
+        x.device.type == "cpu"
+        and isinstance(conv, pyg_nn.SAGEConv)
+        and conv.aggr in ("mean", "sum")
+        and not conv.project
+    )
+
+
+def _sage_conv(
+    conv: Any, x: tuple[Tensor, Tensor], rowptr: Tensor, col: Tensor, csc: tuple[Tensor, Tensor]
+) -> Tensor:
+    """``conv(x, adj)`` for a ``SAGEConv``, as PyG computes it, with :class:`_SparseMean`.
+
+    The aggregation's backward multiplies by the batch's transposed adjacency ``csc``.
+    ``rowptr`` and ``col`` are the adjacency's CSR, every edge of the batch (``col``: the
+    sources); rows of ``x[0]`` past ``colptr``'s are padding, without edges.
+    """
+    colptr, csc_row = csc
+    src, dst = x
+    extra = src.size(0) + 1 - colptr.numel()  # padded source rows have no edges
+    if extra:
+        colptr = _with_empty_rows(colptr, extra)
+    aggr = _SparseMean.apply(src, rowptr, col, colptr, csc_row, conv.aggr)
+    out = conv.lin_l(aggr)
+    if conv.root_weight:
+        out = out + conv.lin_r(dst)
+    if conv.normalize:
+        out = F.normalize(out, p=2.0, dim=-1)
+    _call_forward_hooks(conv, (x, None), out)
+    return out
+
+
+class _SparseMean(torch.autograd.Function):
+    """Each target's mean (or sum) of its sources' rows: ``torch.sparse.mm`` on the batch's CSR.
+
+    Forward as PyG's ``spmm``. The backward multiplies the output's gradient (divided by each
+    target's degree, for the mean) by the transposed adjacency (``colptr``, ``csc_row``) that the
+    loader's worker built (``gnnscale.data.layout.csc_layout``); torch's own backward of the product
+    sorts the edges by source again on every step (README's ``roofline`` block times the step
+    both ways).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any,
+        x: Tensor,
+        rowptr: Tensor,
+        col: Tensor,
+        colptr: Tensor,
+        csc_row: Tensor,
+        reduce: str,
+    ) -> Tensor:
+        ones = torch.ones(col.numel(), dtype=x.dtype, device=x.device)
+        adj = torch.sparse_csr_tensor(rowptr, col, ones, size=(rowptr.numel() - 1, x.size(0)))
+        ctx.save_for_backward(rowptr, colptr, csc_row)
+        ctx.reduce = reduce
+        return torch.sparse.mm(adj, x, reduce)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None, None]:
+        if not ctx.needs_input_grad[0]:
+            return None, None, None, None, None, None
+        rowptr, colptr, csc_row = ctx.saved_tensors
+        if ctx.reduce == "mean":
+            grad = grad / rowptr.diff().clamp(min=1).unsqueeze(1)
+        ones = torch.ones(csc_row.numel(), dtype=grad.dtype, device=grad.device)
+        size = (colptr.numel() - 1, rowptr.numel() - 1)
+        adj_t = torch.sparse_csr_tensor(colptr, csc_row, ones, size=size)
+        return torch.sparse.mm(adj_t, grad.contiguous(), "sum"), None, None, None, None, None
+
+
+def _call_forward_hooks(module: torch.nn.Module, args: tuple, out: Tensor) -> None:
+    """Show ``module``'s forward hooks an output computed without calling it.
+
+    Monitoring (``gnnscale.MonitorCallback``) and explanation tools hook the convs; their
+    hooks see the layer's output rows as if the conv had run (what they return is ignored).
+    """
+    for key, hook in module._forward_hooks.items():
+        if key in module._forward_hooks_with_kwargs:
+            hook(module, args, {}, out)
+        else:
+            hook(module, args, out)

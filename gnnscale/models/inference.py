@@ -1,0 +1,63 @@
+"""Exact layer-wise inference over the whole graph, one layer at a time (PyG's ``inference``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch_geometric import nn as pyg_nn
+
+from gnnscale.measure import trim_heap
+
+
+@torch.no_grad()
+def layerwise_inference(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, loader: Any, device: torch.device | None = None
+) -> Tensor:
+    """Every node's output, one layer at a time over the whole graph (PyG's ``inference``).
+
+    ``loader`` yields every node's full one-hop neighbourhood, seeds first. As PyG's
+    ``BasicGNN.inference``, but each layer computes only the batch's seeds (``conv((x,
+    x[:seeds]), edges)``, as :func:`target_only`; PyG's computes every node of the batch and keeps
+    the seeds) and writes them into one tensor for the layer; PyG's keeps a list of the batches'
+    outputs and concatenates it, so two copies of the layer's output at the end and the heap
+    cut into batch-sized blocks meanwhile. After each batch the heap's free pages go back to
+    the system (:func:`gnnscale.measure.trim_heap`): batches of varying size would otherwise
+    grow it above what the speed-first allocator setting keeps for training.
+    """
+    x_all = loader.data.x
+    for i in range(gnn.num_layers):
+        out: Tensor | None = None
+        for batch in loader:
+            x = x_all[batch.n_id].to(device)
+            h = seeds_layer(gnn, i, x, batch.edge_index.to(device), batch.batch_size)
+            if out is None:
+                out = torch.empty(x_all.size(0), h.size(-1), dtype=h.dtype)
+            out[batch.n_id[: batch.batch_size]] = h.to(out.device)
+            del x, h
+            trim_heap()  # the batch's blocks back to the system, not cut into the heap
+        assert out is not None, "the loader yielded no batch"
+        x_all = out
+    return x_all
+
+
+def seeds_layer(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, i: int, x: Tensor, edge_index: Tensor, num_seeds: int
+) -> Tensor:
+    """Layer ``i`` of ``gnn`` on a one-hop batch, for its first ``num_seeds`` nodes only.
+
+    PyG's ``BasicGNN.inference_per_layer``, with a bipartite conv instead of a slice after it.
+    """
+    h = gnn.convs[i]((x, x[:num_seeds]), edge_index)
+    last = gnn.num_layers - 1
+    if i < last or gnn.jk_mode is not None:
+        if gnn.act is not None and gnn.act_first:
+            h = gnn.act(h)
+        if gnn.norms is not None:
+            h = gnn.norms[i](h)
+        if gnn.act is not None and not gnn.act_first:
+            h = gnn.act(h)
+        if i == last and hasattr(gnn, "lin"):
+            h = gnn.lin(h)
+    return h

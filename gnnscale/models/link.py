@@ -1,0 +1,191 @@
+"""``LinkPredictor``: GraphSAGE over any node and edge types, scoring pairs by dot product.
+
+Node types with features enter through a linear layer; featureless ones (users, categories)
+through a learned embedding table, sparse and optionally in host memory as in
+``EmbeddingSAGE``. The encoder is one GraphSAGE stack made heterogeneous by PyG's
+``to_hetero`` (one ``SAGEConv`` per edge type and layer, summed per node type). It builds
+itself from ``LinkDataModule``'s node and edge types in ``setup`` and saves them in its
+hyperparameters, so checkpoints reload without the data.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, cast
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import OptimizerCallable
+from torch import Tensor, nn
+from torch_geometric.data import HeteroData
+from torch_geometric.metrics import LinkPredMRR, LinkPredRecall
+from torchmetrics import Metric
+from torchmetrics.classification import BinaryAUROC
+
+from gnnscale.batch import LinkEval
+from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
+from gnnscale.models.hetero import HeteroGNN
+
+
+class LinkPredictor(HeteroGNN):
+    """Link prediction on ``LinkDataModule`` batches: embeddings, dot-product scores, BCE.
+
+    Args:
+        hidden_channels: Width of the embeddings and of every layer.
+        num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
+        dropout: Dropout between layers.
+        sparse: Sparse gradients for the featureless types' tables (only looked-up rows);
+            they then get ``embedding_optimizer`` (``SparseAdam``).
+        embedding_device: ``cpu`` keeps the tables and their optimizer state in host memory;
+            ``model``: they live with the GNN.
+        accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
+            ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
+        optimizer: Optimizer of the dense weights.
+        embedding_optimizer: Optimizer of the sparse tables.
+        graph: Node and edge types, sizes and target; ``None`` takes them from the DataModule
+            (saved in checkpoints, so they reload without the data).
+    """
+
+    def __init__(
+        self,
+        hidden_channels: int = 64,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+        sparse: bool = True,
+        embedding_device: Literal["model", "cpu"] = "model",
+        accumulate_grad_batches: int = 1,
+        optimizer: OptimizerCallable = torch.optim.Adam,
+        embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        graph: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__()
+        check_probabilities(dropout=dropout)
+        if num_layers < 1 or hidden_channels < 1 or accumulate_grad_batches < 1:
+            raise ConfigError(
+                "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "
+                f"must be >= 1 (got {num_layers}, {hidden_channels}, {accumulate_grad_batches})"
+            )
+        self.save_hyperparameters(ignore=["optimizer", "embedding_optimizer"])
+        self.automatic_optimization = False  # up to two optimizers: Lightning steps neither
+        self.num_layers = num_layers
+        self.optimizer, self.embedding_optimizer = optimizer, embedding_optimizer
+        self.encoder: nn.Module | None = None
+        if graph is not None:
+            self._build(graph)
+
+    def _build(self, graph: dict[str, Any]) -> None:
+        """Input layers per node type, the heterogeneous encoder, the ranking metrics."""
+        self._build_encoder(graph)
+        self.target = tuple(graph["target"])
+        self.hparams["graph"] = graph
+        k = graph["k"]
+        self.metrics = nn.ModuleDict(
+            {
+                f"{stage}_{name}": metric
+                for stage in ("val", "test")
+                for name, metric in (
+                    ("recall", LinkPredRecall(k)),
+                    ("mrr", LinkPredMRR(k)),
+                    ("popularity", LinkPredRecall(k)),
+                    ("auc", BinaryAUROC()),
+                )
+            }
+        )
+
+    def setup(self, stage: str) -> None:
+        """Build from the DataModule's types and sizes (unless a checkpoint gave them)."""
+        if self.encoder is not None:
+            return
+        dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
+        node_types, edge_types = dm.metadata
+        self._build(
+            {
+                "node_types": node_types,
+                "edge_types": [list(e) for e in edge_types],
+                "num_features": dm.feature_dims,
+                "num_nodes": dm.num_nodes,
+                "target": list(dm.target),
+                "k": dm.eval.k,
+            }
+        )
+
+    def forward(self, batch: HeteroData) -> dict[str, Tensor]:
+        """Embeddings of every node of the (sub)graph, per node type."""
+        return self._encode(batch)
+
+    def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
+        src, _, dst = self.target
+        return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1) * self.hparams[
+            "hidden_channels"
+        ] ** -0.5
+
+    def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
+        """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
+        store = batch[self.target]
+        h = self(batch)
+        score = self._score(h, store.edge_label_index).float()
+        loss = (
+            F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
+            * store.loss_weight
+        ).sum()
+        loss = loss + self._unused(h, (self.target[0], self.target[2]))  # categories: DDP
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"the training loss is {loss.item()} at step {self.global_step}: the run "
+                "stopped; lower the learning rate (--model.optimizer)"
+            )
+        self._backward_and_step(loss, batch_idx)
+        self.log(
+            "train/loss", loss, prog_bar=True, on_epoch=True, batch_size=store.edge_label.numel()
+        )
+        return loss
+
+    @torch.no_grad()
+    def embed_all(self, evaluation: LinkEval) -> dict[str, Tensor]:
+        """Every node's embedding of the target's two types, one sampled batch at a time."""
+        out = {}
+        for t, loader in evaluation.loaders.items():
+            h = torch.empty(evaluation.graph[t].num_nodes, self.hparams["hidden_channels"])
+            for batch in loader:
+                batch = batch.to(self.device)
+                size = batch[t].batch_size
+                h[batch[t].n_id[:size].cpu()] = self(batch)[t][:size].float().cpu()
+            out[t] = h
+        return out
+
+    def _evaluate(self, evaluation: LinkEval, stage: str) -> None:
+        h = self.embed_all(evaluation)
+        src, _, dst = self.target
+        k, suffix = evaluation.k, evaluation.suffix
+
+        def scores(sources: Tensor, dsts: Tensor) -> Tensor:
+            return h[src][sources] @ h[dst][dsts].T
+
+        def popular(sources: Tensor, dsts: Tensor) -> Tensor:
+            return evaluation.popularity[dsts].expand(sources.numel(), -1).clone()
+
+        top, truth = evaluation.rank(scores)
+        num_sources = top.size(0)
+        for name, ranked in (
+            ("recall", top),
+            ("mrr", top),
+            ("popularity", evaluation.rank(popular)[0]),
+        ):
+            metric = cast(Metric, self.metrics[f"{stage}_{name}"])
+            metric.update(ranked, truth)
+            label = (
+                f"{stage}/recall@{k}{suffix}_popularity"
+                if name == "popularity"
+                else f"{stage}/{name}@{k}{suffix}"
+            )
+            self.log(label, metric, batch_size=num_sources, prog_bar=name == "recall")
+        auc = cast(Metric, self.metrics[f"{stage}_auc"])
+        auc.update(self._score(h, evaluation.label_index), evaluation.label.long())
+        self.log(f"{stage}/auc", auc, batch_size=evaluation.label.numel())
+
+    def validation_step(self, batch: LinkEval, batch_idx: int) -> None:
+        """Recall@k, MRR@k and AUC on validation edges, and the popularity baseline's recall."""
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: LinkEval, batch_idx: int) -> None:
+        """Recall@k, MRR@k and AUC on test edges, and the popularity baseline's recall."""
+        self._evaluate(batch, "test")

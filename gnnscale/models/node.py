@@ -1,0 +1,350 @@
+"""GraphSAGE and GATv2 node classifiers as LightningModules, on PyG's own layers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+from torch_geometric import nn as pyg_nn
+from torch_geometric.data import Data
+from torchmetrics.classification import MulticlassAccuracy
+
+from gnnscale.batch import LayerwiseBatch
+from gnnscale.data.layout import csr_adjacency
+from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
+from gnnscale.models.fast import Dropout, pad_rows, padded_forward, target_only
+from gnnscale.models.inference import layerwise_inference
+
+_ADAM_LR = 0.005
+_ADAM_WEIGHT_DECAY = 5e-4
+
+
+def hops(
+    batch: Data,
+) -> tuple[
+    list[int] | None, list[int] | None, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None
+]:
+    """A batch's layout, first-layer aggregate and transposed adjacency (``gnnscale.data``)."""
+    csc = (batch.colptr, batch.csc_row) if "colptr" in batch else None
+    return (
+        batch.get("num_sampled_nodes"),
+        batch.get("num_sampled_edges"),
+        batch.get("rowptr"),
+        batch.get("x_aggr"),
+        csc,
+    )
+
+
+class NodeClassifier(L.LightningModule):
+    """Training, evaluation and optimisation shared by the gnnscale models.
+
+    Subclass it for a model of your own (set ``self.gnn`` to a PyG ``BasicGNN``, or override
+    ``forward``); ``gnnscale fit`` accepts any subclass as ``model.class_path``.
+    """
+
+    gnn: pyg_nn.models.basic_gnn.BasicGNN
+
+    def __init__(
+        self,
+        num_classes: int,
+        num_layers: int,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__()
+        if num_layers < 1:
+            raise ConfigError(f"--model.num_layers must be >= 1 (got {num_layers})")
+        self.num_layers = num_layers
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        # torchmetrics accumulates correct/total counts, so DDP reduces counts, not ratios.
+        self.val_acc = MulticlassAccuracy(num_classes, average="micro")
+        self.test_acc = MulticlassAccuracy(num_classes, average="micro")
+
+    # Set by the models whose layers take (source, target) pairs; see :func:`target_only`.
+    target_only_layers = False
+    sparse_aggregation = False
+    bucket_rows = 0  # see target_only
+    # The first layer's neighbour reduction, if the loader may compute it on the raw features
+    # (gnnscale.data.layout.aggregate_first_layer); None: the model aggregates every layer itself.
+    first_layer_aggr: str | None = None
+    # Whether training batches should carry their adjacency's transpose
+    # (gnnscale.data.layout.csc_layout), from which the sparse aggregation takes its backward.
+    csc_backward = False
+
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        num_sampled_nodes: list[int] | None = None,
+        num_sampled_edges: list[int] | None = None,
+        rowptr: Tensor | None = None,
+        x_aggr: Tensor | None = None,
+        csc: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
+
+        Given ``rowptr`` (``gnnscale.data.layout.csr_layout``: edges sorted by target), a model with
+        ``sparse_aggregation`` aggregates with a sparse-dense product.
+
+        Given a neighbour batch's layout (``gnnscale.data.layout.hop_layout``), each layer computes
+        only the rows the next one reads (:func:`target_only`) and the logits cover the
+        seeds. Models without ``target_only_layers`` (and any with a ``norm``, whose statistics
+        span a layer's rows) drop unread rows after each layer instead, with PyG's
+        ``trim_to_layer``: logits for the seeds and their first hop, seeds first. Features are
+        cast to the parameters' dtype (float32 under mixed precision; bfloat16, float16 or
+        float64 under ``*-true``).
+
+        Given ``x_aggr`` too (``gnnscale.data.layout.aggregate_first_layer``, for a model with
+        ``first_layer_aggr``), the first layer takes its aggregation from the loader and ``x``
+        holds its targets only. Given ``csc`` too (``gnnscale.data.layout.csc_layout``, for a model
+        with ``csc_backward``), the sparse aggregation's backward multiplies by it.
+        """
+        if x_aggr is not None and self.first_layer_aggr is None:
+            raise ValueError(
+                f"{type(self).__name__} computes its first layer's aggregation itself: give "
+                "it batches without x_aggr (gnnscale.data.layout.hop_layout, first_layer_aggr=None)"
+            )
+        x = x.to(self.dtype)
+        if num_sampled_nodes is None or num_sampled_edges is None:  # every node is computed
+            if rowptr is not None and self.sparse_aggregation:  # a Cluster-GCN or SAINT batch
+                num_nodes = x.size(0)
+                if self.bucket_rows:
+                    x, rowptr = pad_rows(x, rowptr, self.bucket_rows)
+                adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
+                layout = None if csc is None else (rowptr, edge_index[0], *csc)
+                return padded_forward(self.gnn, x, adj, num_nodes, layout)[:num_nodes]
+            return self.gnn(x, edge_index)
+        if not self.target_only_layers:
+            return self.gnn(
+                x,
+                edge_index,
+                num_sampled_nodes_per_hop=num_sampled_nodes,
+                num_sampled_edges_per_hop=num_sampled_edges,
+            )
+        if x_aggr is not None:
+            x_aggr = x_aggr.to(self.dtype)
+        if not self.sparse_aggregation:
+            rowptr = None
+        return target_only(
+            self.gnn,
+            x,
+            edge_index,
+            num_sampled_nodes,
+            num_sampled_edges,
+            rowptr,
+            self.bucket_rows,
+            x_aggr,
+            csc,
+        )
+
+    def training_step(self, batch: Data, batch_idx: int) -> Tensor:
+        """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
+        out = self(batch.x, batch.edge_index, *hops(batch))
+        y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
+        # Nodes outside every split may be unlabelled (y = -1): they weigh 0 and are ignored.
+        loss = (F.cross_entropy(out.float(), y, reduction="none", ignore_index=-1) * weight).sum()
+        if not torch.isfinite(loss):
+            raise TrainingDiverged(
+                f"the training loss is {loss.item()} at step {self.global_step} (epoch "
+                f"{self.current_epoch}, batch {batch_idx}): the run stopped. Likely causes: a "
+                "learning rate too high for the optimizer (--model.optimizer), or NaN/inf in the "
+                "inputs; fp16 without loss scaling can overflow too"
+            )
+        self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
+        return loss
+
+    def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
+        if isinstance(batch, LayerwiseBatch):
+            out = layerwise_inference(self.gnn, batch.loader, self.device)
+            y = batch.y
+            if batch.mask is not None:
+                out, y = out[batch.mask], y[batch.mask]
+            return out.to(self.device), y.to(self.device)
+        out, y = self(batch.x, batch.edge_index, *hops(batch)), batch.y
+        if "batch_size" in batch:  # sampled: the evaluated seed nodes come first
+            return out[: batch.batch_size], y[: batch.batch_size]
+        mask = batch.get("eval_mask")  # the whole graph
+        return (out, y) if mask is None else (out[mask], y[mask])
+
+    def validation_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> None:
+        """Accuracy on validation nodes."""
+        out, y = self._logits(batch)
+        self.val_acc(out, y)
+        self.log("val/loss", F.cross_entropy(out.float(), y), batch_size=y.numel())
+        self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.numel())
+
+    def test_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> None:
+        """Accuracy on test nodes."""
+        out, y = self._logits(batch)
+        self.test_acc(out, y)
+        self.log("test/acc", self.test_acc, batch_size=y.numel())
+
+    def predict_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> Tensor:
+        """Predicted class of each node (in node order for layer-wise evaluation)."""
+        return self._logits(batch)[0].argmax(-1)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Flush the loggers: what was logged before a checkpoint is on disk beside it."""
+        for logger in self.loggers:
+            logger.save()
+
+    def configure_optimizers(self) -> Any:
+        """The optimizer (and schedule) chosen in the config; none: Adam, as the GAT paper.
+
+        The default Adam is fused: one kernel updates every parameter (0.5-0.8 ms less per
+        neighbour step on this project's CPU machine).
+        """
+        if self.optimizer is None:
+            optimizer: torch.optim.Optimizer = torch.optim.Adam(
+                self.parameters(), lr=_ADAM_LR, weight_decay=_ADAM_WEIGHT_DECAY, fused=True
+            )
+        else:
+            optimizer = self.optimizer(self.parameters())
+        if self.lr_scheduler is None:
+            return optimizer
+        scheduler = self.lr_scheduler(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "monitor": "val/acc"},
+        }
+
+
+class GraphSAGE(NodeClassifier):
+    """GraphSAGE (Hamilton et al., 2017) on PyG's ``SAGEConv``.
+
+    Args:
+        in_channels: Node feature dimension (linked from the DataModule).
+        num_classes: Number of classes (linked from the DataModule).
+        hidden_channels: Width of the hidden layers.
+        num_layers: Message-passing layers; neighbour sampling needs one fan-out per layer.
+        dropout: Dropout probability between layers.
+        norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
+        aggr: Neighbourhood aggregation: ``mean``, ``max``, ``sum``.
+        sparse_aggregation: Aggregate neighbour batches with a sparse-dense product on the CSR
+            adjacency the loader built (torch-sparse's ``SparseTensor``, else ``torch.sparse``)
+            instead of PyG's scatter; ``aggr`` other than mean/max/min/sum always scatters.
+        bucket_rows: On neighbour batches, round each hidden layer's rows up to a multiple of
+            this (0: off; see :func:`target_only`); on Cluster-GCN and GraphSAINT batches,
+            the batch's rows (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16
+            products on CPU then reuse a few oneDNN primitives instead of building one a batch
+            (README's ``roofline`` block: the default step against rows as sampled); on GPUs
+            the added rows cost next to nothing.
+        aggregate_in_loader: Let neighbour batches' workers aggregate the first layer's raw
+            features (the same sparse product, which has no parameters): the training step
+            then runs that layer as one matrix product on its targets' rows, and only those
+            travel to the model (``gnnscale.data.layout.aggregate_first_layer``). Needs
+            ``sparse_aggregation`` and no ``norm``; evaluation batches get it too.
+        optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
+            ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
+        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        hidden_channels: int = 256,
+        num_layers: int = 2,
+        dropout: float = 0.5,
+        norm: str | None = None,
+        aggr: str = "mean",
+        sparse_aggregation: bool = True,
+        bucket_rows: int = 1024,
+        aggregate_in_loader: bool = True,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
+        check_probabilities(dropout=dropout)
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.gnn = pyg_nn.GraphSAGE(
+            in_channels,
+            hidden_channels,
+            num_layers,
+            out_channels=num_classes,
+            dropout=dropout,
+            norm=norm,
+            aggr=aggr,
+        )
+        self.gnn.dropout = Dropout(dropout)
+        self.target_only_layers = norm is None
+        self.sparse_aggregation = sparse_aggregation and aggr in {"mean", "max", "min", "sum"}
+        if bucket_rows < 0:
+            raise ConfigError(f"--model.bucket_rows must be >= 0 (got {bucket_rows})")
+        self.bucket_rows = bucket_rows
+        if aggregate_in_loader and self.target_only_layers and self.sparse_aggregation:
+            self.first_layer_aggr = aggr
+        self.csc_backward = self.sparse_aggregation and aggr in ("mean", "sum")
+
+
+class GATv2(NodeClassifier):
+    """GATv2 (Brody et al., 2022) on PyG's edge-wise ``GATv2Conv``: memory O(E), not O(N^2).
+
+    Args:
+        in_channels: Node feature dimension (linked from the DataModule).
+        num_classes: Number of classes (linked from the DataModule).
+        hidden_channels: Width of the hidden layers, all heads together (must divide by heads).
+        num_layers: Attention layers; neighbour sampling needs one fan-out per layer.
+        heads: Attention heads per hidden layer (concatenated).
+        out_heads: Heads of the output attention layer, averaged; each costs E x num_classes
+            activations, so fewer heads here is the cheapest memory cut with many classes.
+        linear_head: End with a linear classifier on the last attention layer's output instead
+            of an attention layer into ``num_classes`` (``num_layers`` attention layers remain).
+        dropout: Dropout probability on each layer's input features.
+        attention_dropout: Dropout probability on attention coefficients. The GAT paper uses
+            0.6 on Cora (``recipes/planetoid`` does); with neighbour sampling, which already
+            drops edges, it stopped GATv2 training on the recipes' graphs, hence 0 by default.
+        norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
+        optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
+            ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
+        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
+    """
+
+    def __init__(
+        self,
+        in_channels: int,
+        num_classes: int,
+        hidden_channels: int = 64,
+        num_layers: int = 2,
+        heads: int = 8,
+        out_heads: int = 1,
+        linear_head: bool = False,
+        dropout: float = 0.6,
+        attention_dropout: float = 0.0,
+        norm: str | None = None,
+        optimizer: OptimizerCallable | None = None,
+        lr_scheduler: LRSchedulerCallable | None = None,
+    ) -> None:
+        super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
+        check_probabilities(dropout=dropout, attention_dropout=attention_dropout)
+        if hidden_channels % heads:
+            raise ConfigError(
+                f"--model.hidden_channels ({hidden_channels}) must be divisible by "
+                f"--model.heads ({heads})"
+            )
+        self.save_hyperparameters(ignore=["optimizer", "lr_scheduler"])
+        self.gnn = pyg_nn.GAT(
+            in_channels,
+            hidden_channels,
+            num_layers,
+            out_channels=num_classes,
+            dropout=dropout,
+            norm=norm,
+            jk="last" if linear_head else None,  # PyG then adds a Linear after the convs
+            v2=True,
+            heads=heads,
+        )
+        if not linear_head and out_heads != heads:
+            last = self.gnn.convs[-1]
+            self.gnn.convs[-1] = pyg_nn.GATv2Conv(
+                last.in_channels, num_classes, heads=out_heads, concat=False
+            )
+        for conv in self.gnn.convs:  # PyG's GAT gives every conv the feature dropout
+            conv.dropout = attention_dropout
+        self.gnn.dropout = Dropout(dropout)
+        self.target_only_layers = norm is None
