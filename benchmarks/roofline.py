@@ -46,6 +46,8 @@ from blocks import Block
 from registry import REPO, recipe
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from gnnscale.batch import BatchRequest, HopLayout
+
 SAMPLERS = {"neighbor_sage": "neighbour", "cluster_gcn": "Cluster-GCN", "graphsaint": "GraphSAINT"}
 GEMMS = {"mm", "addmm", "bmm"}
 TINY = [
@@ -114,15 +116,15 @@ def _batches(dm: Any, count: int) -> list[Any]:
 
     That work (first layer aggregated, transposed adjacency) is added by :func:`_worker`.
     """
-    saved = dm._first_layer_aggr, dm._csc_backward
-    dm._first_layer_aggr, dm._csc_backward = None, False
+    saved = dm.request
+    dm.request = BatchRequest(saved.num_layers)  # batches as sampled
     batches = []
     for batch in dm.train_dataloader():
         batch.loss_weight, batch.num_loss_nodes = dm._loss_weight(batch)
         batches.append(batch)
         if len(batches) == count:
             break
-    dm._first_layer_aggr, dm._csc_backward = saved
+    dm.request = saved
     return batches
 
 
@@ -228,8 +230,8 @@ def _pyg_trim_forward(model: Any) -> Callable:
             return gnn(
                 batch.x.float(),
                 batch.edge_index,
-                num_sampled_nodes_per_hop=batch.num_sampled_nodes,
-                num_sampled_edges_per_hop=batch.num_sampled_edges,
+                num_sampled_nodes_per_hop=batch.layout.num_sampled_nodes,
+                num_sampled_edges_per_hop=batch.layout.num_sampled_edges,
             )
         finally:
             gnn.dropout = saved
@@ -240,18 +242,17 @@ def _pyg_trim_forward(model: Any) -> Callable:
 def measure(name: str, tiny: bool) -> dict[str, Any]:
     """Every figure of one recipe's step."""
     from gnnscale.data.layout import aggregate_first_layer, csc_layout
-    from gnnscale.models.node import hops
 
     model, dm, precision = _build(name, tiny)
     batches = _batches(dm, 2 if tiny else 8)  # as sampled: every variant's input
     aggregated = batches
     aggregate_ms = transpose_ms = None
     # The neighbour loader aggregates GraphSAGE's first layer (subgraph batches have no hops).
-    if dm._first_layer_aggr is not None and "num_sampled_nodes" in batches[0]:
-        aggr = dm._first_layer_aggr
+    aggr = dm.request.first_layer_aggr
+    if aggr is not None and isinstance(batches[0].layout, HopLayout):
         aggregated, aggregate_ms = _worker(batches, lambda b: aggregate_first_layer(b, aggr))
     default = aggregated  # the batches the default model gets
-    if dm._csc_backward:  # the transpose of what is left, for the aggregation's backward
+    if dm.request.csc:  # the transpose of what is left, for the aggregation's backward
         default, transpose_ms = _worker(aggregated, csc_layout)
     passes, repeats = (1, 1) if tiny else (5, 5)
     steps = {"gnnscale": (_step_fn(model, precision), default)}
@@ -287,22 +288,28 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     result["nodes"] = nodes
     # Feature rows the step receives: x, and x_aggr where the loader aggregated.
     result["rows"] = {
-        k: statistics.mean(sum(b[f].size(0) for f in ("x", "x_aggr") if f in b) for b in bs)
+        k: statistics.mean(b.x.size(0) + _aggregated_rows(b.layout) for b in bs)
         for k, (_, bs) in steps.items()
     }
     result["seeds"] = statistics.mean(b.num_loss_nodes for b in batches)
     result["gather_bytes"] = nodes * x[0].numel() * x.element_size()
     result["gather_gbps"] = _gather_gbps(x, int(nodes), 5 if tiny else 20)
     if name == "neighbor_sage":
-        result["compile"] = _compiled(model, precision, default, passes, hops)
+        result["compile"] = _compiled(model, precision, default, passes)
     return result
 
 
-def _compiled(model: Any, precision: str, batches: list, passes: int, hops: Callable) -> dict:
+def _aggregated_rows(layout: Any) -> int:
+    """Rows of the first layer's aggregate a batch carries (0: none)."""
+    x_aggr = getattr(layout, "x_aggr", None)
+    return 0 if x_aggr is None else x_aggr.size(0)
+
+
+def _compiled(model: Any, precision: str, batches: list, passes: int) -> dict:
     """torch.compile(dynamic=True) on the model's forward: compile time and step, or why not."""
     compiled = copy.deepcopy(model)
     forward = torch.compile(compiled.forward, dynamic=True)
-    step = _step_fn(compiled, precision, lambda b: forward(b.x, b.edge_index, *hops(b)))
+    step = _step_fn(compiled, precision, lambda b: forward(b.x, b.edge_index, b.layout))
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():

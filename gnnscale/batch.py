@@ -1,17 +1,137 @@
-"""What batches carry between the DataModules and the models."""
+"""The batch contract: what batches carry between the loaders' workers and the models.
+
+Every node-classification training batch, whatever sampled it, carries ``x``, ``edge_index``,
+``y`` and a per-node ``loss_weight`` (with ``num_loss_nodes`` for logging; the DataModule owns the
+weights). How its rows and edges are laid out is one typed field, ``layout``, which the loader's
+worker sets (``gnnscale.data.layout``) and the model's ``forward`` reads:
+
+- :class:`HopLayout`: a neighbour batch, hop by hop, its edges sorted by target;
+- :class:`SubgraphLayout`: a Cluster-GCN or GraphSAINT subgraph, its edges sorted by target;
+- none: the whole graph (a full batch).
+
+What the workers add is decided once, from the :class:`BatchRequest` that the model returns
+(``batch_request()``) and that its DataModule receives (``configure(request)``); the DataModule
+never reads the model's attributes. Evaluation batches that are not sampled subgraphs are
+:class:`LayerwiseBatch` (exact layer-wise inference) and :class:`LinkEval` (link ranking).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from torch_geometric.data import HeteroData
-from torch_geometric.loader import (
-    NeighborLoader,
-)
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
+
+__all__ = [
+    "BatchRequest",
+    "ConfiguresBatches",
+    "HopLayout",
+    "LayerwiseBatch",
+    "Layout",
+    "LinkEval",
+    "RequestsBatches",
+    "SubgraphLayout",
+    "layout_of",
+]
+
+
+class HopLayout(NamedTuple):
+    """A neighbour batch laid out hop by hop, edges sorted by target (``hop_layout``).
+
+    Both sampling backends list a batch's nodes hop by hop, seeds first; with the edges sorted by
+    target, layer ``i`` of ``L`` reads a prefix of the nodes and of the edges.
+
+    Args:
+        num_sampled_nodes: Nodes per hop, seeds first (of the whole sample).
+        num_sampled_edges: Edges per hop (of the whole sample).
+        rowptr: CSR row pointer of the batch's edges by target.
+        x_aggr: The first layer's aggregation of the raw features, computed by the worker
+            (``aggregate_first_layer``): the batch's ``x`` then holds that layer's targets only.
+        colptr: With ``csc_row``, the transpose of the adjacency (``csc_layout``).
+        csc_row: The targets of each source's edges, sources in order.
+    """
+
+    num_sampled_nodes: list[int]
+    num_sampled_edges: list[int]
+    rowptr: Tensor
+    x_aggr: Tensor | None = None
+    colptr: Tensor | None = None
+    csc_row: Tensor | None = None
+
+
+class SubgraphLayout(NamedTuple):
+    """A Cluster-GCN or GraphSAINT subgraph, edges sorted by target (``subgraph_layout``).
+
+    Args:
+        rowptr: CSR row pointer of the batch's edges by target; every node is computed.
+        colptr: With ``csc_row``, the transpose of the adjacency (``csc_layout``).
+        csc_row: The targets of each source's edges, sources in order.
+    """
+
+    rowptr: Tensor
+    colptr: Tensor | None = None
+    csc_row: Tensor | None = None
+
+
+Layout = HopLayout | SubgraphLayout
+
+
+def layout_of(batch: Data) -> Layout | None:
+    """The layout a loader's worker gave ``batch``; ``None``: the whole graph, as PyG's."""
+    return batch.get("layout")
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    """What a model asks its DataModule's loaders to add to batches (``configure``).
+
+    Args:
+        num_layers: The model's depth (0: any), checked against the fan-outs.
+        first_layer_aggr: Reduction the workers may apply to the raw features for the first
+            layer of neighbour batches (``HopLayout.x_aggr``); none: the model aggregates.
+        csc: Training batches carry their adjacency's transpose (``HopLayout.colptr``).
+        edge_dim: Edge feature dimension a graph-level model reads (none: a node model).
+    """
+
+    num_layers: int = 0
+    first_layer_aggr: str | None = None
+    csc: bool = False
+    edge_dim: int | None = None
+
+    @staticmethod
+    def of(model: Any, device: torch.device | None = None) -> BatchRequest:
+        """``model``'s request (``batch_request()``) as it applies on ``device``.
+
+        The one place that decides CPU against GPU paths: the transposed adjacency was measured
+        on CPUs only, so on other devices batches carry none and the model keeps PyG's path.
+        """
+        request = model.batch_request() if isinstance(model, RequestsBatches) else BatchRequest()
+        if device is not None and device.type != "cpu":
+            request = dataclasses.replace(request, csc=False)
+        return request
+
+
+@runtime_checkable
+class RequestsBatches(Protocol):
+    """A model that says what its batches must carry (gnnscale's models all do)."""
+
+    def batch_request(self) -> BatchRequest:
+        """What this model needs its DataModule's loaders to add to batches."""
+        ...
+
+
+@runtime_checkable
+class ConfiguresBatches(Protocol):
+    """A DataModule that takes a model's :class:`BatchRequest` (gnnscale's all do)."""
+
+    def configure_batches(self, request: BatchRequest) -> None:
+        """Check ``request`` against the loaders' settings and lay batches out as it asks."""
+        ...
 
 
 @dataclass

@@ -34,6 +34,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from gnnscale.batch import BatchRequest, ConfiguresBatches
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import Preprocess
 from gnnscale.data.graphs import prepare_graphs
@@ -247,8 +248,9 @@ class GnnscaleCLI(LightningCLI):
             if not reasons:
                 raise
             raise ConfigError(reasons[0]) from err
-        if hasattr(self.datamodule, "check_model"):  # gnnscale's DataModules
-            self.datamodule.check_model(self.model)
+        if isinstance(self.datamodule, ConfiguresBatches):  # gnnscale's DataModules
+            device = self.trainer.strategy.root_device
+            self.datamodule.configure_batches(BatchRequest.of(self.model, device))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, saving and loading checkpoints with ``StreamingCheckpointIO``.

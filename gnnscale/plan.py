@@ -40,7 +40,7 @@ import torch
 from lightning.pytorch.trainer.setup import _determine_batch_limits
 from torch import Tensor
 
-from gnnscale.batch import LayerwiseBatch, LinkEval
+from gnnscale.batch import HopLayout, LayerwiseBatch, LinkEval
 from gnnscale.data.graphs import GraphDataModule
 from gnnscale.data.hetero import HeteroNeighborDataModule
 from gnnscale.data.link import LinkDataModule
@@ -193,14 +193,17 @@ class _Probe(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
     ) -> None:
         self._saved.__exit__()
-        hops = list(batch.get("num_sampled_nodes") or [])  # homogeneous neighbour batches
-        # As sampled: a batch whose first layer the loader aggregated reaches the step cut.
-        edges = batch.get("num_sampled_edges")
-        features = [s[k] for s in batch.node_stores for k in ("x", "x_aggr") if k in s]
+        layout = batch.get("layout")
+        features = [s.x for s in batch.node_stores if "x" in s]
+        hops: list[int] = []
+        if isinstance(layout, HopLayout):  # homogeneous neighbour batches
+            # As sampled: a batch whose first layer the loader aggregated reaches the step cut.
+            hops = list(layout.num_sampled_nodes)
+            features += [] if layout.x_aggr is None else [layout.x_aggr]
         self.batches.append(
             BatchStats(
                 sum(hops) if hops else batch.num_nodes,
-                sum(edges) if edges else batch.num_edges,
+                sum(layout.num_sampled_edges) if hops else batch.num_edges,
                 hops,
                 _tensor_mb(*features),
                 self._saved.nbytes / MiB,

@@ -22,6 +22,7 @@ from gnnscale import (
     load_dataset,
     make_synthetic_graph,
 )
+from gnnscale.batch import BatchRequest
 from gnnscale.data.loaders import RankShare
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
@@ -307,14 +308,16 @@ def test_neighbour_batches_come_hop_by_hop_with_a_csr_row_pointer(tmp_path):
     dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 4, 3], batch_size=64)
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    nodes, edges = batch.num_sampled_nodes, batch.num_sampled_edges
+    nodes, edges = batch.layout.num_sampled_nodes, batch.layout.num_sampled_edges
     assert nodes[0] == 64 and len(nodes) == 4 and len(edges) == 3
     assert sum(nodes) == batch.num_nodes and sum(edges) == batch.num_edges
     # Target-only layers read prefixes: nodes and edges must come hop by hop.
     hop_of_node = torch.repeat_interleave(torch.arange(4), torch.tensor(nodes))
     dst_hop = hop_of_node[batch.edge_index[1]]
     assert torch.equal(dst_hop, torch.repeat_interleave(torch.arange(3), torch.tensor(edges)))
-    assert torch.equal(batch.rowptr.diff(), degree(batch.edge_index[1], batch.num_nodes).long())
+    assert torch.equal(
+        batch.layout.rowptr.diff(), degree(batch.edge_index[1], batch.num_nodes).long()
+    )
 
 
 def test_hop_layout_sorts_edges_it_is_given_out_of_order():
@@ -326,8 +329,9 @@ def test_hop_layout_sorts_edges_it_is_given_out_of_order():
     batch = hop_layout(batch, num_layers=2)
     assert batch.edge_index.tolist() == [[2, 3, 2, 4], [0, 1, 1, 2]]
     assert batch.e_id.tolist() == [1, 2, 3, 0]  # edge attributes follow their edges
-    assert batch.rowptr.tolist() == [0, 1, 3, 4, 4, 4]
-    assert batch.num_sampled_nodes == [2, 2, 1] and batch.num_sampled_edges == [3, 1]
+    assert batch.layout.rowptr.tolist() == [0, 1, 3, 4, 4, 4]
+    assert batch.layout.num_sampled_nodes == [2, 2, 1]
+    assert batch.layout.num_sampled_edges == [3, 1]
 
 
 @requires_sampler
@@ -342,15 +346,16 @@ def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(
     dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 4, 3], batch_size=64)
     dm.setup("fit")
     whole = next(iter(dm.train_dataloader()))
-    nodes, edges = whole.num_sampled_nodes, whole.num_sampled_edges
+    nodes, edges = whole.layout.num_sampled_nodes, whole.layout.num_sampled_edges
     batch = aggregate_first_layer(copy.copy(whole), aggr)
     targets = sum(nodes[:3])  # the first layer's: hops 0-2
     # Each target's neighbours' features reduced, as the layer would (targets without
     # neighbours: zeros).
     src, dst = whole.edge_index
     expected = scatter(whole.x[src], dst, dim=0, dim_size=whole.num_nodes, reduce=aggr)
-    torch.testing.assert_close(batch.x_aggr, expected[:targets])
-    assert batch.x_aggr.abs().sum(1).gt(0).sum() > targets // 2  # most targets have neighbours
+    x_aggr = batch.layout.x_aggr
+    torch.testing.assert_close(x_aggr, expected[:targets])
+    assert x_aggr.abs().sum(1).gt(0).sum() > targets // 2  # most targets have neighbours
     # Only the targets' rows travel on, and the edges into hops 0-1 (sources within them).
     assert batch.num_nodes == targets and targets < whole.num_nodes
     for key in ("x", "y", "n_id", "train_mask"):
@@ -359,8 +364,9 @@ def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(
     assert torch.equal(batch.edge_index, whole.edge_index[:, :kept])
     assert torch.equal(batch.e_id, whole.e_id[:kept])
     assert int(batch.edge_index.max()) < targets
-    assert torch.equal(batch.rowptr, whole.rowptr[: sum(nodes[:2]) + 1])
-    assert batch.num_sampled_nodes == nodes and batch.num_sampled_edges == edges
+    assert torch.equal(batch.layout.rowptr, whole.layout.rowptr[: sum(nodes[:2]) + 1])
+    assert batch.layout.num_sampled_nodes == nodes
+    assert batch.layout.num_sampled_edges == edges
 
 
 @requires_sampler
@@ -382,12 +388,13 @@ def test_only_a_model_that_takes_it_gets_its_first_layer_from_the_loader(
     dm = NeighborDataModule(
         root=tmp_path, synthetic=TINY, num_neighbors=[5, 4], batch_size=64, eval=eval_args
     )
-    dm.check_model(model())
+    dm.configure_batches(BatchRequest.of(model()))
     dm.setup("fit")
     for loader in (dm.train_dataloader(), dm.val_dataloader()):
+        layout = next(iter(loader)).layout
+        assert (layout.x_aggr is not None) == aggregated
         batch = next(iter(loader))
-        assert ("x_aggr" in batch) == aggregated
-        assert (batch.num_nodes < sum(batch.num_sampled_nodes)) == aggregated
+        assert (batch.num_nodes < sum(batch.layout.num_sampled_nodes)) == aggregated
 
 
 def _edges(src, dst):
@@ -415,18 +422,19 @@ def test_training_batches_carry_their_adjacencys_transpose_for_a_model_that_take
     }
     dm = make[dm_name]()
     model = GraphSAGE(TINY.num_features, 5) if csc else GATv2(TINY.num_features, 5, heads=2)
-    dm.check_model(model)
+    dm.configure_batches(BatchRequest.of(model))
     dm.setup("fit")
     batch = next(iter(dm.train_dataloader()))
-    assert ("colptr" in batch) == csc and ("csc_row" in batch) == csc
+    layout = batch.layout
+    assert (layout.colptr is not None) == csc and (layout.csc_row is not None) == csc
     if csc:  # the same edges, listed by source
-        assert batch.colptr.numel() == batch.num_nodes + 1
-        src = ptr2index(batch.colptr, batch.csc_row.numel())
+        assert layout.colptr.numel() == batch.num_nodes + 1
+        src = ptr2index(layout.colptr, layout.csc_row.numel())
         assert bool((src[1:] >= src[:-1]).all())
-        assert _edges(src, batch.csc_row) == _edges(*batch.edge_index)
+        assert _edges(src, layout.csc_row) == _edges(*batch.edge_index)
     if dm_name == "neighbor":  # evaluation computes no gradient: no transpose
         dm.eval = EvalArgs(mode="sampled", batch_size=256)
-        assert "colptr" not in next(iter(dm.val_dataloader()))
+        assert next(iter(dm.val_dataloader())).layout.colptr is None
 
 
 @requires_sampler
@@ -451,7 +459,7 @@ def test_loaders_share_one_copy_of_the_graph_and_keep_their_fanouts(tmp_path, mo
     assert fanouts == [[10, 5], *([[4, 2]] * 2 if mode == "sampled" else [[-1]] * 2)]
     # Each loader still samples with its own fan-out: at most 10 then 50 new nodes per seed.
     batch = next(iter(train))
-    assert batch.num_sampled_nodes[1] <= 64 * 10
+    assert batch.layout.num_sampled_nodes[1] <= 64 * 10
 
 
 @requires_sampler
@@ -481,15 +489,14 @@ def test_batches_for_a_gpu_carry_no_transpose(tmp_path):
     # Measured on CPUs only: on GPUs the model keeps PyG's path, so workers skip the sort.
     from types import SimpleNamespace
 
-    from gnnscale.models.fast import _takes_csc
-
     dm = ClusterDataModule(root=tmp_path, synthetic=TINY, num_parts=30, clusters_per_batch=5)
     model = GraphSAGE(TINY.num_features, 5)
-    dm.check_model(model)
-    assert dm._csc_backward
-    on_gpu = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
-    dm.trainer = on_gpu
-    dm.check_model(model)
-    assert not dm._csc_backward
-    conv = model.gnn.convs[1]
-    assert _takes_csc(conv, torch.ones(1)) and not _takes_csc(conv, torch.ones(1, device="meta"))
+    assert model.batch_request().csc
+    assert BatchRequest.of(model, torch.device("cpu")).csc
+    assert not BatchRequest.of(model, torch.device("cuda", 0)).csc
+    # A DataModule set up by a Trainer on a GPU asks its workers for none.
+    dm.trainer = SimpleNamespace(
+        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), lightning_module=model
+    )
+    dm.setup("validate")
+    assert dm.request.num_layers == 2 and not dm.request.csc

@@ -16,6 +16,7 @@ from torch.utils.data import DistributedSampler
 from torch_geometric.data import Data
 
 from gnnscale import GraphDataModule, GraphGINE
+from gnnscale.batch import BatchRequest
 from gnnscale.data.args import LoaderArgs
 from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
 from gnnscale.errors import ConfigError
@@ -203,9 +204,9 @@ def test_the_backend_setting_must_match_the_store(store):
 def test_a_model_that_does_not_fit_the_graphs_is_refused(store):
     dm = GraphDataModule(store)
     with pytest.raises(ConfigError, match="--model.edge_dim is 3 but"):
-        dm.check_model(GraphGINE(dm.num_features, 0, edge_dim=3))
+        dm.configure_batches(BatchRequest.of(GraphGINE(dm.num_features, 0, edge_dim=3)))
     with pytest.raises(ConfigError, match="is a node model"):
-        dm.check_model(L.LightningModule())
+        dm.configure_batches(BatchRequest.of(L.LightningModule()))
 
 
 def _epoch(dm: GraphDataModule, rank: int, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:

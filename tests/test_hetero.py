@@ -11,6 +11,7 @@ import torch
 from registry import recipe
 
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, SyntheticRecommender
+from gnnscale.batch import BatchRequest
 from gnnscale.cli import main
 from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
@@ -93,7 +94,7 @@ def test_refusals_name_the_type():
     with pytest.raises(ConfigError, match="no fan-out for category__rev_in__item, item__in__cat"):
         _dm(num_neighbors={"user__rates__item": [5, 5], "item__rev_rates__user": [5, 5]}).fanout()
     with pytest.raises(ConfigError, match="has 1 layers but --model.num_layers is 2"):
-        _dm(num_neighbors=[5]).check_model(_model(_dm()))
+        _dm(num_neighbors=[5]).configure_batches(BatchRequest.of(_model(_dm())))
     with pytest.raises(ConfigError, match="sum to less than 1"):
         _dm(train_fraction=0.7, val_fraction=0.3)
     with pytest.raises(ConfigError, match="val_mask of --data.target_type 'item' is empty"):

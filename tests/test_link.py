@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gnnscale import LinkDataModule, LinkPredictor, SyntheticRecommender, make_recommender_graph
-from gnnscale.batch import LinkEval
+from gnnscale.batch import BatchRequest, LinkEval
 from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
 from gnnscale.testing import requires_sampler
@@ -113,7 +113,7 @@ def test_unknown_or_missing_types_are_refused_by_name():
     with pytest.raises(ConfigError, match="user__buys__item is not an edge type"):
         _ = _dm(edge_type=["user", "buys", "item"]).target
     with pytest.raises(ConfigError, match="--model.num_layers is 3"):
-        _dm().check_model(LinkPredictor(num_layers=3))
+        _dm().configure_batches(BatchRequest.of(LinkPredictor(num_layers=3)))
     with pytest.raises(ConfigError, match="both 0"):
         _dm(num_negatives=0)
 

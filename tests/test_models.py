@@ -108,7 +108,7 @@ def test_trains_well_above_mlp(tmp_path, dm_name, model_name, mlp_accuracy):
 
     class Spy(L.Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            aggregated.append("x_aggr" in batch)
+            aggregated.append(getattr(batch.get("layout"), "x_aggr", None) is not None)
 
     trainer = _trainer(tmp_path, epochs, enable_checkpointing=False, callbacks=[Spy()])
     trainer.fit(model, dm)
@@ -196,10 +196,6 @@ def _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)):
     return next(iter(dm.train_dataloader()))
 
 
-def _layout(batch):
-    return batch.num_sampled_nodes, batch.num_sampled_edges, batch.rowptr
-
-
 # Rows as sampled (bucket_rows=0): the rows each layer computes are counted below; rounding them
 # up is tested on its own (test_bucketed_rows_change_no_output_or_gradient).
 TARGET_ONLY = {
@@ -215,7 +211,7 @@ TARGET_ONLY = {
 @pytest.mark.parametrize("name", TARGET_ONLY)
 def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
     batch = _neighbour_batch(tmp_path)
-    nodes = batch.num_sampled_nodes
+    nodes = batch.layout.num_sampled_nodes
     torch.manual_seed(0)
     model = TARGET_ONLY[name](in_channels=TINY.num_features, num_classes=5, num_layers=3).eval()
     rows = []
@@ -224,7 +220,7 @@ def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
     with torch.no_grad():
         everything = model(batch.x, batch.edge_index)[:64]  # every layer, every node
         rows.clear()
-        seeds = model(batch.x, batch.edge_index, *_layout(batch))
+        seeds = model(batch.x, batch.edge_index, batch.layout)
     # Each layer computed only what the next reads: hops 0-2, then 0-1, then the seeds.
     assert rows == [sum(nodes[:3]), sum(nodes[:2]), nodes[0]]
     # fp32; the sparse product and the scatter sum in different orders.
@@ -238,12 +234,12 @@ def test_target_only_layers_keep_the_gradients(tmp_path, name):
     # get their gradient from two paths, as sources of the aggregation and as the root term.
     batch = _neighbour_batch(tmp_path)
     grads = []
-    for layout in ((), _layout(batch)):
+    for layout in (None, batch.layout):
         torch.manual_seed(0)
         model = TARGET_ONLY[name](in_channels=TINY.num_features, num_classes=5, num_layers=3)
         model.gnn.dropout.p = 0.0
         x = batch.x.clone().requires_grad_()
-        out = model.train()(x, batch.edge_index, *layout)[:64]
+        out = model.train()(x, batch.edge_index, layout)[:64]
         F.cross_entropy(out, batch.y[:64]).backward()
         grads.append(torch.cat([x.grad.flatten()] + [p.grad.flatten() for p in model.parameters()]))
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
@@ -254,7 +250,7 @@ def test_target_only_layers_keep_the_gradients(tmp_path, name):
 def test_bucketed_rows_change_no_output_or_gradient(tmp_path, sparse):
     # Rows added to reach a multiple of 7 have no edges and nothing reads their outputs.
     batch = _neighbour_batch(tmp_path)
-    nodes, results, rows = batch.num_sampled_nodes, [], []
+    nodes, results, rows = batch.layout.num_sampled_nodes, [], []
     for bucket in (0, 7):
         torch.manual_seed(0)
         model = GraphSAGE(
@@ -265,7 +261,7 @@ def test_bucketed_rows_change_no_output_or_gradient(tmp_path, sparse):
         for conv in model.gnn.convs:
             conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
         x = batch.x.clone().requires_grad_()
-        out = model.train()(x, batch.edge_index, *_layout(batch))
+        out = model.train()(x, batch.edge_index, batch.layout)
         F.cross_entropy(out, batch.y[:64]).backward()
         grads = [x.grad.flatten()] + [p.grad.flatten() for p in model.parameters()]
         results.append((out, torch.cat(grads)))
@@ -286,7 +282,6 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
     import copy
 
     from gnnscale.data.layout import aggregate_first_layer
-    from gnnscale.models.node import hops
 
     batch = _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)[:num_layers])
     aggregated = aggregate_first_layer(copy.copy(batch), aggr)
@@ -299,7 +294,7 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
         model.gnn.dropout.p = 0.0  # training mode, same outputs
         rows.append([])
         model.gnn.convs[0].register_forward_hook(lambda m, a, out: rows[-1].append(out.size(0)))
-        out = model.train()(b.x, b.edge_index, *hops(b))
+        out = model.train()(b.x, b.edge_index, b.layout)
         F.cross_entropy(out, b.y[:64]).backward()
         results.append((out, torch.cat([p.grad.flatten() for p in model.parameters()])))
     # fp32; one product of both halves against two products added.
@@ -310,7 +305,7 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
     outer = torch.randn_like(batch.x[aggregated.num_nodes :])
     changed = torch.cat([batch.x[: aggregated.num_nodes], outer])
     with torch.no_grad():
-        assert not torch.allclose(model(changed, batch.edge_index, *hops(batch)), results[1][0])
+        assert not torch.allclose(model(changed, batch.edge_index, batch.layout), results[1][0])
 
 
 @requires_sampler
@@ -322,18 +317,18 @@ def test_a_first_layer_aggregate_reaches_only_a_model_that_takes_it(tmp_path):
     batch = aggregate_first_layer(copy.copy(_neighbour_batch(tmp_path, (5, 4))), "mean")
     model = GraphSAGE(TINY.num_features, 5, aggregate_in_loader=False)
     with pytest.raises(ValueError, match="computes its first layer's aggregation itself"):
-        model(batch.x, batch.edge_index, *_layout(batch), batch.x_aggr)
+        model(batch.x, batch.edge_index, batch.layout)
 
 
 @requires_sampler
 def test_a_model_with_a_norm_keeps_trimming_after_each_layer(tmp_path):
     # Batch norm's statistics span a layer's rows: computing fewer would change them.
     batch = _neighbour_batch(tmp_path)
-    nodes = batch.num_sampled_nodes
+    nodes = batch.layout.num_sampled_nodes
     model = GraphSAGE(TINY.num_features, 5, num_layers=3, norm="batch_norm").eval()
     with torch.no_grad():
         everything = model(batch.x, batch.edge_index)[:64]
-        trimmed = model(batch.x, batch.edge_index, *_layout(batch))
+        trimmed = model(batch.x, batch.edge_index, batch.layout)
     assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs
     torch.testing.assert_close(trimmed[:64], everything, rtol=1e-4, atol=1e-5)
 
@@ -352,7 +347,7 @@ def test_sparse_aggregation_matches_scatter_in_a_training_step(
         torch.manual_seed(0)  # same weights, same dropout masks
         model = GraphSAGE(TINY.num_features, 5, sparse_aggregation=sparse).train()
         with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
-            out = model(batch.x, batch.edge_index, *_layout(batch))
+            out = model(batch.x, batch.edge_index, batch.layout)
         F.cross_entropy(out.float(), batch.y[:64]).backward()
         outputs.append(out.float())
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
@@ -400,7 +395,6 @@ def test_the_transposed_adjacency_keeps_logits_and_gradients(tmp_path, kind, agg
     # gradient: the last L-1; a neighbour batch's layer 3 of 3 reads a prefix of the edges,
     # not the whole batch the transpose covers, and keeps torch's backward.
     torch_backwards = {"neighbour-2": [1, 0], "neighbour-3": [2, 1], "cluster": [2, 0]}
-    from gnnscale.models.node import hops
 
     batches = _transposed_batches(tmp_path, kind, aggr)
     num_layers = int(kind[-1]) if kind.startswith("neighbour") else 3
@@ -412,7 +406,7 @@ def test_the_transposed_adjacency_keeps_logits_and_gradients(tmp_path, kind, agg
         )
         model.gnn.dropout.p = 0.0
         with _Ops() as ops:
-            out = model.train()(batch.x, batch.edge_index, *hops(batch))
+            out = model.train()(batch.x, batch.edge_index, batch.layout)
             F.cross_entropy(out, batch.y[: out.size(0)]).backward()
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         results.append((out, grads, ops.counts["_sparse_mm_reduce_impl_backward"]))
@@ -482,13 +476,13 @@ def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, d
     batch = next(iter(dm.train_dataloader()))
     dst = batch.edge_index[1]
     assert bool((dst[1:] >= dst[:-1]).all())  # sorted by target in the loader
-    assert torch.equal(batch.rowptr.diff(), torch.bincount(dst, minlength=batch.num_nodes))
+    assert torch.equal(batch.layout.rowptr.diff(), torch.bincount(dst, minlength=batch.num_nodes))
     outputs = []
     for sparse in (True, False):
         torch.manual_seed(0)
         model = GraphSAGE(TINY.num_features, 5, sparse_aggregation=sparse).eval()
         with torch.no_grad():
-            outputs.append(model(batch.x, batch.edge_index, None, None, batch.rowptr))
+            outputs.append(model(batch.x, batch.edge_index, batch.layout))
     assert outputs[0].shape == (batch.num_nodes, 5)
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
 
@@ -511,13 +505,13 @@ def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, d
         rows.clear()
         for conv in model.gnn.convs:
             conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
-        out = model.train()(batch.x, batch.edge_index, None, None, batch.rowptr)
+        out = model.train()(batch.x, batch.edge_index, batch.layout)
         F.cross_entropy(out, batch.y).backward()
         trained_rows = list(rows)
         grads = torch.cat([p.grad.flatten() for p in model.parameters()])
         stats = [b.flatten().float() for b in model.buffers()] or [torch.zeros(0)]
         with torch.no_grad():  # evaluation uses the running averages
-            evaluated = model.eval()(batch.x, batch.edge_index, None, None, batch.rowptr)
+            evaluated = model.eval()(batch.x, batch.edge_index, batch.layout)
         results.append((out, grads, torch.cat(stats), evaluated))
     assert trained_rows == [-(-batch.num_nodes // multiple) * multiple] * 3
     assert results[1][0].shape == (batch.num_nodes, 5)

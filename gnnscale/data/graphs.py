@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch_geometric.data import Batch, Data, InMemoryDataset
 
+from gnnscale.batch import BatchRequest
 from gnnscale.data.args import LoaderArgs
 from gnnscale.errors import ConfigError
 from gnnscale.stores.graphs import BACKENDS, Backend, GraphStore, write_graphs
@@ -302,13 +303,18 @@ class GraphDataModule(L.LightningDataModule):
         """Edge feature dimension (``model.edge_dim``)."""
         return int(self.store.manifest["num_edge_features"])
 
-    def check_model(self, model: L.LightningModule) -> None:
-        """Refuse a node-level model, or an ``edge_dim`` the store's edges do not have."""
-        edge_dim = getattr(model, "edge_dim", None)
+    def configure_batches(self, request: BatchRequest) -> None:
+        """Refuse a node-level model, or an ``edge_dim`` the store's edges do not have.
+
+        Args:
+            request: What the model's batches must carry (``gnnscale.batch``): a graph-level
+                model names the edge features it reads (``edge_dim``).
+        """
+        edge_dim = request.edge_dim
         if edge_dim is None:
             raise ConfigError(
-                f"--data {type(self).__name__} makes graph-level batches; --model "
-                f"{type(model).__name__} is a node model: use gnnscale.GraphGINE"
+                f"--data {type(self).__name__} makes graph-level batches; the --model is a "
+                "node model (it reads no edge features): use gnnscale.GraphGINE"
             )
         if edge_dim != self.num_edge_features:
             raise ConfigError(

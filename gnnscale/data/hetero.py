@@ -22,6 +22,7 @@ from torch_geometric.data import HeteroData
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
 
+from gnnscale.batch import BatchRequest
 from gnnscale.data.args import LoaderArgs, check_positive
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader
@@ -88,6 +89,9 @@ class HeteroGraphData(L.LightningDataModule):
 
     data: HeteroData
     _num_neighbors: list[int] | dict[str, list[int]]
+    # What the model asked batches to carry (``configure_batches``): here, its depth.
+    request: BatchRequest = BatchRequest()
+    _configured = False
 
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
@@ -109,15 +113,28 @@ class HeteroGraphData(L.LightningDataModule):
         """Fan-out per edge type (see :func:`per_edge_type_fanout`)."""
         return per_edge_type_fanout(self._num_neighbors, self.metadata[1], num_layers)
 
-    def check_model(self, model: Any) -> None:
-        """Refuse a model whose depth differs from the fan-outs (before any data loads)."""
-        num_layers = int(getattr(model, "num_layers", 0))
+    def configure_batches(self, request: BatchRequest) -> None:
+        """Take the model's request; refuse a depth the fan-outs do not fit (before data loads).
+
+        ``gnnscale``'s CLI calls this first; ``setup`` calls it otherwise.
+
+        Args:
+            request: What the model's batches must carry (``gnnscale.batch``): its depth.
+        """
+        num_layers = request.num_layers
         if isinstance(self._num_neighbors, list) and num_layers:
             if len(self._num_neighbors) != num_layers:
                 raise ConfigError(
                     f"--data.num_neighbors has {len(self._num_neighbors)} layers but "
                     f"--model.num_layers is {num_layers}: give one fan-out per layer"
                 )
+        self.request, self._configured = request, True
+
+    def _configure_from_trainer(self) -> None:
+        """``setup``'s part: the request of the trainer's model, unless a caller gave one."""
+        if self.trainer is not None and not self._configured:
+            self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
+        self.fanout(self.request.num_layers)  # every edge type named, one depth
 
 
 _SPLITS = ("train_mask", "val_mask", "test_mask")
@@ -227,9 +244,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
     def setup(self, stage: str) -> None:
         """Check the fan-outs against the graph's edge types and the model's depth."""
         log_backend_once()
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        self.check_model(model)
-        self.fanout(int(getattr(model, "num_layers", 0)))
+        self._configure_from_trainer()
 
     def _loader(self, seeds: Tensor | None, batch_size: int) -> NeighborLoader:
         return NeighborLoader(

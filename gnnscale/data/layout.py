@@ -1,4 +1,10 @@
-"""What the loaders' workers add to a batch before it reaches the model (the batch layouts)."""
+"""What the loaders' workers add to a batch before it reaches the model: its ``layout``.
+
+Each transform here sets ``batch.layout`` (``gnnscale.batch``: :class:`HopLayout` for neighbour
+batches, :class:`SubgraphLayout` for Cluster-GCN and GraphSAINT) and, asked for it, the first
+layer's aggregation and the adjacency's transpose; the DataModules pick them from the model's
+``BatchRequest``.
+"""
 
 from __future__ import annotations
 
@@ -13,19 +19,20 @@ from torch_geometric.index import index2ptr
 from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import spmm
 
+from gnnscale.batch import HopLayout, SubgraphLayout
+
 warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
 warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
 
 
-def csr_layout(batch: Data) -> Data:
-    """Sort a batch's edges by target node and add ``rowptr``, their CSR row pointer.
+def sort_by_target(batch: Data) -> Tensor:
+    """Sort a batch's edges by target node in place; return their CSR row pointer.
 
-    GraphSAGE then aggregates with a sparse-dense product instead of a scatter
-    (``gnnscale.models``). The loaders run this in their workers, off the training step's path;
-    edges already in target order (as neighbour samplers list them) are not moved.
+    Edges already in target order (as neighbour samplers list them) are not moved; edge
+    attributes follow their edges.
 
     Args:
-        batch: Any batch with ``edge_index``; edge attributes follow their edges.
+        batch: Any batch with ``edge_index``.
     """
     dst = batch.edge_index[1]
     if dst.numel() and not bool((dst[1:] >= dst[:-1]).all()):
@@ -33,31 +40,35 @@ def csr_layout(batch: Data) -> Data:
         for key, value in batch.items():
             if isinstance(value, Tensor) and batch.is_edge_attr(key):
                 batch[key] = value[:, perm] if key == "edge_index" else value[perm]
-    batch.rowptr = index2ptr(batch.edge_index[1], batch.num_nodes)
-    return batch
+    return index2ptr(batch.edge_index[1], batch.num_nodes)
 
 
 def csc_layout(batch: Data) -> Data:
-    """Add the transpose of a batch's CSR adjacency: ``colptr`` and ``csc_row``.
+    """Add the transpose of a laid-out batch's adjacency to its layout: ``colptr``, ``csc_row``.
 
     ``colptr`` points, for each source node, into ``csc_row``, the targets of its edges. A
     sparse mean's backward is a product with this transpose; torch's own backward of
     ``torch.sparse.mm`` sorts the edges by source again on every training step, here the
-    loaders' workers sort them once (GraphSAGE asks for it: ``csc_backward``).
+    loaders' workers sort them once (``BatchRequest.csc``).
 
     Args:
-        batch: A batch laid out by :func:`csr_layout` (or :func:`hop_layout`).
+        batch: A batch laid out by :func:`hop_layout` or :func:`subgraph_layout`.
     """
     src, dst = batch.edge_index
     perm = torch.argsort(src, stable=True)
-    batch.colptr = index2ptr(src[perm], batch.num_nodes)
-    batch.csc_row = dst[perm]
+    colptr = index2ptr(src[perm], batch.num_nodes)
+    batch.layout = batch.layout._replace(colptr=colptr, csc_row=dst[perm])
     return batch
 
 
 def subgraph_layout(batch: Data, csc: bool = False) -> Data:
-    """Cluster-GCN and GraphSAINT batches' transform: :func:`csr_layout`, :func:`csc_layout`."""
-    batch = csr_layout(batch)
+    """Cluster-GCN and GraphSAINT batches' transform: a :class:`SubgraphLayout`.
+
+    Args:
+        batch: A sampled subgraph.
+        csc: Also add the adjacency's transpose (:func:`csc_layout`).
+    """
+    batch.layout = SubgraphLayout(sort_by_target(batch))
     return csc_layout(batch) if csc else batch
 
 
@@ -86,10 +97,11 @@ def csr_adjacency(
 def hop_layout(
     batch: Data, num_layers: int, first_layer_aggr: str | None = None, csc: bool = False
 ) -> Data:
-    """Lay a neighbour batch out for target-only layers; the loaders run this in their workers.
+    """Lay a neighbour batch out for target-only layers: a :class:`HopLayout` in ``batch.layout``.
 
-    Adds the nodes and edges each hop sampled (pyg-lib reports them, torch-sparse does not) and
-    the CSR layout of :func:`csr_layout`. Both backends list a batch's nodes hop by hop, seeds
+    The loaders run this in their workers. The layout holds the nodes and edges each hop
+    sampled (pyg-lib reports them, torch-sparse does not) and the CSR row pointer of the edges,
+    sorted by target (:func:`sort_by_target`). Both backends list a batch's nodes hop by hop, seeds
     first; with the edges sorted by target, the edges into the first ``n`` nodes are the first
     ``rowptr[n]``, and their sources lie one hop further out at most. So each layer reads a
     prefix of the nodes and of the edges, and ``rowptr[: n + 1]`` is its sparse adjacency.
@@ -102,18 +114,18 @@ def hop_layout(
         csc: Also add the transpose of the edges left (:func:`csc_layout`), for a model whose
             sparse aggregation takes its backward from it.
     """
-    batch = csr_layout(batch)
-    if "num_sampled_nodes" not in batch:
+    rowptr = sort_by_target(batch)
+    nodes, edges = batch.get("num_sampled_nodes"), batch.get("num_sampled_edges")
+    if nodes is None or edges is None:  # torch-sparse does not report them: one BFS here
         src, dst = batch.edge_index
         hop = torch.full((batch.num_nodes,), num_layers + 1, dtype=torch.long)
         hop[: batch.batch_size] = 0
         for k in range(1, num_layers + 1):
             reached = src[hop[dst] == k - 1]
             hop[reached[hop[reached] > k]] = k
-        batch.num_sampled_nodes = torch.bincount(hop, minlength=num_layers + 1).tolist()
-        batch.num_sampled_edges = torch.bincount(hop[dst], minlength=num_layers).tolist()[
-            :num_layers
-        ]
+        nodes = torch.bincount(hop, minlength=num_layers + 1).tolist()
+        edges = torch.bincount(hop[dst], minlength=num_layers).tolist()[:num_layers]
+    batch.layout = HopLayout(list(nodes), list(edges), rowptr)
     if first_layer_aggr is not None:
         batch = aggregate_first_layer(batch, first_layer_aggr)
     return csc_layout(batch) if csc else batch
@@ -130,20 +142,22 @@ def aggregate_first_layer(batch: Data, aggr: str) -> Data:
     layers read; the outermost hop's rows and edges stay in the worker. On a [15, 10] batch of
     1,024 seeds, 2 x 10,800 rows travel to the model instead of 62,850.
 
-    ``num_sampled_nodes`` and ``num_sampled_edges`` still describe the whole sample. Features
-    stored in half precision are aggregated in float32, as the model would after its cast.
+    The layout's ``num_sampled_nodes`` and ``num_sampled_edges`` still describe the whole
+    sample. Features stored in half precision are aggregated in float32, as the model would
+    after its cast.
 
     Args:
         batch: A batch laid out by :func:`hop_layout`.
         aggr: The first layer's reduction: ``mean``, ``sum``, ``max`` or ``min``.
     """
-    nodes, edges = batch.num_sampled_nodes, batch.num_sampled_edges
+    layout = batch.layout
+    nodes, edges = layout.num_sampled_nodes, layout.num_sampled_edges
     num_dst, num_edges = sum(nodes[:-1]), sum(edges)
     x = batch.x if batch.x.dtype in (torch.float32, torch.float64) else batch.x.float()
-    adj = csr_adjacency(x, batch.edge_index, batch.rowptr, num_dst, num_edges)
+    adj = csr_adjacency(x, batch.edge_index, layout.rowptr, num_dst, num_edges)
     x_aggr = spmm(adj, x, reduce=aggr)
     kept_nodes, kept_edges = sum(nodes[:-2]), sum(edges[:-1])  # what layers 2..L read
-    tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor) and k != "rowptr"}
+    tensors = {k: v for k, v in batch.items() if isinstance(v, Tensor)}
     on_edges = {k for k in tensors if batch.is_edge_attr(k)}  # before any is cut
     on_nodes = {k for k in tensors if batch.is_node_attr(k)}
     for key, value in tensors.items():
@@ -153,7 +167,6 @@ def aggregate_first_layer(batch: Data, aggr: str) -> Data:
             batch[key] = value[:kept_edges]
         elif key in on_nodes:
             batch[key] = value[:num_dst]
-    batch.rowptr = batch.rowptr[: kept_nodes + 1]
     batch.num_nodes = num_dst
-    batch.x_aggr = x_aggr
+    batch.layout = layout._replace(rowptr=layout.rowptr[: kept_nodes + 1], x_aggr=x_aggr)
     return batch

@@ -297,11 +297,7 @@ class LinkDataModule(HeteroGraphData):
     def setup(self, stage: str) -> None:
         """Split, check the fan-outs against the model."""
         log_backend_once()
-        num_layers = 0
-        if self.trainer is not None:
-            self.check_model(self.trainer.lightning_module)
-            num_layers = int(getattr(self.trainer.lightning_module, "num_layers", 0))
-        self.fanout(num_layers)
+        self._configure_from_trainer()
 
     def _known(self, *graphs: HeteroData) -> Tensor:
         """Sorted keys of the target edges (message passing and supervision) of ``graphs``."""

@@ -8,9 +8,8 @@ Every training batch, whatever sampled it, carries ``x``, ``edge_index``, ``y`` 
 training node counts the same however many of them a batch holds, and gradient accumulation
 (which averages micro-batch losses) stays an unbiased mean over training nodes.
 
-Neighbour batches for a model that takes it (GraphSAGE: ``first_layer_aggr``) also carry
-``x_aggr``, the first layer's neighbour aggregate, computed in the loader's worker; their ``x``
-and ``edge_index`` then hold only what the later layers read (:func:`aggregate_first_layer`).
+How a batch is laid out (``batch.layout``) follows the model's ``BatchRequest``, which the
+DataModule takes in ``configure_batches`` (``gnnscale.batch``).
 """
 
 from __future__ import annotations
@@ -35,7 +34,7 @@ from torch_geometric.loader import (
 )
 from torch_geometric.sampler import NeighborSampler
 
-from gnnscale.batch import LayerwiseBatch
+from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_positive
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_share, resumable, single
@@ -60,12 +59,9 @@ class NodeDataModule(L.LightningDataModule):
     # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
     _not_on_disk: str | None = "it needs the whole graph in memory"
     verify: Literal["full", "size"] = "full"
-    # The model's first-layer reduction for neighbour batches' workers to compute, if it takes
-    # one (``NodeClassifier.first_layer_aggr``, learned in ``check_model``); None: the model's.
-    _first_layer_aggr: str | None = None
-    # Whether the model's sparse aggregation takes its backward from training batches' CSC
-    # layout (``csc_layout``, ``NodeClassifier.csc_backward``), learned in ``check_model`` too.
-    _csc_backward: bool = False
+    # What the model asked batches to carry (``configure_batches``); until then, nothing extra.
+    request: BatchRequest = BatchRequest()
+    _configured = False
 
     def __init__(
         self,
@@ -160,52 +156,43 @@ class NodeDataModule(L.LightningDataModule):
         """Download (if needed) and load the dataset."""
         _ = self.data
 
-    def check_model(self, model: Any) -> None:
-        """Refuse a model whose depth does not match the loaders' fan-outs (before any data loads).
+    def configure_batches(self, request: BatchRequest) -> None:
+        """Take the model's request (``gnnscale.batch``); refuse a depth the fan-outs do not fit.
 
-        Also learns whether the model takes its first layer's aggregation from neighbour
-        batches' workers (:func:`aggregate_first_layer`), and whether its training batches
-        should carry their adjacency's transpose (:func:`csc_layout`).
+        ``gnnscale``'s CLI calls this before any data loads; ``setup`` calls it otherwise.
 
         Args:
-            model: The LightningModule (its ``num_layers``, if it has one, is checked).
+            request: What the model's batches must carry: its depth, the first layer's
+                aggregation in the workers, the adjacency's transpose.
         """
-        num_layers = int(getattr(model, "num_layers", 0))
         fanout = self.eval.num_neighbors
-        if fanout is not None and num_layers and len(fanout) != num_layers:
+        if fanout is not None and request.num_layers and len(fanout) != request.num_layers:
             raise ConfigError(
                 f"--data.eval.num_neighbors has {len(fanout)} entries but --model.num_layers is "
-                f"{num_layers}: give one fan-out per layer"
+                f"{request.num_layers}: give one fan-out per layer"
             )
-        self._first_layer_aggr = getattr(model, "first_layer_aggr", None)
-        # Measured on CPUs only: GPUs keep PyG's path, and their batches no transpose.
-        cpu = self.trainer is None or self.trainer.strategy.root_device.type == "cpu"
-        self._csc_backward = bool(getattr(model, "csc_backward", False)) and cpu
+        self.request, self._configured = request, True
 
     def _hop_layout(self, num_layers: int, train: bool = False) -> Callable[[Data], Data]:
         """The neighbour batches' transform, run in the loader's workers."""
         # Only the layers reading every edge of the batch use its transpose: aggregated, the
         # second; else the first, whose input (the features) needs no gradient.
-        csc = train and self._csc_backward and self._first_layer_aggr is not None
-        return functools.partial(
-            hop_layout, num_layers=num_layers, first_layer_aggr=self._first_layer_aggr, csc=csc
-        )
+        aggr = self.request.first_layer_aggr
+        csc = train and self.request.csc and aggr is not None
+        return functools.partial(hop_layout, num_layers=num_layers, first_layer_aggr=aggr, csc=csc)
 
     def _subgraph_layout(self) -> Callable[[Data], Data]:
         """Cluster-GCN and GraphSAINT training batches' transform, run in the workers."""
-        return functools.partial(subgraph_layout, csc=self._csc_backward)
+        return functools.partial(subgraph_layout, csc=self.request.csc)
 
     def setup(self, stage: str) -> None:
         """Check the model agrees with the loaders, then build the training loader."""
         log_backend_once()
-        if self.trainer is not None:
-            self.check_model(self.trainer.lightning_module)
+        if self.trainer is not None and not self._configured:
+            device = self.trainer.strategy.root_device
+            self.configure_batches(BatchRequest.of(self.trainer.lightning_module, device))
         if stage == "fit":
             self._setup_train()
-
-    def _model_num_layers(self) -> int:
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        return int(getattr(model, "num_layers", 0))
 
     def _setup_train(self) -> None:
         """Precompute what the training loader needs (partitions, statistics); none by default."""
@@ -221,7 +208,7 @@ class NodeDataModule(L.LightningDataModule):
         return resumable(self.trainer, loader, shuffle, transform)
 
     def _eval_fanout(self) -> list[int]:
-        return self.eval.num_neighbors or [-1] * max(self._model_num_layers(), 1)
+        return self.eval.num_neighbors or [-1] * max(self.request.num_layers, 1)
 
     @cached_property
     def _csc_sampler(self) -> NeighborSampler:
@@ -400,20 +387,19 @@ class NeighborDataModule(NodeDataModule):
         self.batch_size = batch_size
         self.verify = verify
 
-    def check_model(self, model: Any) -> None:
-        """Refuse a model whose depth differs from the fan-out's length (before any data loads).
+    def configure_batches(self, request: BatchRequest) -> None:
+        """As the base's, and refuse a depth that differs from ``num_neighbors``' length.
 
         Args:
-            model: The LightningModule (its ``num_layers``, if it has one, is checked).
+            request: What the model's batches must carry.
         """
-        num_layers = int(getattr(model, "num_layers", 0))
-        if num_layers and len(self.num_neighbors) != num_layers:
+        if request.num_layers and len(self.num_neighbors) != request.num_layers:
             raise ConfigError(
                 f"--data.num_neighbors has {len(self.num_neighbors)} entries "
-                f"({self.num_neighbors}) but --model.num_layers is {num_layers}: give one "
-                "fan-out per layer"
+                f"({self.num_neighbors}) but --model.num_layers is {request.num_layers}: give "
+                "one fan-out per layer"
             )
-        super().check_model(model)
+        super().configure_batches(request)
 
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or self.num_neighbors

@@ -17,9 +17,10 @@ from torch import Tensor, nn
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 
+from gnnscale.batch import layout_of
 from gnnscale.errors import ConfigError, check_probabilities
 from gnnscale.models.fast import Dropout
-from gnnscale.models.node import NodeClassifier, hops
+from gnnscale.models.node import NodeClassifier
 
 __all__ = ["EmbeddingSAGE"]
 
@@ -113,7 +114,7 @@ class EmbeddingSAGE(NodeClassifier):
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted loss; step both optimizers every ``accumulate_grad_batches`` micro-batches."""
         k = self.hparams["accumulate_grad_batches"]
-        out = self(self.embed(batch.n_id), batch.edge_index, *hops(batch))
+        out = self(self.embed(batch.n_id), batch.edge_index, layout_of(batch))
         y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
         loss = (F.cross_entropy(out.float(), y, reduction="none") * weight).sum()
         self.manual_backward(loss / k)  # loss_weight sums to ~1 per micro-batch: mean over k
@@ -125,7 +126,7 @@ class EmbeddingSAGE(NodeClassifier):
         return loss
 
     def _logits(self, batch: Data) -> tuple[Tensor, Tensor]:  # type: ignore[override]
-        out = self(self.embed(batch.n_id), batch.edge_index, *hops(batch))  # sampled: seeds
+        out = self(self.embed(batch.n_id), batch.edge_index, layout_of(batch))  # sampled: seeds
         return out[: batch.batch_size], batch.y[: batch.batch_size]
 
     def configure_optimizers(self) -> list[torch.optim.Optimizer]:  # type: ignore[override]

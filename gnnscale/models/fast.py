@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric import nn as pyg_nn
 
+from gnnscale.batch import HopLayout, SubgraphLayout
 from gnnscale.data.layout import csr_adjacency
 from gnnscale.errors import check_probabilities
 
@@ -179,6 +180,83 @@ class _SourcesAndTargets(torch.autograd.Function):
         return grad_src, None
 
 
+def hops_forward(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    x: Tensor,
+    edge_index: Tensor,
+    layout: HopLayout,
+    *,
+    target_only_layers: bool,
+    sparse_aggregation: bool,
+    bucket_rows: int,
+) -> Tensor:
+    """``gnn``'s forward on a neighbour batch: logits for its seeds (first) and maybe more rows.
+
+    With ``target_only_layers`` each layer computes only the rows the next one reads
+    (:func:`target_only`); else (models with a norm, whose statistics span a layer's rows) PyG's
+    ``trim_to_layer`` drops unread rows after each layer: logits for the seeds and their first
+    hop.
+
+    Args:
+        gnn: A PyG ``BasicGNN``.
+        x: Node features, hop by hop, seeds first (the first layer's targets only, given
+            ``layout.x_aggr``).
+        edge_index: Edges sorted by target.
+        layout: The batch's :class:`HopLayout`.
+        target_only_layers: Whether ``gnn``'s convs accept ``(x_src, x_dst)`` pairs and no norm
+            spans a layer's rows.
+        sparse_aggregation: Aggregate with a sparse-dense product on ``layout.rowptr``.
+        bucket_rows: Round hidden layers' rows up to a multiple of this (0: off).
+    """
+    if not target_only_layers:
+        return gnn(
+            x,
+            edge_index,
+            num_sampled_nodes_per_hop=layout.num_sampled_nodes,
+            num_sampled_edges_per_hop=layout.num_sampled_edges,
+        )
+    csc = None
+    if layout.colptr is not None and layout.csc_row is not None:
+        csc = (layout.colptr, layout.csc_row)
+    return target_only(
+        gnn,
+        x,
+        edge_index,
+        layout.num_sampled_nodes,
+        layout.num_sampled_edges,
+        layout.rowptr if sparse_aggregation else None,
+        bucket_rows,
+        None if layout.x_aggr is None else layout.x_aggr.to(x.dtype),
+        csc,
+    )
+
+
+def subgraph_forward(
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    x: Tensor,
+    edge_index: Tensor,
+    layout: SubgraphLayout,
+    bucket_rows: int,
+) -> Tensor:
+    """``gnn``'s forward on a Cluster-GCN or GraphSAINT subgraph, with a sparse aggregation.
+
+    Args:
+        gnn: A PyG ``BasicGNN`` whose convs take a sparse adjacency.
+        x: Node features of every node of the subgraph.
+        edge_index: Edges sorted by target.
+        layout: The batch's :class:`SubgraphLayout`.
+        bucket_rows: Pad the rows to a multiple of this (0: off; :func:`pad_rows`).
+    """
+    num_nodes, rowptr = x.size(0), layout.rowptr
+    if bucket_rows:
+        x, rowptr = pad_rows(x, rowptr, bucket_rows)
+    adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
+    csc = None
+    if layout.colptr is not None and layout.csc_row is not None:
+        csc = (rowptr, edge_index[0], layout.colptr, layout.csc_row)
+    return padded_forward(gnn, x, adj, num_nodes, csc)[:num_nodes]
+
+
 def target_only(
     gnn: pyg_nn.models.basic_gnn.BasicGNN,
     x: Tensor,
@@ -237,7 +315,7 @@ def target_only(
             pair = _SourcesAndTargets.apply(x, num_dst)
             if layer_rowptr is None:
                 x = conv(pair, edge_index[:, :num_edges])
-            elif csc is not None and num_edges == edge_index.size(1) and _takes_csc(conv, x):
+            elif csc is not None and num_edges == edge_index.size(1) and _takes_csc(conv):
                 x = _sage_conv(conv, pair, layer_rowptr, edge_index[0], csc)
             else:
                 x = conv(pair, csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges))
@@ -288,7 +366,7 @@ def padded_forward(
     """
     xs = []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
-        if csc is not None and _takes_csc(conv, x):
+        if csc is not None and _takes_csc(conv):
             x = _sage_conv(conv, (x, x), csc[0], csc[1], csc[2:])
         else:
             x = conv(x, adj)
@@ -320,17 +398,12 @@ def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tens
     return out
 
 
-def _takes_csc(conv: Any, x: Tensor) -> bool:
-    """Whether :func:`_sage_conv` computes ``conv``: a CPU ``SAGEConv`` with mean or sum.
+def _takes_csc(conv: Any) -> bool:
+    """Whether :func:`_sage_conv` computes ``conv``: a ``SAGEConv`` with mean or sum.
 
-    Measured on CPUs only; on GPUs PyG's path runs.
+    Batches carry the transpose on CPUs only (``BatchRequest.of``, where it was measured).
     """
-    return (
-        x.device.type == "cpu"
-        and isinstance(conv, pyg_nn.SAGEConv)
-        and conv.aggr in ("mean", "sum")
-        and not conv.project
-    )
+    return isinstance(conv, pyg_nn.SAGEConv) and conv.aggr in ("mean", "sum") and not conv.project
 
 
 def _sage_conv(

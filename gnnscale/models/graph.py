@@ -23,6 +23,7 @@ from torch_geometric.data import Batch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 from torchmetrics.classification import MulticlassAccuracy
 
+from gnnscale.batch import BatchRequest
 from gnnscale.errors import ConfigError, TrainingDiverged
 
 __all__ = ["GraphGINE"]
@@ -117,6 +118,10 @@ class GraphGINE(L.LightningModule):
         else:  # torchmetrics sums errors and counts: DDP reduces sums, not per-rank means
             self.val_metric, self.test_metric = MeanAbsoluteError(), MeanAbsoluteError()
             self.val_rmse = MeanSquaredError(squared=False)
+
+    def batch_request(self) -> BatchRequest:
+        """What this model's batches must carry (``gnnscale.batch``): ``edge_dim`` features."""
+        return BatchRequest(edge_dim=self.edge_dim)
 
     def forward(self, batch: Batch) -> Tensor:
         """One output per graph: ``[num_graphs]`` (regression) or ``[num_graphs, classes]``."""

@@ -13,6 +13,7 @@ from torch_geometric.data import HeteroData
 from torch_geometric.nn import SAGEConv, to_hetero
 from torchmetrics.classification import MulticlassAccuracy
 
+from gnnscale.batch import BatchRequest
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.models.embedding import HostEmbedding
 
@@ -48,6 +49,10 @@ class HeteroGNN(L.LightningModule):
     optimizer: OptimizerCallable
     embedding_optimizer: OptimizerCallable
     encoder: nn.Module | None
+
+    def batch_request(self) -> BatchRequest:
+        """What this model's batches must carry (``gnnscale.batch``): one fan-out per layer."""
+        return BatchRequest(int(self.hparams["num_layers"]))
 
     def _build_encoder(self, graph: dict[str, Any]) -> None:
         """Input layers per node type and the heterogeneous encoder, for ``graph``'s types."""

@@ -13,30 +13,21 @@ from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 from torchmetrics.classification import MulticlassAccuracy
 
-from gnnscale.batch import LayerwiseBatch
-from gnnscale.data.layout import csr_adjacency
+from gnnscale.batch import (
+    BatchRequest,
+    HopLayout,
+    LayerwiseBatch,
+    Layout,
+    SubgraphLayout,
+    layout_of,
+)
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
-from gnnscale.models.fast import Dropout, pad_rows, padded_forward, target_only
+from gnnscale.models import fast
+from gnnscale.models.fast import Dropout
 from gnnscale.models.inference import layerwise_inference
 
 _ADAM_LR = 0.005
 _ADAM_WEIGHT_DECAY = 5e-4
-
-
-def hops(
-    batch: Data,
-) -> tuple[
-    list[int] | None, list[int] | None, Tensor | None, Tensor | None, tuple[Tensor, Tensor] | None
-]:
-    """A batch's layout, first-layer aggregate and transposed adjacency (``gnnscale.data``)."""
-    csc = (batch.colptr, batch.csc_row) if "colptr" in batch else None
-    return (
-        batch.get("num_sampled_nodes"),
-        batch.get("num_sampled_edges"),
-        batch.get("rowptr"),
-        batch.get("x_aggr"),
-        csc,
-    )
 
 
 class NodeClassifier(L.LightningModule):
@@ -65,86 +56,64 @@ class NodeClassifier(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
-    # Set by the models whose layers take (source, target) pairs; see :func:`target_only`.
+    # What the layers can do, set by the subclasses (see gnnscale.models.fast): compute only
+    # the rows the next layer reads, aggregate with a sparse product, pad rows to multiples.
     target_only_layers = False
     sparse_aggregation = False
-    bucket_rows = 0  # see target_only
-    # The first layer's neighbour reduction, if the loader may compute it on the raw features
-    # (gnnscale.data.layout.aggregate_first_layer); None: the model aggregates every layer itself.
+    bucket_rows = 0
+    # The first layer's neighbour reduction, if the loader may compute it on the raw features;
+    # None: the model aggregates every layer itself.
     first_layer_aggr: str | None = None
-    # Whether training batches should carry their adjacency's transpose
-    # (gnnscale.data.layout.csc_layout), from which the sparse aggregation takes its backward.
+    # Whether the sparse aggregation takes its backward from the adjacency's transpose.
     csc_backward = False
 
-    def forward(
-        self,
-        x: Tensor,
-        edge_index: Tensor,
-        num_sampled_nodes: list[int] | None = None,
-        num_sampled_edges: list[int] | None = None,
-        rowptr: Tensor | None = None,
-        x_aggr: Tensor | None = None,
-        csc: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
+    def batch_request(self) -> BatchRequest:
+        """What this model's batches must carry (``gnnscale.batch``): its DataModule's input."""
+        return BatchRequest(self.num_layers, self.first_layer_aggr, self.csc_backward)
+
+    def forward(self, x: Tensor, edge_index: Tensor, layout: Layout | None = None) -> Tensor:
         """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
 
-        Given ``rowptr`` (``gnnscale.data.layout.csr_layout``: edges sorted by target), a model with
-        ``sparse_aggregation`` aggregates with a sparse-dense product.
+        Features are cast to the parameters' dtype (float32 under mixed precision; bfloat16,
+        float16 or float64 under ``*-true``).
 
-        Given a neighbour batch's layout (``gnnscale.data.layout.hop_layout``), each layer computes
-        only the rows the next one reads (:func:`target_only`) and the logits cover the
-        seeds. Models without ``target_only_layers`` (and any with a ``norm``, whose statistics
-        span a layer's rows) drop unread rows after each layer instead, with PyG's
-        ``trim_to_layer``: logits for the seeds and their first hop, seeds first. Features are
-        cast to the parameters' dtype (float32 under mixed precision; bfloat16, float16 or
-        float64 under ``*-true``).
-
-        Given ``x_aggr`` too (``gnnscale.data.layout.aggregate_first_layer``, for a model with
-        ``first_layer_aggr``), the first layer takes its aggregation from the loader and ``x``
-        holds its targets only. Given ``csc`` too (``gnnscale.data.layout.csc_layout``, for a model
-        with ``csc_backward``), the sparse aggregation's backward multiplies by it.
+        Args:
+            x: Node features (with a :class:`HopLayout` carrying ``x_aggr``: the first layer's
+                targets only).
+            edge_index: Edges; sorted by target when a layout is given.
+            layout: How the loader laid the batch out (``gnnscale.batch``). A
+                :class:`HopLayout` (neighbour batch): logits for the seeds, each layer
+                computing only the rows the next one reads (``fast.hops_forward``). A
+                :class:`SubgraphLayout` (Cluster-GCN, GraphSAINT): every node, aggregated with a
+                sparse product (``fast.subgraph_forward``). None: PyG's forward.
         """
-        if x_aggr is not None and self.first_layer_aggr is None:
+        if (
+            isinstance(layout, HopLayout)
+            and layout.x_aggr is not None
+            and not self.first_layer_aggr
+        ):
             raise ValueError(
-                f"{type(self).__name__} computes its first layer's aggregation itself: give "
-                "it batches without x_aggr (gnnscale.data.layout.hop_layout, first_layer_aggr=None)"
+                f"{type(self).__name__} computes its first layer's aggregation itself: give it "
+                "batches without x_aggr (its batch_request() asks for none)"
             )
         x = x.to(self.dtype)
-        if num_sampled_nodes is None or num_sampled_edges is None:  # every node is computed
-            if rowptr is not None and self.sparse_aggregation:  # a Cluster-GCN or SAINT batch
-                num_nodes = x.size(0)
-                if self.bucket_rows:
-                    x, rowptr = pad_rows(x, rowptr, self.bucket_rows)
-                adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
-                layout = None if csc is None else (rowptr, edge_index[0], *csc)
-                return padded_forward(self.gnn, x, adj, num_nodes, layout)[:num_nodes]
-            return self.gnn(x, edge_index)
-        if not self.target_only_layers:
-            return self.gnn(
+        if isinstance(layout, HopLayout):
+            return fast.hops_forward(
+                self.gnn,
                 x,
                 edge_index,
-                num_sampled_nodes_per_hop=num_sampled_nodes,
-                num_sampled_edges_per_hop=num_sampled_edges,
+                layout,
+                target_only_layers=self.target_only_layers,
+                sparse_aggregation=self.sparse_aggregation,
+                bucket_rows=self.bucket_rows,
             )
-        if x_aggr is not None:
-            x_aggr = x_aggr.to(self.dtype)
-        if not self.sparse_aggregation:
-            rowptr = None
-        return target_only(
-            self.gnn,
-            x,
-            edge_index,
-            num_sampled_nodes,
-            num_sampled_edges,
-            rowptr,
-            self.bucket_rows,
-            x_aggr,
-            csc,
-        )
+        if isinstance(layout, SubgraphLayout) and self.sparse_aggregation:
+            return fast.subgraph_forward(self.gnn, x, edge_index, layout, self.bucket_rows)
+        return self.gnn(x, edge_index)
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
-        out = self(batch.x, batch.edge_index, *hops(batch))
+        out = self(batch.x, batch.edge_index, layout_of(batch))
         y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
         # Nodes outside every split may be unlabelled (y = -1): they weigh 0 and are ignored.
         loss = (F.cross_entropy(out.float(), y, reduction="none", ignore_index=-1) * weight).sum()
@@ -165,7 +134,7 @@ class NodeClassifier(L.LightningModule):
             if batch.mask is not None:
                 out, y = out[batch.mask], y[batch.mask]
             return out.to(self.device), y.to(self.device)
-        out, y = self(batch.x, batch.edge_index, *hops(batch)), batch.y
+        out, y = self(batch.x, batch.edge_index, layout_of(batch)), batch.y
         if "batch_size" in batch:  # sampled: the evaluated seed nodes come first
             return out[: batch.batch_size], y[: batch.batch_size]
         mask = batch.get("eval_mask")  # the whole graph
