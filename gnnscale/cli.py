@@ -42,7 +42,8 @@ from gnnscale.data.node import NeighborDataModule
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
-from gnnscale.plan import PLANNED, MemoryPlan, format_plan, plan
+from gnnscale.memory import Plannable
+from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
 
 __all__ = [
@@ -167,7 +168,7 @@ class Trainer(L.Trainer):
                 fan-out (for neighbour sampling) that fit.
             num_batches: Training batches to sample and train on (more: a steadier estimate).
         """
-        if not isinstance(datamodule, PLANNED):
+        if not isinstance(datamodule, Plannable):
             raise ConfigError(
                 "gnnscale plan models the batches of gnnscale's node, link and graph DataModules; "
                 f"{type(datamodule).__name__} is not one of them (measure a short fit instead)"

@@ -18,12 +18,12 @@ cache). The prediction is the peak resident memory of one training process (the 
 ``ThroughputMonitor`` logs as ``perf/peak_rss_mb``); DataLoader workers are separate processes,
 and in a data-parallel run each rank draws its share of the batches.
 
-The same measurements serve every gnnscale DataModule: node batches (``NodeDataModule``),
-link batches (``LinkDataModule``: heterogeneous, counted over every node and edge type, and
-an evaluation that embeds every node and ranks every destination, run and measured as a
-whole) and batches of many small graphs (``GraphDataModule``: counted over all their graphs;
-its store stays on disk, so only ``storage: memory`` adds graph tensors). Only layer-wise
-inference and the fan-out in budget suggestions are specific to node batches.
+The same measurements serve every DataModule that answers ``memory_profile()``
+(``gnnscale.memory``; gnnscale's node, heterogeneous, link and many-graph DataModules do): it
+says which graph tensors it holds and which files it maps, how it evaluates (its layer-wise
+inference batch, whose buffers are computed; otherwise a few evaluation batches are measured,
+a link evaluation as one whole step) and which settings shrink its batches. The planner never
+asks which DataModule it holds.
 """
 
 from __future__ import annotations
@@ -38,23 +38,13 @@ from typing import Any, cast
 import lightning as L
 import torch
 from lightning.pytorch.trainer.setup import _determine_batch_limits
-from torch import Tensor
 
 from gnnscale.batch import HopLayout, LayerwiseBatch, LinkEval
-from gnnscale.data.graphs import GraphDataModule
-from gnnscale.data.hetero import HeteroNeighborDataModule
-from gnnscale.data.link import LinkDataModule
-from gnnscale.data.node import NeighborDataModule, NodeDataModule
 from gnnscale.measure import PeakRSS, SavedTensors, rss_mb
+from gnnscale.memory import MemoryProfile, MiB, Plannable, tensor_mb
 from gnnscale.models.inference import seeds_layer
-from gnnscale.models.node import NodeClassifier
 
-__all__ = ["PLANNED", "BatchStats", "MemoryPlan", "format_plan", "plan"]
-
-MiB = 2**20
-# The DataModules ``plan`` models: node, link and many-graph batches.
-PLANNED = (NodeDataModule, HeteroNeighborDataModule, LinkDataModule, GraphDataModule)
-Planned = NodeDataModule | HeteroNeighborDataModule | LinkDataModule | GraphDataModule
+__all__ = ["BatchStats", "MemoryPlan", "format_plan", "plan"]
 
 
 @dataclass
@@ -125,43 +115,6 @@ class MemoryPlan:
     cuda_peak_mb: float | None = None
 
 
-def _tensor_mb(*tensors: Tensor) -> float:
-    return sum(t.numel() * t.element_size() for t in tensors) / MiB
-
-
-def _store_tensors(*graphs: Any) -> list[Tensor]:
-    """Every tensor of ``graphs`` (``Data`` or ``HeteroData``), each storage counted once."""
-    found = {}
-    for graph in graphs:
-        for store in graph.stores:
-            for value in store.values():
-                if torch.is_tensor(value):
-                    found[(value.data_ptr(), value.numel(), value.dtype)] = value
-    return list(found.values())
-
-
-def _graph_mb(dm: Planned) -> float:
-    """Bytes of the graph tensors the DataModule holds in memory."""
-    if isinstance(dm, NodeDataModule):
-        return _tensor_mb(*[v for _, v in dm.data("x", "edge_index", "y")])
-    if isinstance(dm, LinkDataModule):  # the graph and its three splits, which share features
-        return _tensor_mb(*_store_tensors(dm.data, *dm.splits))
-    if isinstance(dm, HeteroNeighborDataModule):
-        return _tensor_mb(*_store_tensors(dm.data))
-    if dm.storage == "memory":  # every graph read in and collated (PyG's InMemoryDataset)
-        graphs: Any = dm.graphs
-        return _tensor_mb(*_store_tensors(graphs._data), *graphs.slices.values())
-    return 0.0  # the store stays on disk; batches read their graphs from it
-
-
-def _eval_mode(dm: Planned) -> str:
-    if isinstance(dm, NodeDataModule):
-        return dm.eval.mode
-    if isinstance(dm, HeteroNeighborDataModule):
-        return "sampled"
-    return "ranking" if isinstance(dm, LinkDataModule) else "batches"
-
-
 def _batch_nodes(batch: Any) -> int:
     """Nodes of a batch; a link evaluation step embeds every node of its graph."""
     return int((batch.graph if isinstance(batch, LinkEval) else batch).num_nodes)
@@ -205,7 +158,7 @@ class _Probe(L.Callback):
                 sum(hops) if hops else batch.num_nodes,
                 sum(layout.num_sampled_edges) if hops else batch.num_edges,
                 hops,
-                _tensor_mb(*features),
+                tensor_mb(*features),
                 self._saved.nbytes / MiB,
             )
         )
@@ -220,7 +173,7 @@ class _Probe(L.Callback):
         state = [t for o in trainer.optimizers for s in o.state.values() for t in s.values()]
         params = list(pl_module.parameters())
         grads = [p.grad for p in params if p.grad is not None and not p.grad.is_sparse]
-        self.model_mb = _tensor_mb(*params, *grads, *[t for t in state if torch.is_tensor(t)])
+        self.model_mb = tensor_mb(*params, *grads, *[t for t in state if torch.is_tensor(t)])
 
 
 def _quiet_trainer(trainer_kwargs: dict[str, Any], probe: L.Callback, **limits: Any) -> L.Trainer:
@@ -264,7 +217,7 @@ class _EvalProbe(L.Callback):
 
 
 def _validate_mb(
-    dm: Planned,
+    dm: L.LightningDataModule,
     model: L.LightningModule,
     trainer_kwargs: dict[str, Any],
     num_batches: int,
@@ -312,7 +265,7 @@ def _checkpoint_mb(trainer: L.Trainer, model: L.LightningModule) -> float:
     return max(peak.peak_mb - before, 0.0)  # sampled peaks can read a hair under the start
 
 
-def _layerwise_mb(dm: NodeDataModule, model: NodeClassifier, precision: str) -> float:
+def _layerwise_mb(batch: LayerwiseBatch, model: Any, precision: str) -> float:
     """Whole-graph buffers of layer-wise inference, plus its largest one-hop batch.
 
     Per layer, ``gnnscale.models.inference.layerwise_inference`` keeps the layer's input for all
@@ -322,8 +275,6 @@ def _layerwise_mb(dm: NodeDataModule, model: NodeClassifier, precision: str) -> 
     measured by running each layer on the largest of a few batches, in the run's precision.
     """
     start = rss_mb()
-    batch = next(iter(dm._eval_loader("val_mask")))
-    assert isinstance(batch, LayerwiseBatch)
     biggest = max(
         (b for _, b in zip(range(8), batch.loader, strict=False)), key=lambda b: b.num_edges
     )
@@ -340,9 +291,9 @@ def _layerwise_mb(dm: NodeDataModule, model: NodeClassifier, precision: str) -> 
             x = biggest.x.float() if i == 0 else torch.randn(biggest.num_nodes, d_in, dtype=dtype)
             seeds_layer(gnn, i, x, biggest.edge_index, biggest.batch_size)
             del x
-    step_mb = peak.peak_mb - before + _tensor_mb(*[v for _, v in biggest if torch.is_tensor(v)])
+    step_mb = peak.peak_mb - before + tensor_mb(*[v for _, v in biggest if torch.is_tensor(v)])
     value = {"64": 8, "32": 4}.get(str(precision).split("-")[0], 2) / MiB  # bytes, in MiB
-    num = dm.data.num_nodes
+    num = batch.y.numel()
     layers = [
         (num * d_in * value if i else 0) + num * d_out * value + step_mb
         for i, (d_in, d_out) in enumerate(zip(widths, widths[1:], strict=False))
@@ -351,7 +302,7 @@ def _layerwise_mb(dm: NodeDataModule, model: NodeClassifier, precision: str) -> 
 
 
 def plan(
-    dm: Planned,
+    dm: Plannable,
     model: L.LightningModule,
     trainer_kwargs: dict[str, Any],
     num_batches: int = 6,
@@ -386,8 +337,10 @@ def plan(
         limit_val_batches=0,
         num_sanity_val_steps=0,
     )
-    trainer.fit(model, datamodule=dm)
-    per_epoch = math.ceil(len(dm.train_dataloader()) / world_size)
+    datamodule = cast(L.LightningDataModule, dm)
+    trainer.fit(model, datamodule=datamodule)
+    profile = dm.memory_profile()
+    per_epoch = math.ceil(len(datamodule.train_dataloader()) / world_size)
     # As the Trainer reads it: an int (or a whole float above 1, as the CLI may parse "3") is a
     # count of batches, a float up to 1 a fraction of the epoch.
     limit = _determine_batch_limits(limit_train_batches, "limit_train_batches")
@@ -419,20 +372,14 @@ def plan(
     step_mb = max(0.0, probe.peak_mb - resident_mb) * scale
     growth_mb = min(per_batch * run_epochs * per_epoch, step_mb)
     checkpoint_mb = _checkpoint_mb(trainer, model) if checkpoint else 0.0
-    eval_mode = _eval_mode(dm)
-    if isinstance(dm, NodeDataModule) and eval_mode == "layerwise":
-        eval_mb = _layerwise_mb(dm, cast(NodeClassifier, model), trainer_kwargs["precision"])
+    if profile.layerwise is not None:
+        eval_mb = _layerwise_mb(profile.layerwise, model, trainer_kwargs["precision"])
     else:
-        eval_mb = _validate_mb(dm, model, trainer_kwargs, num_batches, world_size)
-    mapped_mb = 0.0
-    if isinstance(dm, NodeDataModule) and dm.dataset == "prepared":
-        mapped_mb = dm.prepared.nbytes / MiB
-    elif isinstance(dm, GraphDataModule) and dm.storage == "disk" and dm.store.backend == "lmdb":
-        # LMDB maps its file; SQLite reads through the page cache without mapping it.
-        mapped_mb = dm.store.path.stat().st_size / MiB
+        eval_mb = _validate_mb(datamodule, model, trainer_kwargs, num_batches, world_size)
+    mapped_mb = profile.mapped_mb
     result = MemoryPlan(
         base_mb=probe.base_mb,
-        graph_mb=_graph_mb(dm),
+        graph_mb=profile.graph_mb,
         model_mb=probe.model_mb,
         train_mb=train_mb,
         resident_mb=resident_mb,
@@ -445,42 +392,27 @@ def plan(
         mapped_mb=mapped_mb,
         batches=probe.batches,
         batches_per_epoch=per_epoch,
-        eval_mode=eval_mode,
+        eval_mode=profile.eval_mode,
     )
     if probe.cuda_mb is not None:  # layer-wise inference keeps its whole-graph buffers on the host
         before, peak = probe.cuda_mb
         result.cuda_peak_mb = before + (peak - before) * scale
     if budget_gb is not None and result.peak_mb > budget_gb * 1024:
-        result.suggestions = _suggest(dm, result, budget_gb * 1024)
+        result.suggestions = _suggest(profile, result, budget_gb * 1024)
     return result
 
 
-def _suggest(dm: Planned, result: MemoryPlan, budget_mb: float) -> list[str]:
-    """Batch sizes (and fan-outs) whose sampled batches scale the measured step under budget."""
+def _suggest(profile: MemoryProfile, result: MemoryPlan, budget_mb: float) -> list[str]:
+    """Settings whose batches (and evaluation) fit the budget, from the measured step."""
     room = budget_mb - result.base_mb - result.growth_mb
     after_training = budget_mb - result.resident_mb - result.growth_mb
     if room <= 0:
-        if not isinstance(dm, NodeDataModule):
-            return [
-                f"the data and process alone take {result.base_mb:,.0f} MiB: use a larger machine"
-            ]
-        return [
-            f"the graph and process alone take {result.base_mb:,.0f} MiB: prune it "
-            "(--data.preprocess.largest_component=true), store features as bfloat16 "
-            "(--data.preprocess.feature_dtype=bfloat16) or use a larger machine"
-        ]
+        return [f"the data and process alone take {result.base_mb:,.0f} MiB: {profile.data_fix}"]
     tips = []
-    # A graph DataModule evaluates batches of --data.batch_size: the batch size tip covers it.
-    if result.eval_mb > after_training and not isinstance(dm, GraphDataModule):
-        fix = "use --data.eval.mode=sampled (memory of a training batch, without gradients)"
-        if isinstance(dm, HeteroNeighborDataModule):
-            fix = "evaluate fewer seeds at a time (a lower --data.eval_batch_size)"
-        if isinstance(dm, LinkDataModule):
-            fix = (
-                "rank a sample of the destinations (--data.eval.candidates) or embed and rank "
-                "fewer at a time (a lower --data.eval.batch_size)"
-            )
-        tips.append(f"evaluation ({result.eval_mode}) needs {result.eval_mb:,.0f} MiB: {fix}")
+    if result.eval_mb > after_training and profile.eval_fix is not None:
+        tips.append(
+            f"evaluation ({result.eval_mode}) needs {result.eval_mb:,.0f} MiB: {profile.eval_fix}"
+        )
     if result.checkpoint_mb > after_training:
         tips.append(
             f"saving and loading a checkpoint needs {result.checkpoint_mb:,.0f} MiB: keep "
@@ -490,36 +422,9 @@ def _suggest(dm: Planned, result: MemoryPlan, budget_mb: float) -> list[str]:
     if result.train_mb <= room:
         return tips
     # MiB per node of an average batch, with the epoch's tail batch folded in.
-    per_node = result.train_mb / statistics.mean(b.nodes for b in result.batches)
-    batch_size = int(getattr(dm, "batch_size", 0))
-    if isinstance(dm, NeighborDataModule):
-        for fanout in (dm.num_neighbors, [max(1, k // 2) for k in dm.num_neighbors]):
-            size = batch_size
-            while size >= 16:
-                if _mean_nodes(dm, size, fanout) * per_node <= room:
-                    return [*tips, f"--data.batch_size={size} --data.num_neighbors={fanout}"]
-                size //= 2
-        return [*tips, "no batch size down to 16 fits: use a machine with more memory"]
-    # Cluster, GraphSAINT, link and many-graph batches grow in proportion to batch_size (a
-    # graph DataModule evaluates with it too).
-    size = int(batch_size * room / result.train_mb)
-    if size >= 1:
-        tips.append(f"--data.batch_size={size} (nodes per batch grow with it)")
-    return tips
-
-
-def _mean_nodes(dm: NeighborDataModule, batch_size: int, fanout: list[int]) -> float:
-    """Mean nodes of three batches sampled with other settings (sampling only, no training)."""
-    from torch_geometric.loader import NeighborLoader
-
-    loader = NeighborLoader(
-        dm.data,
-        num_neighbors=fanout,
-        input_nodes=dm.data.train_mask,
-        batch_size=batch_size,
-        shuffle=True,
-    )
-    return statistics.mean(b.num_nodes for _, b in zip(range(3), loader, strict=False))
+    mean_nodes = statistics.mean(b.nodes for b in result.batches)
+    tip = profile.smaller_batches(room / (result.train_mb / mean_nodes), mean_nodes)
+    return [*tips, tip] if tip else tips
 
 
 def format_plan(result: MemoryPlan) -> str:

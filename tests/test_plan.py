@@ -254,10 +254,14 @@ def test_plan_measures_link_and_graph_batches_and_their_evaluation(tmp_path, nam
     )
     # A budget with room for half the step: a batch size about half as large.
     budget = plan.base_mb + plan.growth_mb + plan.train_mb / 2
-    (tip,) = [t for t in _suggest(cli.datamodule, plan, budget) if t.startswith("--data.batch")]
+    (tip,) = [
+        t
+        for t in _suggest(cli.datamodule.memory_profile(), plan, budget)
+        if t.startswith("--data.batch")
+    ]
     size = int(re.search(r"batch_size=(\d+)", tip).group(1))
     assert size <= cli.datamodule.batch_size / 2
-    (tip,) = _suggest(cli.datamodule, plan, plan.base_mb / 2)
+    (tip,) = _suggest(cli.datamodule.memory_profile(), plan, plan.base_mb / 2)
     assert "use a larger machine" in tip and "preprocess" not in tip  # no such flag here
     if name != "many_graphs_on_disk":
         # Items carry features (users and categories learn embeddings): x of every node type.

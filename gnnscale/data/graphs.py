@@ -6,7 +6,7 @@ import math
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import numpy as np
@@ -17,6 +17,7 @@ from torch_geometric.data import Batch, Data, InMemoryDataset
 from gnnscale.batch import BatchRequest
 from gnnscale.data.args import LoaderArgs
 from gnnscale.errors import ConfigError
+from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
 from gnnscale.stores.graphs import BACKENDS, Backend, GraphStore, write_graphs
 
 # --- the generated atom-like graphs --------------------------------------------------------
@@ -341,6 +342,24 @@ class GraphDataModule(L.LightningDataModule):
             sampler=sampler,
             collate_fn=_Collate(self.batch_size),
             **self.loader.kwargs(),
+        )
+
+    def memory_profile(self) -> MemoryProfile:
+        """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``).
+
+        Evaluation batches have ``batch_size`` graphs too: the batch-size suggestion covers it.
+        """
+        graph_mb, mapped_mb = 0.0, 0.0  # on disk, batches read their graphs from the store
+        if self.storage == "memory":  # every graph read in and collated (InMemoryDataset)
+            graphs: Any = self.graphs
+            graph_mb = tensor_mb(*store_tensors(graphs._data), *graphs.slices.values())
+        elif self.store.backend == "lmdb":  # LMDB maps its file; SQLite reads, unmapped
+            mapped_mb = self.store.path.stat().st_size / MiB
+        return MemoryProfile(
+            graph_mb=graph_mb,
+            eval_mode="batches",
+            smaller_batches=proportional_batches(self.batch_size),
+            mapped_mb=mapped_mb,
         )
 
     def train_dataloader(self) -> DataLoader:

@@ -29,6 +29,7 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.data.sources import check_root, log_backend_once
 from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
+from gnnscale.memory import MemoryProfile, proportional_batches, store_tensors, tensor_mb
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -264,6 +265,15 @@ class HeteroNeighborDataModule(HeteroGraphData):
             store[split],
             store.num_nodes,
             lambda seeds: self._loader(seeds, self.eval_batch_size),
+        )
+
+    def memory_profile(self) -> MemoryProfile:
+        """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
+        return MemoryProfile(
+            graph_mb=tensor_mb(*store_tensors(self.data)),
+            eval_mode="sampled",
+            smaller_batches=proportional_batches(self.batch_size),
+            eval_fix="evaluate fewer seeds at a time (a lower --data.eval_batch_size)",
         )
 
     def train_dataloader(self) -> ResumableLoader:

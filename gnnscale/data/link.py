@@ -48,6 +48,7 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.data.sources import DATASETS, check_root, load_dataset, log_backend_once
 from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
+from gnnscale.memory import MemoryProfile, proportional_batches, store_tensors, tensor_mb
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -313,6 +314,16 @@ class LinkDataModule(HeteroGraphData):
         if self.undirected:
             keys = torch.cat([keys, pair_keys(edges.flip(0), num_dst)])
         return torch.unique(keys)
+
+    def memory_profile(self) -> MemoryProfile:
+        """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
+        return MemoryProfile(  # the graph and its three splits, which share features
+            graph_mb=tensor_mb(*store_tensors(self.data, *self.splits)),
+            eval_mode="ranking",
+            smaller_batches=proportional_batches(self.batch_size),
+            eval_fix="rank a sample of the destinations (--data.eval.candidates) or embed and "
+            "rank fewer at a time (a lower --data.eval.batch_size)",
+        )
 
     def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of supervision edges with negatives and sampled neighbourhoods."""

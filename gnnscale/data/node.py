@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import statistics
 import time
 from collections.abc import Callable
 from functools import cached_property
@@ -48,6 +49,7 @@ from gnnscale.data.sources import (
 )
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
+from gnnscale.memory import MemoryProfile, MiB, tensor_mb
 from gnnscale.stores.prepared import PreparedGraph
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -275,6 +277,26 @@ class NodeDataModule(L.LightningDataModule):
         loader = self._neighbor_loader(data, [-1], batch_size=self.eval.batch_size)
         return single(LayerwiseBatch(loader, data.y, mask))
 
+    def memory_profile(self) -> MemoryProfile:
+        """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
+        layerwise = None
+        if self.eval.mode == "layerwise":  # its whole-graph buffers are computed, not measured
+            layerwise = next(iter(self._eval_loader("val_mask")))
+        return MemoryProfile(
+            graph_mb=tensor_mb(*[v for _, v in self.data("x", "edge_index", "y")]),
+            eval_mode=self.eval.mode,
+            smaller_batches=self._smaller_batches,
+            mapped_mb=self.prepared.nbytes / MiB if self.dataset == "prepared" else 0.0,
+            layerwise=layerwise,
+            data_fix="prune the graph (--data.preprocess.largest_component=true), store features "
+            "as bfloat16 (--data.preprocess.feature_dtype=bfloat16) or use a larger machine",
+            eval_fix="use --data.eval.mode=sampled (memory of a training batch, without gradients)",
+        )
+
+    def _smaller_batches(self, max_nodes: float, mean_nodes: float) -> str | None:
+        """Settings whose batches hold at most ``max_nodes`` nodes on average (none here)."""
+        return None
+
     def val_dataloader(self) -> Any:
         """Validation nodes, evaluated as ``eval.mode`` says."""
         return self._eval_loader("val_mask")
@@ -414,6 +436,27 @@ class NeighborDataModule(NodeDataModule):
             transform=self._hop_layout(len(self.num_neighbors), train=True),
         )
         return self._resumable(loader, shuffle=True)
+
+    def _smaller_batches(self, max_nodes: float, mean_nodes: float) -> str | None:
+        """The largest batch size (then with halved fan-outs) whose batches fit ``max_nodes``."""
+        for fanout in (self.num_neighbors, [max(1, k // 2) for k in self.num_neighbors]):
+            size = self.batch_size
+            while size >= 16:
+                if self._mean_nodes(size, fanout) <= max_nodes:
+                    return f"--data.batch_size={size} --data.num_neighbors={fanout}"
+                size //= 2
+        return "no batch size down to 16 fits: use a machine with more memory"
+
+    def _mean_nodes(self, batch_size: int, fanout: list[int]) -> float:
+        """Mean nodes of three batches sampled with other settings (sampling only)."""
+        loader = NeighborLoader(
+            self.data,
+            num_neighbors=fanout,
+            input_nodes=self.data.train_mask,
+            batch_size=batch_size,
+            shuffle=True,
+        )
+        return statistics.mean(b.num_nodes for _, b in zip(range(3), loader, strict=False))
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         # Seeds come first; a short last batch keeps weight 1/batch_size per seed, so every

@@ -28,6 +28,7 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
 from gnnscale.measure import trim_heap
+from gnnscale.memory import proportional_batches
 from gnnscale.stores.cache import cached_folder, check_writable
 
 
@@ -168,6 +169,10 @@ class ClusterDataModule(NodeDataModule):
         )
         return self._resumable(loader, shuffle=True, transform=self._subgraph_layout())
 
+    def _smaller_batches(self, max_nodes: float, mean_nodes: float) -> str | None:
+        size = int(self.clusters_per_batch * max_nodes / mean_nodes)
+        return f"--data.clusters_per_batch={size} (nodes per batch grow with it)" if size else None
+
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         return batch.loss_weight, int(batch.train_mask.sum())
 
@@ -280,6 +285,9 @@ class SAINTDataModule(NodeDataModule):
                 "weights; delete the folder to rebuild it"
             )
         return self._resumable(loader, shuffle=False, transform=self._subgraph_layout())
+
+    def _smaller_batches(self, max_nodes: float, mean_nodes: float) -> str | None:
+        return proportional_batches(self.batch_size)(max_nodes, mean_nodes)
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         train = batch.train_mask

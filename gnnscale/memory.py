@@ -1,0 +1,86 @@
+"""What a DataModule tells ``gnnscale plan`` about its memory: its one method's answer.
+
+``gnnscale plan`` (``gnnscale.plan``) trains a few batches of any DataModule and measures them;
+what it cannot measure that way it asks the DataModule through ``memory_profile()``, which
+returns a :class:`MemoryProfile`: the graph it holds, the files it maps, how it evaluates, and
+what a user can change when the run does not fit. The planner never asks which class it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["MemoryProfile", "Plannable", "proportional_batches", "store_tensors", "tensor_mb"]
+
+MiB = 2**20
+
+
+def tensor_mb(*tensors: Tensor) -> float:
+    """MiB of ``tensors``' elements."""
+    return sum(t.numel() * t.element_size() for t in tensors) / MiB
+
+
+def store_tensors(*graphs: Any) -> list[Tensor]:
+    """Every tensor of ``graphs`` (``Data`` or ``HeteroData``), each storage counted once."""
+    found = {}
+    for graph in graphs:
+        for store in graph.stores:
+            for value in store.values():
+                if torch.is_tensor(value):
+                    found[(value.data_ptr(), value.numel(), value.dtype)] = value
+    return list(found.values())
+
+
+def proportional_batches(batch_size: int) -> Callable[[float, float], str | None]:
+    """The batch-size suggestion for batches whose nodes grow in proportion to ``batch_size``.
+
+    Cluster-GCN, GraphSAINT, link and many-graph batches do.
+    """
+
+    def suggest(max_nodes: float, mean_nodes: float) -> str | None:
+        size = int(batch_size * max_nodes / mean_nodes)
+        return f"--data.batch_size={size} (nodes per batch grow with it)" if size >= 1 else None
+
+    return suggest
+
+
+@dataclass
+class MemoryProfile:
+    """What a DataModule's memory is made of, beyond the batches the planner measures.
+
+    Args:
+        graph_mb: Graph tensors the DataModule holds in private memory.
+        eval_mode: How it evaluates, as the plan reports it (``layerwise``, ``sampled``,
+            ``full``, ``ranking``, ``batches``).
+        mapped_mb: Files it maps whole (a prepared graph, an LMDB store): page cache, shared by
+            every process on the machine.
+        layerwise: For exact layer-wise inference, its evaluation batch
+            (``gnnscale.batch.LayerwiseBatch``): evaluation's whole-graph buffers are then
+            computed from the model's widths; none: a few evaluation batches are measured.
+        smaller_batches: Given the most nodes a batch may hold on average to fit and the
+            measured batches' mean, the settings that fit (``--data...``), or none.
+        data_fix: What to change when the graph and the process alone exceed the budget.
+        eval_fix: What lowers evaluation's memory; none: the batch-size suggestion covers it.
+    """
+
+    graph_mb: float
+    eval_mode: str
+    smaller_batches: Callable[[float, float], str | None]
+    mapped_mb: float = 0.0
+    layerwise: Any = None
+    data_fix: str = "use a larger machine"
+    eval_fix: str | None = None
+
+
+@runtime_checkable
+class Plannable(Protocol):
+    """A DataModule ``gnnscale plan`` can plan: gnnscale's all are."""
+
+    def memory_profile(self) -> MemoryProfile:
+        """What the DataModule's memory is made of (called once its data is set up)."""
+        ...
