@@ -37,7 +37,6 @@ from typing import Any, cast
 
 import lightning as L
 import torch
-from lightning.pytorch.trainer.setup import _determine_batch_limits
 
 from gnnscale.batch import HopLayout, LayerwiseBatch, LinkEval
 from gnnscale.measure import PeakRSS, SavedTensors, rss_mb
@@ -341,12 +340,12 @@ def plan(
     trainer.fit(model, datamodule=datamodule)
     profile = dm.memory_profile()
     per_epoch = math.ceil(len(datamodule.train_dataloader()) / world_size)
-    # As the Trainer reads it: an int (or a whole float above 1, as the CLI may parse "3") is a
-    # count of batches, a float up to 1 a fraction of the epoch.
-    limit = _determine_batch_limits(limit_train_batches, "limit_train_batches")
-    if isinstance(limit, int):
-        per_epoch = min(per_epoch, limit)
-    else:
+    # As the Trainer reads it: an int (or a float above 1, as the CLI may parse "3") is a count
+    # of batches, a float up to 1 a fraction of the epoch.
+    limit = limit_train_batches
+    if isinstance(limit, int) or (limit is not None and limit > 1):
+        per_epoch = min(per_epoch, int(limit))
+    elif limit is not None:
         per_epoch = max(1, int(per_epoch * limit))
     nodes = [b.nodes for b in probe.batches]
     scale = _expected_max(nodes, per_epoch) / max(nodes)
