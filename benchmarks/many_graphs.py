@@ -28,7 +28,7 @@ import lightning as L
 from blocks import Block
 
 from gnnscale.cli import main
-from gnnscale.data.args import LoaderArgs
+from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphs, GraphDataModule, features_only_mae, prepare_graphs
 from gnnscale.measure import anon_mb, peak_rss_mb, read_metrics, rss_mb
 
@@ -149,7 +149,7 @@ def measure(num_graphs: int, epochs: int, train_epochs: int, workdir: Path) -> d
         ],  # fmt: skip
     )
     m = trained["metrics"]
-    dm = GraphDataModule(workdir / "lmdb", val_fraction=0.02, test_fraction=0.02)
+    dm = GraphDataModule(workdir / "lmdb", split=GraphSplit(0.02, 0.02))
     train = [dm.store[int(i)] for i in dm.splits["train"][:20000]]
     test = [dm.store[int(i)] for i in dm.splits["test"]]
     result["training"] = {

@@ -253,8 +253,8 @@ RECIPES: tuple[Recipe, ...] = (
         tiny=(
             "--trainer.max_epochs=12",
             "--data.init_args.batch_size=16",
-            "--data.init_args.val_fraction=0.1",
-            "--data.init_args.test_fraction=0.2",
+            "--data.init_args.split.val_fraction=0.1",
+            "--data.init_args.split.test_fraction=0.2",
             *_NO_WORKERS,
             "--model.init_args.hidden_channels=64",
             "--model.init_args.num_rbf=16",

@@ -17,7 +17,7 @@ from torch_geometric.data import Data
 
 from gnnscale import GraphDataModule, GraphGINE
 from gnnscale.batch import BatchRequest
-from gnnscale.data.args import LoaderArgs
+from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.measure import anon_mb
@@ -184,15 +184,15 @@ def test_prepare_keeps_a_complete_store_and_refuses_other_settings(store):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"backend": "rocksdb"}, "--data.backend 'rocksdb' is not known"),
-        ({"val_fraction": 0.0}, r"--data.val_fraction must be in \(0, 1\)"),
-        ({"val_fraction": 0.5, "test_fraction": 0.5}, "must be < 1, leaving graphs to train"),
-        ({"batch_size": 0}, "--data.batch_size must be >= 1"),
+        (lambda: {"backend": "rocksdb"}, "--data.backend 'rocksdb' is not known"),
+        (lambda: {"split": GraphSplit(0.0)}, r"--data.split.val_fraction must be in \(0, 1\)"),
+        (lambda: {"split": GraphSplit(0.5, 0.5)}, "must be < 1, leaving graphs to train"),
+        (lambda: {"batch_size": 0}, "--data.batch_size must be >= 1"),
     ],
 )
 def test_settings_are_refused_naming_the_flag(store, kwargs, message):
     with pytest.raises(ConfigError, match=message):
-        GraphDataModule(store, **kwargs)
+        GraphDataModule(store, **kwargs())
 
 
 def test_the_backend_setting_must_match_the_store(store):
@@ -225,7 +225,7 @@ def _trained_once(batches_per_rank, expected) -> None:
 
 def test_two_ranks_train_every_graph_exactly_once_per_epoch(store):
     # 300 graphs, 242 to train on: 121 per rank in batches of 16, the last one short.
-    dm = GraphDataModule(store, batch_size=16, val_fraction=0.1, test_fraction=0.09)
+    dm = GraphDataModule(store, batch_size=16, split=GraphSplit(0.1, 0.09))
     train = dm.splits["train"]
     assert len(train) % 2 == 1  # odd: one rank draws a padding copy
     orders = []
@@ -241,7 +241,7 @@ def test_two_ranks_train_every_graph_exactly_once_per_epoch(store):
 
 def test_the_exactly_once_check_fails_a_broken_sampler(store):
     """The check above fails a plain DistributedSampler (its padding trains a graph twice)."""
-    dm = GraphDataModule(store, batch_size=16, val_fraction=0.1, test_fraction=0.09)
+    dm = GraphDataModule(store, batch_size=16, split=GraphSplit(0.1, 0.09))
     from gnnscale.data.graphs import _Split
 
     split = _Split(dm.graphs, dm.splits["train"])
@@ -259,7 +259,7 @@ def test_the_exactly_once_check_fails_a_broken_sampler(store):
 
 
 def test_evaluation_scores_every_graph_once_across_ranks(store):
-    dm = GraphDataModule(store, batch_size=16, val_fraction=0.1, test_fraction=0.09)
+    dm = GraphDataModule(store, batch_size=16, split=GraphSplit(0.1, 0.09))
     seen = []
     for rank in range(2):
         dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
@@ -292,7 +292,7 @@ def test_workers_memory_stays_flat_over_epochs(tmp_path):
 def test_the_gnn_beats_the_edge_blind_rule_by_far(tmp_path):
     """Edges matter: least squares on atom-type counts leaves most of the energy unexplained."""
     out = prepare_graphs(out=tmp_path / "s", atoms=AtomGraphs(num_graphs=1500), chunk_graphs=500)
-    dm = GraphDataModule(out, batch_size=16, val_fraction=0.1, test_fraction=0.2)
+    dm = GraphDataModule(out, batch_size=16, split=GraphSplit(0.1, 0.2))
     store = dm.store
     bar = features_only_mae(
         [store[int(i)] for i in dm.splits["train"]], [store[int(i)] for i in dm.splits["test"]]
@@ -335,7 +335,7 @@ class Record(L.Callback):
         old = json.loads(path.read_text()) if path.exists() else []
         path.write_text(json.dumps(old + [seen]))
 
-dm = GraphDataModule(sys.argv[1], batch_size=16, val_fraction=0.1, test_fraction=0.09)
+dm = GraphDataModule(sys.argv[1], batch_size=16, split=GraphSplit(0.1, 0.09))
 model = GraphGINE(dm.num_features, dm.num_classes, dm.num_edge_features, hidden_channels=8)
 trainer = L.Trainer(
     accelerator="cpu", devices=2, max_epochs=2, logger=False, enable_progress_bar=False,

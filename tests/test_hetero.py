@@ -13,6 +13,7 @@ from registry import recipe
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, SyntheticRecommender
 from gnnscale.batch import BatchRequest
 from gnnscale.cli import main
+from gnnscale.data.args import EvalArgs, NodeSplit
 from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
 from gnnscale.measure import read_metrics
@@ -96,9 +97,9 @@ def test_refusals_name_the_type():
     with pytest.raises(ConfigError, match="has 1 layers but --model.num_layers is 2"):
         _dm(num_neighbors=[5]).configure_batches(BatchRequest.of(_model(_dm())))
     with pytest.raises(ConfigError, match="sum to less than 1"):
-        _dm(train_fraction=0.7, val_fraction=0.3)
+        _dm(split=NodeSplit(0.7, 0.3))
     with pytest.raises(ConfigError, match="val_mask of --data.target_type 'item' is empty"):
-        _ = _dm(val_fraction=0.0005).data
+        _ = _dm(split=NodeSplit(0.3, 0.0005)).data
 
 
 @requires_sampler
@@ -242,7 +243,11 @@ def test_a_real_dataset_by_name_loads_from_its_folder(tmp_path, monkeypatch):
     with pytest.raises(ConfigError, match="does not exist"):
         _ = HeteroNeighborDataModule(dataset="DBLP", root=tmp_path / "missing").data
     dm = HeteroNeighborDataModule(
-        dataset="DBLP", root=tmp_path, num_neighbors=[3, 2], batch_size=16, eval_batch_size=16
+        dataset="DBLP",
+        root=tmp_path,
+        num_neighbors=[3, 2],
+        batch_size=16,
+        eval=EvalArgs(mode="sampled", batch_size=16),
     )
     assert dm.target_type == "author"  # the dataset's labelled type by default
     assert dm.feature_dims["conference"] == 0  # embedded by the model
@@ -261,7 +266,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
-from gnnscale import HeteroNeighborDataModule, HeteroSAGE, SyntheticRecommender
+from gnnscale import EvalArgs, HeteroNeighborDataModule, HeteroSAGE, SyntheticRecommender
 
 out = Path(sys.argv[1])
 
@@ -289,7 +294,7 @@ L.seed_everything(0)
 # Every neighbour (fan-out -1): evaluation draws nothing at random, so a rank's share of the test
 # items gets the predictions one process gives them.
 dm = HeteroNeighborDataModule(
-    synthetic=tiny, num_neighbors=[-1, -1], batch_size=128, eval_batch_size=64
+    synthetic=tiny, num_neighbors=[-1, -1], batch_size=128, eval=EvalArgs("sampled", 64)
 )
 items = dm.data["item"]
 items.test_mask[items.test_mask.nonzero()[0]] = False  # 599: an odd count, unequal shares

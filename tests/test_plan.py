@@ -316,7 +316,7 @@ def _sized_args(name, tmp_path):
             "--data.init_args.synthetic.num_users=20000",
             "--data.init_args.synthetic.num_items=10000",
             "--data.init_args.batch_size=2048",
-            "--data.init_args.eval_batch_size=4096",
+            "--data.init_args.eval.batch_size=4096",
             "--model.init_args.hidden_channels=256",
             "--trainer.limit_train_batches=6",
         ]
@@ -329,8 +329,8 @@ def _sized_args(name, tmp_path):
         "--trainer.devices=1",
         "--trainer.strategy=auto",
         "--data.init_args.batch_size=256",
-        "--data.init_args.val_fraction=0.1",
-        "--data.init_args.test_fraction=0.1",
+        "--data.init_args.split.val_fraction=0.1",
+        "--data.init_args.split.test_fraction=0.1",
         "--model.init_args.hidden_channels=512",
     ]
 

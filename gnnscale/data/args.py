@@ -90,3 +90,60 @@ def check_positive(**values: int | float) -> None:
     for key, value in values.items():
         if value <= 0:
             raise ConfigError(f"--data.{key} must be > 0 (got {value})")
+
+
+@dataclass(frozen=True)
+class NodeSplit:
+    """How a DataModule that splits nodes itself divides the labelled nodes (the rest: test).
+
+    Args:
+        train_fraction: Fraction of the labelled nodes in the training split.
+        val_fraction: Fraction in the validation split.
+    """
+
+    train_fraction: float = 0.3
+    val_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        """Refuse fractions that leave a split empty."""
+        train, val = self.train_fraction, self.val_fraction
+        if not (train > 0 and val > 0 and train + val < 1):
+            raise ConfigError(
+                "--data.split.train_fraction and --data.split.val_fraction must be > 0 and sum "
+                f"to less than 1, the rest being the test split (got {train}, {val})"
+            )
+
+
+@dataclass(frozen=True)
+class GraphSplit:
+    """How a dataset of many graphs is divided, at random (the rest: training).
+
+    Args:
+        val_fraction: Share of the graphs held out for validation.
+        test_fraction: Share held out for testing.
+        seed: Seed of the random split.
+    """
+
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        """Refuse fractions that leave no graph to train on."""
+        for name in ("val_fraction", "test_fraction"):
+            value = getattr(self, name)
+            if not 0 < value < 1:
+                raise ConfigError(f"--data.split.{name} must be in (0, 1) (got {value})")
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ConfigError(
+                "--data.split.val_fraction + --data.split.test_fraction must be < 1, leaving "
+                f"graphs to train on (got {self.val_fraction} + {self.test_fraction})"
+            )
+
+
+def check_dataset(dataset: str, known: tuple[str, ...] | list[str]) -> None:
+    """Refuse a ``--data.dataset`` the DataModule does not know, listing those it does."""
+    if dataset not in known:
+        raise ConfigError(
+            f"--data.dataset {dataset!r} is not known; choose one of {', '.join(known)}"
+        )

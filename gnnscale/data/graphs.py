@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch_geometric.data import Batch, Data, InMemoryDataset
 
 from gnnscale.batch import BatchRequest
-from gnnscale.data.args import LoaderArgs
+from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
 from gnnscale.stores.graphs import BACKENDS, Backend, GraphStore, write_graphs
@@ -229,9 +229,7 @@ class GraphDataModule(L.LightningDataModule):
     Args:
         root: The store's folder.
         batch_size: Graphs per batch and process.
-        val_fraction: Share of the graphs held out for validation.
-        test_fraction: Share held out for testing.
-        split_seed: Seed of the random split.
+        split: How the graphs are divided into training, validation and test, at random.
         backend: The store's backend, checked against the folder (``null``: whichever it is).
         storage: ``disk`` reads each graph when a batch needs it; ``memory`` reads the whole
             dataset into every process first (PyG's ``InMemoryDataset``), the usual way and the
@@ -243,9 +241,7 @@ class GraphDataModule(L.LightningDataModule):
         self,
         root: Path,
         batch_size: int = 128,
-        val_fraction: float = 0.05,
-        test_fraction: float = 0.05,
-        split_seed: int = 0,
+        split: GraphSplit = GraphSplit(),  # noqa: B008 (frozen dataclass)
         backend: Backend | None = None,
         storage: Literal["disk", "memory"] = "disk",
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008 (frozen dataclass)
@@ -253,14 +249,6 @@ class GraphDataModule(L.LightningDataModule):
         super().__init__()
         if batch_size < 1:
             raise ConfigError(f"--data.batch_size must be >= 1 (got {batch_size})")
-        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
-            if not 0 < value < 1:
-                raise ConfigError(f"--data.{name} must be in (0, 1) (got {value})")
-        if val_fraction + test_fraction >= 1:
-            raise ConfigError(
-                f"--data.val_fraction + --data.test_fraction must be < 1, leaving graphs to "
-                f"train on (got {val_fraction} + {test_fraction})"
-            )
         if backend is not None and backend not in BACKENDS:
             raise ConfigError(f"--data.backend {backend!r} is not known; choose one of {BACKENDS}")
         if storage not in ("disk", "memory"):
@@ -273,13 +261,13 @@ class GraphDataModule(L.LightningDataModule):
                 f"{backend}"
             )
         n = len(self.store)
-        num_val, num_test = math.ceil(n * val_fraction), math.ceil(n * test_fraction)
+        num_val, num_test = math.ceil(n * split.val_fraction), math.ceil(n * split.test_fraction)
         if n - num_val - num_test < 1:
             raise ConfigError(
-                f"{root} holds {n} graphs: too few for --data.val_fraction {val_fraction} and "
-                f"--data.test_fraction {test_fraction}"
+                f"{root} holds {n} graphs: too few for --data.split.val_fraction "
+                f"{split.val_fraction} and --data.split.test_fraction {split.test_fraction}"
             )
-        order = np.random.default_rng(split_seed).permutation(n)
+        order = np.random.default_rng(split.seed).permutation(n)
         self.splits = {
             "test": np.sort(order[:num_test]),
             "val": np.sort(order[num_test : num_test + num_val]),

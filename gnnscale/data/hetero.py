@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import lightning as L
 import torch
@@ -23,7 +23,7 @@ from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
 
 from gnnscale.batch import BatchRequest
-from gnnscale.data.args import LoaderArgs, check_positive
+from gnnscale.data.args import EvalArgs, LoaderArgs, NodeSplit, check_dataset, check_positive
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader
 from gnnscale.data.sources import check_root, log_backend_once
@@ -162,38 +162,39 @@ class HeteroNeighborDataModule(HeteroGraphData):
         num_neighbors: Fan-out per layer: one list for every edge type, or one per edge type
             keyed ``src__rel__dst`` (every edge type of the graph, and no other).
         batch_size: Seed nodes (of ``target_type``) per training batch.
-        train_fraction: Fraction of the target nodes in the training split (``synthetic``).
-        val_fraction: Fraction of the target nodes in the validation split; the rest is test.
+        split: How the target nodes of the generated graph are split (``synthetic``; PyG's
+            datasets keep their public splits).
         synthetic: Size and structure of the generated graph (``dataset: synthetic``).
         loader: DataLoader workers and memory pinning.
-        eval_batch_size: Seed nodes per validation and test batch.
+        eval: Validation and test: ``sampled`` around the evaluated seeds, ``batch_size`` seeds
+            a batch, ``num_neighbors`` per layer for every edge type (default: the training
+            fan-out).
     """
 
     def __init__(
         self,
-        dataset: Literal["synthetic", "DBLP", "IMDB"] = "synthetic",
+        dataset: str = "synthetic",
         root: Path = Path("data"),
         target_type: str | None = None,
         num_neighbors: list[int] | dict[str, list[int]] = [10, 5],  # noqa: B006 (never mutated)
         batch_size: int = 1024,
-        train_fraction: float = 0.3,
-        val_fraction: float = 0.1,
-        synthetic: SyntheticRecommender = SyntheticRecommender(),  # noqa: B008 (frozen)
+        split: NodeSplit = NodeSplit(),  # noqa: B008 (frozen)
+        synthetic: SyntheticRecommender = SyntheticRecommender(),  # noqa: B008
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008
-        eval_batch_size: int = 4096,
+        eval: EvalArgs = EvalArgs(mode="sampled"),  # noqa: B008
     ) -> None:
         super().__init__()
-        check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size)
-        if not (train_fraction > 0 and val_fraction > 0 and train_fraction + val_fraction < 1):
+        check_dataset(dataset, tuple(_LABELLED))
+        check_positive(batch_size=batch_size)
+        if eval.mode != "sampled":
             raise ConfigError(
-                "--data.train_fraction and --data.val_fraction must be > 0 and sum to less than "
-                f"1, the rest being the test split (got {train_fraction}, {val_fraction})"
+                f"--data.eval.mode {eval.mode!r}: heterogeneous graphs are evaluated on sampled "
+                "neighbourhoods; use --data.eval.mode=sampled"
             )
         self.dataset, self.root = dataset, Path(root)
         self.target_type = target_type or _LABELLED[dataset]
         self._num_neighbors = num_neighbors
-        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size
-        self.train_fraction, self.val_fraction = train_fraction, val_fraction
+        self.batch_size, self.split, self.eval = batch_size, split, eval
         self.synthetic, self.loader = synthetic, loader
 
     def __repr__(self) -> str:
@@ -206,7 +207,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
     def data(self) -> HeteroData:
         """The whole graph; refuses a target type it lacks or that has no labels and splits."""
         if self.dataset == "synthetic":
-            data = make_item_class_graph(self.synthetic, self.train_fraction, self.val_fraction)
+            fractions = self.split.train_fraction, self.split.val_fraction
+            data = make_item_class_graph(self.synthetic, *fractions)
         else:  # PyG's, with their public splits
             from torch_geometric import datasets
 
@@ -225,11 +227,11 @@ class HeteroNeighborDataModule(HeteroGraphData):
                 f"{', '.join(_SPLITS)}) in {self.dataset}; node types that have them: "
                 f"{', '.join(labelled) or 'none'}"
             )
-        for split in _SPLITS:
-            if not bool(data[t][split].any()):
+        for mask in _SPLITS:
+            if not bool(data[t][mask].any()):
                 raise ConfigError(
-                    f"the {split} of --data.target_type {t!r} is empty: give the target type "
-                    "more nodes or change --data.train_fraction and --data.val_fraction"
+                    f"the {mask} of --data.target_type {t!r} is empty: give the target type "
+                    "more nodes or change --data.split.train_fraction and val_fraction"
                 )
         return data
 
@@ -247,10 +249,13 @@ class HeteroNeighborDataModule(HeteroGraphData):
         log_backend_once()
         self._configure_from_trainer()
 
-    def _loader(self, seeds: Tensor | None, batch_size: int) -> NeighborLoader:
+    def _loader(
+        self, seeds: Tensor | None, batch_size: int, fanout: list[int] | None = None
+    ) -> NeighborLoader:
+        given = self._num_neighbors if fanout is None else fanout
         return NeighborLoader(
             self.data,
-            num_neighbors=self.fanout(),  # type: ignore[arg-type]
+            num_neighbors=per_edge_type_fanout(given, self.metadata[1]),  # type: ignore[arg-type]
             input_nodes=(self.target_type, seeds),
             batch_size=batch_size,
             # Its own generator: starting workers must not move the model's random stream.
@@ -264,7 +269,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
             self.trainer,
             store[split],
             store.num_nodes,
-            lambda seeds: self._loader(seeds, self.eval_batch_size),
+            lambda seeds: self._loader(seeds, self.eval.batch_size, self.eval.num_neighbors),
         )
 
     def memory_profile(self) -> MemoryProfile:
@@ -273,7 +278,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
             graph_mb=tensor_mb(*store_tensors(self.data)),
             eval_mode="sampled",
             smaller_batches=proportional_batches(self.batch_size),
-            eval_fix="evaluate fewer seeds at a time (a lower --data.eval_batch_size)",
+            eval_fix="evaluate fewer seeds at a time (a lower --data.eval.batch_size)",
         )
 
     def train_dataloader(self) -> ResumableLoader:

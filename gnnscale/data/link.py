@@ -35,7 +35,7 @@ from torch_geometric.sampler import NegativeSampling
 from torch_geometric.typing import EdgeType
 
 from gnnscale.batch import LinkEval
-from gnnscale.data.args import LoaderArgs
+from gnnscale.data.args import LoaderArgs, check_dataset
 from gnnscale.data.hetero import HeteroGraphData, edge_key
 from gnnscale.data.loaders import resumable, single
 from gnnscale.data.pinsage import (
@@ -176,9 +176,7 @@ class LinkDataModule(HeteroGraphData):
         eval: LinkEvalArgs = LinkEvalArgs(),  # noqa: B008
     ) -> None:
         super().__init__()
-        if dataset not in DATASETS or dataset == "prepared":
-            known = ", ".join(d for d in DATASETS if d != "prepared")
-            raise ConfigError(f"--data.dataset {dataset!r} is not known; choose one of {known}")
+        check_dataset(dataset, [d for d in DATASETS if d != "prepared"])
         if batch_size < 1 or num_negatives < 0 or num_hard_negatives < 0:
             raise ConfigError(
                 "--data.batch_size must be >= 1 and --data.num_negatives, "

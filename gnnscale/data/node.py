@@ -36,7 +36,7 @@ from torch_geometric.loader import (
 from torch_geometric.sampler import NeighborSampler
 
 from gnnscale.batch import BatchRequest, LayerwiseBatch
-from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_positive
+from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader
@@ -75,10 +75,7 @@ class NodeDataModule(L.LightningDataModule):
         eval: EvalArgs,
     ) -> None:
         super().__init__()
-        if dataset not in DATASETS:
-            raise ConfigError(
-                f"--data.dataset {dataset!r} is not known; choose one of {', '.join(DATASETS)}"
-            )
+        check_dataset(dataset, DATASETS)
         if dataset == "prepared":
             if self._not_on_disk:
                 raise ConfigError(

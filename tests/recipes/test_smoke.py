@@ -27,6 +27,7 @@ from gnnscale import (
     make_synthetic_graph,
 )
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
+from gnnscale.data.args import GraphSplit
 from gnnscale.data.graphs import features_only_mae
 from gnnscale.measure import read_metrics
 from gnnscale.stores.prepared import PreparedGraph
@@ -89,10 +90,7 @@ def _check(recipe, folder):
         )
         return
     if recipe.task == "graph":  # graph-level regression: MAE against the edge-blind rule
-        dm = GraphDataModule(
-            folder / data_args["root"],
-            **{k: data_args[k] for k in ("val_fraction", "test_fraction", "split_seed")},
-        )
+        dm = GraphDataModule(folder / data_args["root"], split=GraphSplit(**data_args["split"]))
         train, test = ([dm.store[int(i)] for i in dm.splits[s]] for s in ("train", "test"))
         bar = features_only_mae(train, test)
         mae = metrics["test/mae"][-1]
@@ -100,7 +98,8 @@ def _check(recipe, folder):
         return
     if recipe.task == "hetero_node":  # the target type's features alone
         cfg = SyntheticRecommender(**data_args["synthetic"])
-        hetero = make_item_class_graph(cfg, data_args["train_fraction"], data_args["val_fraction"])
+        split = data_args["split"]
+        hetero = make_item_class_graph(cfg, split["train_fraction"], split["val_fraction"])
         graph = hetero[data_args["target_type"]]
     elif data_args["dataset"] == "prepared":
         graph = PreparedGraph(folder / data_args["root"]).data
