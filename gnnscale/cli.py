@@ -16,11 +16,13 @@ from __future__ import annotations
 import csv
 import difflib
 import inspect
+import logging
 import os
 import pydoc
 import re
 import shutil
 import sys
+import warnings
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -306,9 +308,10 @@ class GnnscaleCLI(LightningCLI):
         # not this one: keep them beside the test's.
         if self.trainer.global_rank == 0:
             _keep_csv_rows(self.trainer.logger, lambda step: True)
+        # The path itself, not "best": Lightning would warn that the recipes keep two
+        # ModelCheckpoint callbacks (the best by val/acc, and the last for resuming).
         best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
-        ckpt = "best" if best else None
-        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=ckpt)
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
 
 
 def _keep_csv_rows(logger: Any, keep: Callable[[int], bool]) -> int | None:
@@ -412,6 +415,33 @@ def _resume_last(config: Any) -> None:
     rank_zero_info(f"gnnscale: --ckpt_path last resumes {config.ckpt_path}")
 
 
+# Warnings no gnnscale user can act on, each silenced alone (the README explains the first):
+# PyG's advice to install pyg-lib, which is not on PyPI (torch-sparse samples instead); a
+# deprecation inside Lightning's own pytree helper; Lightning's note that its model summary
+# counts no FLOPs under bf16-mixed.
+_UNACTIONABLE = (
+    "Using 'NeighborSampler' without a 'pyg-lib' installation is deprecated",
+    "`isinstance(treespec, LeafSpec)` is deprecated",
+    "Precision bf16-mixed is not supported by the model summary",
+)
+
+
+class _NoAdvert(logging.Filter):
+    """Drops Lightning's advertisement for its cloud logger, printed by every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def _quiet() -> None:
+    """Silence :data:`_UNACTIONABLE` and Lightning's advertisement; every other warning stays."""
+    for message in _UNACTIONABLE:
+        warnings.filterwarnings("ignore", message=re.escape(message))
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # rank_zero_info's
+    if not any(isinstance(f, _NoAdvert) for f in logger.filters):
+        logger.addFilter(_NoAdvert())
+
+
 def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     """Build the CLI and run its subcommand: every entry point (command, recipe script) does.
 
@@ -421,6 +451,7 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
             without a subcommand), as the benchmarks do.
     """
     _steady_cpu_memory()
+    _quiet()
     return GnnscaleCLI(
         # Any model and DataModule: node, link and graph-level ones, or a user's own. The class
         # (``--data=...`` or the config's ``class_path``) comes before its ``init_args``.

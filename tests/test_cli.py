@@ -246,3 +246,27 @@ def test_cpu_bf16_autocast_falls_back_to_fp32_without_bf16_kernels(
     assert cli.trainer.precision == runs
     said = [str(w.message) for w in caught if "GNNSCALE_CPU_BF16" in str(w.message)]
     assert len(said) == (runs != asked)  # the switch is said once, and only when made
+
+
+@requires_sampler
+def test_a_recipe_fit_prints_no_warning_a_user_cannot_act_on_and_one_test_table(
+    tmp_path, capsys, caplog
+):
+    # The messages gnnscale silences, each alone: any other warning still reaches the user.
+    from gnnscale.cli import _UNACTIONABLE
+
+    config = ["--config", str(recipe("neighbor_sage").config)]
+    args = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--data.batch_size=256"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        main(["fit", *config, *cli_args(tmp_path), *args])
+        warnings.warn("a warning gnnscale does not know", UserWarning, stacklevel=1)
+    messages = [str(w.message) for w in caught]
+    assert "a warning gnnscale does not know" in messages  # not silenced wholesale
+    for silenced in _UNACTIONABLE:
+        assert not [m for m in messages if silenced in m], silenced
+    # `.test(ckpt_path="best")` with the recipe's two ModelCheckpoints: Lightning's warning.
+    assert not [m for m in messages if "multiple `ModelCheckpoint`" in m]
+    printed = capsys.readouterr()
+    assert "litlogger" not in printed.out + printed.err + caplog.text
+    assert (printed.out + printed.err).count("test/acc") == 1
