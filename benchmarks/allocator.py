@@ -1,6 +1,6 @@
 """The allocator default: s/epoch and peak memory of two recipes under each glibc mmap threshold.
 
-Written by ``python benchmarks/figures.py allocator`` (the ``allocator`` block of README.md).
+Written by ``python benchmarks/figures.py allocator`` (its block in benchmarks/README.md).
 
 ``gnnscale`` can fix glibc's mmap threshold (``GNNSCALE_MMAP_THRESHOLD``, see
 ``gnnscale.cli._steady_cpu_memory``): tensors above it get their own mapping, returned to the
@@ -34,7 +34,7 @@ RECIPES = ("neighbor_sage", "cluster_gcn")
 
 
 def blocks(tiny: bool) -> list[Block]:
-    """README.md's ``allocator`` block."""
+    """benchmarks/README.md's ``allocator`` block."""
     settings = dict(list(SETTINGS.items())[:2]) if tiny else SETTINGS
     epochs, reps = (2, 1) if tiny else (4, 3)
     extra = [f"--trainer.max_epochs={epochs}", "--trainer.limit_val_batches=0"]
@@ -94,4 +94,4 @@ def blocks(tiny: bool) -> list[Block]:
         "the largest `VmHWM` of the run's processes. Set with `GNNSCALE_MMAP_THRESHOLD=<bytes>`"
         " (0: glibc's dynamic threshold); `MALLOC_MMAP_THRESHOLD_`, if set, wins.",
     ]
-    return [Block(REPO / "README.md", "allocator", "\n".join(lines))]
+    return [Block(REPO / "benchmarks" / "README.md", "allocator", "\n".join(lines))]

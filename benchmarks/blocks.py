@@ -46,12 +46,16 @@ def _git(*args: str) -> str:
     return ""
 
 
+def dirty() -> bool:
+    """Whether tracked code the figures depend on differs from the checked-out commit."""
+    code = ["gnnscale", "recipes", "benchmarks", ":(exclude)*.md"]  # blocks are written to *.md
+    return bool(_git("status", "--porcelain", "--untracked-files=no", "--", *code))
+
+
 def commit() -> str:
     """The checked-out commit, marked ``+ uncommitted changes`` when the tree is dirty."""
     sha = _git("rev-parse", "--short", "HEAD") or "unknown commit"
-    code = ["gnnscale", "recipes", "benchmarks", ":(exclude)*.md"]  # blocks are written to *.md
-    dirty = _git("status", "--porcelain", "--untracked-files=no", "--", *code)
-    return f"{sha} + uncommitted changes" if dirty else sha
+    return f"{sha} + uncommitted changes" if dirty() else sha
 
 
 def machine() -> str:

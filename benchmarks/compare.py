@@ -721,4 +721,4 @@ def blocks(
         markdown += f"\n\n{plots}"
     if size_name == "tiny":
         markdown = "**Tiny settings: a check of the pipeline, not figures.**\n\n" + markdown
-    return [Block(Path("README.md"), "benchmarks", markdown)]
+    return [Block(Path("benchmarks/README.md"), "benchmarks", markdown)]

@@ -9,13 +9,13 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``recipes``: every recipe of ``benchmarks/registry.py`` through ``gnnscale fit``, and ``gnnscale
   plan`` on the same config (``recipes`` in README.md, ``results`` in each recipe's README).
 - ``roofline``: one training step of each sampler recipe against its matrix products alone,
-  the gather bandwidth, and its top operators (``roofline`` in README.md).
+  the gather bandwidth, and its top operators (``roofline`` in benchmarks/README.md).
 - ``allocator``: s/epoch and peak memory of two recipes under each glibc mmap threshold, the
-  default marked (``allocator`` in README.md).
+  default marked (``allocator`` in benchmarks/README.md).
 - ``workers``: s/epoch and peak memory of the sampler recipes with 0, 1 and 2 loader workers,
-  the shipped setting marked (``workers`` in README.md).
+  the shipped setting marked (``workers`` in benchmarks/README.md).
 - ``compare``: gnnscale against hand-written PyG loops, memory bandwidth, where the time goes,
-  GATv2 against its O(E) bound, scaling to 10^7 nodes (``benchmarks`` in README.md;
+  GATv2 against its O(E) bound, scaling to 10^7 nodes (``benchmarks`` in benchmarks/README.md;
   ``benchmarks/results/``).
 - ``gat``, ``sparse``, ``ddp``: the memory studies of ``gat_attention_memory``,
   ``sparse_embeddings`` and ``multi_gpu_ddp`` (``memory`` in each recipe's README).
@@ -115,6 +115,13 @@ def main(argv: list[str] | None = None) -> None:
         known = ", ".join(SECTIONS + EXTRA_SECTIONS)
         parser.error(f"unknown sections {sorted(unknown)}; choose from {known}")
     tiny = args.size == "tiny"
+    if not tiny and block_io.dirty():  # a stamp names the commit that measured: it must exist
+        print(
+            "figures.py: gnnscale/, recipes/ or benchmarks/ has uncommitted changes: commit "
+            "them first, so each stamp names the code that measured (--size tiny writes nothing)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     command = shlex.join(["python", "benchmarks/figures.py", *(argv or sys.argv[1:])])
     # At tiny size every section runs, the extra ones too: the check covers every README block.
     for name in args.sections or (SECTIONS + EXTRA_SECTIONS if tiny else SECTIONS):

@@ -1,6 +1,6 @@
 """One training step of each sampler recipe against what the machine can do (the roofline).
 
-Written by ``python benchmarks/figures.py roofline`` (the ``roofline`` block of README.md);
+Written by ``python benchmarks/figures.py roofline`` (its block in benchmarks/README.md);
 ``--size tiny`` checks the pipeline in seconds.
 
 For each sampler recipe (``neighbor_sage``, ``cluster_gcn``, ``graphsaint``), its ``config.yaml``
@@ -327,7 +327,7 @@ def _ms(value: float | None) -> str:
 
 
 def blocks(tiny: bool) -> list[Block]:
-    """README.md's ``roofline`` block."""
+    """benchmarks/README.md's ``roofline`` block."""
     results = {name: measure(name, tiny) for name in SAMPLERS}
     lines = [
         "| recipe | step (ms) | GEMMs alone (ms) | GEMM share | headroom | nodes per batch "
@@ -404,7 +404,7 @@ def blocks(tiny: bool) -> list[Block]:
         "loop: the same model and batches through PyG's own forward (`benchmarks/roofline.py` "
         "says how).",
     ]
-    return [Block(REPO / "README.md", "roofline", "\n".join(lines))]
+    return [Block(REPO / "benchmarks" / "README.md", "roofline", "\n".join(lines))]
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Loader workers: s/epoch and peak memory of each sampler recipe with 0, 1 and 2 workers.
 
-Written by ``python benchmarks/figures.py workers`` (the ``workers`` block of README.md).
+Written by ``python benchmarks/figures.py workers`` (the ``workers`` block of benchmarks/README.md).
 
 A loader worker samples the next batch while the main process trains on this one, at the cost
 of a process, of moving each batch to the main process through shared memory, and of the cores
@@ -32,7 +32,7 @@ def _shipped_workers(name: str) -> int:
 
 
 def blocks(tiny: bool) -> list[Block]:
-    """README.md's ``workers`` block."""
+    """benchmarks/README.md's ``workers`` block."""
     workers = WORKERS[:2] if tiny else WORKERS
     epochs, reps = (2, 1) if tiny else (4, 1)
     extra = [f"--trainer.max_epochs={epochs}", "--trainer.limit_val_batches=0"]
@@ -86,4 +86,4 @@ def blocks(tiny: bool) -> list[Block]:
         "after the first (warm-up) epoch (`perf/epoch_s`). Peak RSS: the largest `VmHWM` of the "
         "run's processes (a worker is a process of its own).",
     ]
-    return [Block(REPO / "README.md", "workers", "\n".join(lines))]
+    return [Block(REPO / "benchmarks" / "README.md", "workers", "\n".join(lines))]

@@ -17,7 +17,8 @@ MARKERS = re.compile(r"<!-- (\w+):begin -->")
 
 
 def _blocks_in_readmes() -> set[tuple[str, str]]:
-    readmes = [REPO / "README.md", *(r.folder / "README.md" for r in RECIPES)]
+    readmes = [REPO / "README.md", REPO / "benchmarks" / "README.md"]
+    readmes += [r.folder / "README.md" for r in RECIPES]
     return {
         (str(path.relative_to(REPO)), name)
         for path in readmes
@@ -50,3 +51,19 @@ def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_pa
         assert re.search(rf"^(PASS|FAIL)\s+{re.escape(target)}", done.stdout, re.M), target
     after = {p: p.read_bytes() for p in before}
     assert after == before  # tiny figures are printed, never written (READMEs, results, plots)
+
+
+def test_figures_are_not_written_from_uncommitted_code(monkeypatch, capsys):
+    # A stamp names a commit: code changed since it would be measured under the wrong name.
+    import blocks
+    import figures
+
+    monkeypatch.setattr(blocks, "dirty", lambda: True)
+    ran = []
+    monkeypatch.setattr(figures, "_section", lambda *a: ran.append(a) or ([], ""))
+    with pytest.raises(SystemExit) as refused:
+        figures.main(["recipes"])
+    assert refused.value.code == 2 and not ran
+    assert "uncommitted changes" in capsys.readouterr().err
+    figures.main(["recipes", "--size", "tiny"])  # tiny prints, writes nothing: allowed
+    assert ran
