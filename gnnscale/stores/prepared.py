@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import psutil
@@ -44,8 +44,10 @@ from torch_geometric.data import Data
 from torch_geometric.sampler.utils import to_csc
 from tqdm import tqdm
 
-from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
+
+if TYPE_CHECKING:  # its settings only: stores do not depend on the data package
+    from gnnscale.data.synthetic import SyntheticGraph
 
 __all__ = ["PreparedGraph", "write_graph", "write_streamed_synthetic"]
 
