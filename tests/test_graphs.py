@@ -326,7 +326,7 @@ import json, sys
 from pathlib import Path
 import lightning as L
 from lightning.pytorch.strategies import DDPStrategy
-from gnnscale import GraphDataModule, GraphGINE
+from gnnscale import GraphDataModule, GraphGINE, GraphSplit
 
 class Record(L.Callback):
     def on_train_batch_start(self, trainer, module, batch, idx):

@@ -9,7 +9,7 @@
   ``resume``: resumable, per-rank loaders.
 """
 
-from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess
+from gnnscale.data.args import EvalArgs, GraphSplit, LoaderArgs, NodeSplit, Preprocess
 from gnnscale.data.graphs import AtomGraphs, GraphDataModule
 from gnnscale.data.hetero import HeteroNeighborDataModule
 from gnnscale.data.link import LinkDataModule, LinkEvalArgs, LinkSplit
@@ -32,12 +32,14 @@ __all__ = [
     "EvalArgs",
     "FullBatchDataModule",
     "GraphDataModule",
+    "GraphSplit",
     "HeteroNeighborDataModule",
     "LinkDataModule",
     "LinkEvalArgs",
     "LinkSplit",
     "LoaderArgs",
     "NeighborDataModule",
+    "NodeSplit",
     "NodeDataModule",
     "PinSAGENeighbors",
     "Preprocess",

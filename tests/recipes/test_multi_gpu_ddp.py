@@ -19,7 +19,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from gnnscale import GraphSAGE, make_synthetic_graph
-from gnnscale.data import single
+from gnnscale.data.loaders import single
 from gnnscale.testing import TINY
 
 class Shards(L.LightningDataModule):
