@@ -11,23 +11,20 @@ that share the cache (DDP ranks) take a file lock: one builds, the others wait, 
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import shutil
-import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gnnscale.errors import ConfigError
+from gnnscale.stores import atomic
 
 __all__ = ["cached_folder", "check_writable"]
 
 RECORD = "cache.json"
-_CHUNK = 16 << 20
 
 
 def check_writable(folder: Path, key: str) -> None:
@@ -53,17 +50,9 @@ def check_writable(folder: Path, key: str) -> None:
         raise ConfigError(f"{key}: the cache folder {folder} is read-only; point {key} elsewhere")
 
 
-def _crc(path: Path) -> int:
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            crc = zlib.crc32(chunk, crc)
-    return crc
-
-
 def _record(folder: Path) -> dict[str, dict[str, int]]:
     return {
-        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "crc32": _crc(p)}
+        str(p.relative_to(folder)): {"bytes": p.stat().st_size, "crc32": atomic.crc32(p)}
         for p in sorted(folder.rglob("*"))
         if p.is_file() and p.name != RECORD
     }
@@ -81,19 +70,9 @@ def _problem(folder: Path) -> str | None:
             return f"incomplete ({name} is missing)"
         if path.stat().st_size != entry["bytes"]:
             return f"damaged ({name} has {path.stat().st_size:,} bytes, not {entry['bytes']:,})"
-        if _crc(path) != entry["crc32"]:
+        if atomic.crc32(path) != entry["crc32"]:
             return f"damaged ({name} does not match its checksum)"
     return None
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with path.open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def cached_folder(folder: Path, build: Callable[[Path], None], what: str) -> bool:
@@ -108,22 +87,14 @@ def cached_folder(folder: Path, build: Callable[[Path], None], what: str) -> boo
         Whether it was built now (``False``: an intact cache was found).
     """
     folder = Path(folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    with _locked(folder.parent / f".{folder.name}.lock"):
+    with atomic.locked(folder, wait=True):
         if folder.exists():
             problem = _problem(folder)
             if problem is None:
                 return False
             rank_zero_warn(f"gnnscale: the {what} cache {folder} is {problem}; rebuilding it")
             shutil.rmtree(folder)
-        tmp = folder.parent / f".{folder.name}.partial-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        try:
+        with atomic.writing(folder) as tmp:
             build(tmp)
-            (tmp / RECORD).write_text(json.dumps({"files": _record(tmp)}, indent=1))
-            tmp.rename(folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            atomic.commit(tmp, folder, {"files": _record(tmp)}, RECORD)
     return True
