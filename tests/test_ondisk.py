@@ -19,7 +19,9 @@ from gnnscale import GraphSAGE, NeighborDataModule, SyntheticGraph, make_synthet
 from gnnscale.cli import main
 from gnnscale.data.args import EvalArgs
 from gnnscale.data.subgraph import ClusterDataModule
+from gnnscale.errors import ConfigError
 from gnnscale.measure import read_metrics
+from gnnscale.stores import atomic
 from gnnscale.stores.prepared import (
     PreparedGraph,
     PreparedGraphError,
@@ -175,6 +177,14 @@ def test_prepare_refuses_to_overwrite_another_graph(tmp_path, tiny_prepared):
     assert same == tiny_prepared  # already prepared from these settings: kept
     with pytest.raises(PreparedGraphError, match="prepared from other settings"):
         write_graph(make_synthetic_graph(TINY), tiny_prepared, {"test": "other"})
+
+
+def test_a_second_prepare_is_refused_while_one_runs(tmp_path):
+    out = tmp_path / "g"
+    with atomic.locked(out):  # as a prepare of the same folder, running in another process
+        with pytest.raises(ConfigError, match=f"g is being written by process {os.getpid()}"):
+            write_graph(make_synthetic_graph(TINY), out, {"test": "tiny"})
+    assert not out.exists() and atomic.leftovers(out) == []
 
 
 def test_killed_prepare_leaves_nothing_prepared_and_is_redone(tmp_path):

@@ -25,8 +25,6 @@ import hashlib
 import json
 import math
 import mmap
-import os
-import shutil
 import time
 import warnings
 import zlib
@@ -45,6 +43,7 @@ from torch_geometric.sampler.utils import to_csc
 from tqdm import tqdm
 
 from gnnscale.errors import ConfigError
+from gnnscale.stores import atomic
 
 if TYPE_CHECKING:  # its settings only: stores do not depend on the data package
     from gnnscale.data.synthetic import SyntheticGraph
@@ -52,7 +51,6 @@ if TYPE_CHECKING:  # its settings only: stores do not depend on the data package
 __all__ = ["PreparedGraph", "write_graph", "write_streamed_synthetic"]
 
 FORMAT = "gnnscale.prepared_graph/1"
-MANIFEST = "manifest.json"
 BLOCK_BYTES = 64 << 20  # one CRC-32 per block: a damaged file names the block that is wrong
 _SPLITS = ("train_mask", "val_mask", "test_mask")
 _DTYPES = {
@@ -101,31 +99,25 @@ class _FileWriter:
     def close(self) -> dict[str, Any]:
         if self.fill:
             self.crcs.append(self.crc)
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+        self.file.close()  # flushed to disk by atomic.commit()
         shape = [self.rows, *self.row_shape]
         return {"dtype": self.dtype, "shape": shape, "bytes": self.size, "crc32": self.crcs}
 
 
 class _Writer:
-    """The files of one prepared graph, in a temporary folder until :meth:`finish`."""
+    """The files of one prepared graph, in a partial folder until it is committed."""
 
     def __init__(self, folder: Path, feature_dtype: str) -> None:
         dtypes = {"x": feature_dtype, "y": "int64", "colptr": "int64", "row": "int64"}
         dtypes |= dict.fromkeys(_SPLITS, "bool")
-        self.folder = folder
         self.files = {name: _FileWriter(folder / f"{name}.bin", d) for name, d in dtypes.items()}
 
     def __getitem__(self, name: str) -> _FileWriter:
         return self.files[name]
 
-    def finish(self, meta: dict[str, Any]) -> None:
-        files = {name: w.close() for name, w in self.files.items()}
-        manifest = {"format": FORMAT, **meta, "block_bytes": BLOCK_BYTES, "files": files}
-        tmp = self.folder / (MANIFEST + ".tmp")
-        tmp.write_text(json.dumps(manifest, indent=1))
-        tmp.rename(self.folder / MANIFEST)
+    def close(self) -> dict[str, Any]:
+        """Each file's manifest entry."""
+        return {name: w.close() for name, w in self.files.items()}
 
 
 def _key(source: dict[str, Any]) -> str:
@@ -133,10 +125,11 @@ def _key(source: dict[str, Any]) -> str:
 
 
 def _prepare(out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[str, Any]]) -> Path:
-    """Run ``fill`` into a temporary sibling of ``out``, then rename it to ``out`` (atomic).
+    """Run ``fill`` into a partial folder beside ``out``, then commit it as ``out`` (atomic).
 
     A complete ``out`` made from the same source is kept; one from another source, or anything
-    else at ``out`` but an empty folder, is refused rather than overwritten.
+    else at ``out`` but an empty folder, is refused rather than overwritten, and so is a second
+    prepare of ``out`` while one runs.
     """
     out = Path(out)
     key = _key(source)
@@ -157,38 +150,19 @@ def _prepare(out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[s
             )
         print(f"gnnscale prepare: {out} is already prepared from these settings (key {key})")
         return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.partial-*"):  # left by a killed prepare
-        pid = stale.name.rsplit("-", 1)[-1]
-        if not (pid.isdigit() and _alive(int(pid))):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    tmp.mkdir()
-    try:
-        start = time.perf_counter()
+    start = time.perf_counter()
+    with atomic.locked(out), atomic.writing(out) as tmp:  # a killed prepare's folder: removed
         writer = _Writer(tmp, source["feature_dtype"])
         meta = fill(writer)
-        writer.finish({**meta, "source": source, "key": key})
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        files = writer.close()
+        manifest = {"format": FORMAT, **meta, "source": source, "key": key}
+        atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES, "files": files})
     size = sum(f.stat().st_size for f in out.iterdir())
     print(
         f"gnnscale prepare: wrote {out} ({size / 2**30:.2f} GiB, {meta['num_nodes']:,} nodes, "
         f"{meta['num_edges']:,} edges) in {time.perf_counter() - start:.0f} s"
     )
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
 
 
 def _chunks(total: int, size: int, desc: str) -> Iterator[tuple[int, int]]:
@@ -336,26 +310,8 @@ class PreparedGraph:
     @staticmethod
     def read_manifest(folder: Path) -> dict[str, Any]:
         """The folder's manifest, or an error saying why there is none."""
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise PreparedGraphError(
-                f"{folder} is not a folder: run `gnnscale prepare --out {folder}` first"
-            )
-        path = folder / MANIFEST
-        if not path.is_file():
-            raise PreparedGraphError(
-                f"{path} is missing: {folder} is not a complete prepared graph (a prepare writes "
-                f"the manifest last); run `gnnscale prepare --out {folder}` again"
-            )
-        try:
-            manifest = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            raise PreparedGraphError(f"{path} cannot be read ({err}); prepare again") from None
-        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise PreparedGraphError(
-                f"{path} is not a {FORMAT} manifest; prepare again with this gnnscale"
-            )
-        return manifest
+        command = f"gnnscale prepare --out {folder}"
+        return atomic.read_manifest(folder, FORMAT, "prepared graph", command, PreparedGraphError)
 
     def _check(self, name: str, entry: dict[str, Any]) -> None:
         path = self.folder / f"{name}.bin"
