@@ -21,6 +21,7 @@ from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.measure import anon_mb
+from gnnscale.stores import atomic
 from gnnscale.stores.graphs import (
     GraphStore,
     GraphStoreError,
@@ -171,7 +172,15 @@ def test_a_killed_prepare_is_refused_then_resumes_from_its_last_chunk(tmp_path, 
     graphs, generated = GraphStore(out), AtomGraphDataset(SMALL)
     for i in range(len(graphs)):
         _equal(graphs[i], generated[i])
-    assert not list(tmp_path.glob(".atoms.partial"))
+    assert not list(tmp_path.glob(".atoms.partial*"))
+
+
+def test_a_second_prepare_is_refused_while_one_runs(tmp_path):
+    out = tmp_path / "atoms"
+    with atomic.locked(out):  # as a prepare of the same folder, running in another process
+        with pytest.raises(ConfigError, match=f"atoms is being written by process {os.getpid()}"):
+            prepare_graphs(out=out, backend="lmdb", atoms=SMALL, chunk_graphs=64)
+    assert not out.exists() and atomic.leftovers(out) == []
 
 
 def test_prepare_keeps_a_complete_store_and_refuses_other_settings(store):

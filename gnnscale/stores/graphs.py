@@ -8,8 +8,8 @@ batches, nothing more:
 
 - :func:`write_graphs` (``gnnscale prepare-graphs``) writes any sequence or iterable of
   ``Data`` (an in-memory PyG dataset, a generator) in chunks, each one committed transaction,
-  under a temporary folder that is renamed into place when complete. A killed prepare resumes
-  from its last committed chunk.
+  under a partial folder that is renamed into place when complete (:mod:`gnnscale.stores.atomic`).
+  A killed prepare resumes from its last committed chunk.
 - Two stores, one record format (:func:`encode`: the graph's tensors as raw bytes, integer
   tensors narrowed, behind a CRC-32): ``lmdb`` (the ``lmdb`` package) and ``sqlite`` (PyG's
   ``SQLiteDatabase``, the backend of ``OnDiskDataset``). Both are opened lazily, once per
@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -44,11 +43,11 @@ from torch_geometric.data import Data
 from tqdm import tqdm
 
 from gnnscale.errors import ConfigError
+from gnnscale.stores import atomic
 
 log = logging.getLogger(__name__)
 
 FORMAT = "gnnscale.graph_store/1"
-MANIFEST = "manifest.json"
 SOURCE = "source.json"  # written first into a partial folder: what it is being filled from
 BACKENDS = ("lmdb", "sqlite")
 Backend = Literal["lmdb", "sqlite"]
@@ -338,8 +337,7 @@ def read_manifest(folder: Path) -> dict[str, Any]:
     """A store's manifest, or an error saying why there is none and what to run."""
     folder = Path(folder)
     if not folder.is_dir():
-        partial = _partial(folder)
-        if partial.is_dir():
+        for partial in atomic.leftovers(folder):
             raise GraphStoreError(
                 f"{folder} is a half-finished prepare (its writes are in {partial.name}, no "
                 f"completion marker): rerun `gnnscale prepare-graphs --out {folder}` with the "
@@ -349,36 +347,11 @@ def read_manifest(folder: Path) -> dict[str, Any]:
             f"--data.root {str(folder)!r} is not a folder: run `gnnscale prepare-graphs --out "
             f"{folder}` first, or point --data.root at a prepared store"
         )
-    path = folder / MANIFEST
-    if not path.is_file():
-        raise GraphStoreError(
-            f"{path} is missing: {folder} is not a complete graph store (a prepare writes the "
-            f"manifest last); rerun `gnnscale prepare-graphs --out {folder}`"
-        )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise GraphStoreError(f"{path} cannot be read ({err}); prepare again") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise GraphStoreError(f"{path} is not a {FORMAT} manifest; prepare again")
-    return manifest
+    command = f"gnnscale prepare-graphs --out {folder}"
+    return atomic.read_manifest(folder, FORMAT, "graph store", command, GraphStoreError)
 
 
 # --- writing -------------------------------------------------------------------------------
-
-
-def _partial(out: Path) -> Path:
-    return out.parent / f".{out.name}.partial"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return pid != os.getpid()
 
 
 def write_graphs(
@@ -393,11 +366,12 @@ def write_graphs(
 ) -> Path:
     """Write graphs to a store at ``out``: in chunks, atomically, resumable if killed.
 
-    Chunks are committed one transaction each into ``.<out>.partial``; a prepare killed part
-    way leaves that folder, and the next call with the same ``source`` and ``backend`` continues
-    after its last committed chunk (other settings start it again). When every graph is written,
-    the manifest (count, schema, file size, a checksum) is written and the folder renamed to
-    ``out``: a store either is complete or does not exist under its name.
+    Chunks are committed one transaction each into ``.<out>.partial-<pid>``; a prepare killed
+    part way leaves that folder, and the next call with the same ``source`` and ``backend``
+    continues after its last committed chunk (other settings start it again). When every graph is
+    written, the manifest (count, schema, file size, a checksum) is written and the folder renamed
+    to ``out``: a store either is complete or does not exist under its name. A second prepare of
+    ``out`` is refused while one runs.
 
     Args:
         graphs: A sequence (read by index, so a resumed prepare skips without reading) or an
@@ -432,82 +406,67 @@ def write_graphs(
                 )
             log.info("%s is already prepared from these settings", out)
             return out
-    tmp = _partial(out)
-    lock = tmp / "pid"
-    if tmp.is_dir():
-        pid = lock.read_text().strip() if lock.is_file() else ""
-        if pid.isdigit() and _alive(int(pid)):
-            raise GraphStoreError(f"{out} is being prepared by process {pid}; wait for it")
-        previous = tmp / SOURCE
-        if not previous.is_file() or json.loads(previous.read_text()) != meta:
-            log.warning("%s: a partial prepare from other settings; starting again", tmp)
-            shutil.rmtree(tmp)
-    tmp.mkdir(parents=True, exist_ok=True)
-    lock.write_text(str(os.getpid()))
-    (tmp / SOURCE).write_text(json.dumps(meta))
-    writer = _Writer(tmp, backend)
-    try:
-        done = len(writer)
-        if done:
-            log.info("%s: resuming a killed prepare after %d committed graphs", out, done)
-        if isinstance(graphs, Sequence | Dataset):
-            items: Iterator[Data] = (graphs[i] for i in range(done, num_graphs))
-        else:
-            items = islice(iter(graphs), done, num_graphs)
-        bar = tqdm(
-            total=num_graphs,
-            initial=done,
-            desc=f"prepare {out.name}",
-            unit="graph",
-            mininterval=2,
-            disable=not progress,
-        )
-        with bar:
-            while done < num_graphs:
-                chunk = list(islice(items, min(chunk_graphs, num_graphs - done)))
-                if not chunk:
-                    raise ConfigError(f"the graphs ran out after {done} of {num_graphs}")
-                writer.append(done, [encode(g) for g in chunk])
-                done += len(chunk)
-                bar.update(len(chunk))
-        sample = writer.first() if num_graphs else Data()
-    finally:
-        writer.close()
-    path = tmp / _FILES[backend]
-    manifest = {
-        "format": FORMAT,
-        **meta,
-        "schema": {k: str(v.dtype).removeprefix("torch.") for k, v in sample.items()},
-        "num_features": int(sample.x.size(-1)) if sample.get("x") is not None else 0,
-        "num_edge_features": (
-            int(sample.edge_attr.view(sample.edge_attr.size(0), -1).size(-1))
-            if sample.get("edge_attr") is not None
-            else 0
-        ),
-        "num_classes": num_classes,
-        "file": {"name": path.name, "bytes": path.stat().st_size, "crc32": _file_crc(path)},
-    }
-    lock.unlink()
-    (tmp / SOURCE).unlink()
-    (tmp / (MANIFEST + ".tmp")).write_text(json.dumps(manifest, indent=1))
-    os.replace(tmp / (MANIFEST + ".tmp"), tmp / MANIFEST)
-    os.replace(tmp, out)
+
+    def resumable(partial: Path) -> bool:
+        previous = partial / SOURCE
+        if previous.is_file() and json.loads(previous.read_text()) == meta:
+            return True
+        log.warning("%s: a partial prepare from other settings; starting again", partial)
+        return False
+
+    with atomic.locked(out), atomic.writing(out, resume=resumable) as tmp:
+        (tmp / SOURCE).write_text(json.dumps(meta))
+        writer = _Writer(tmp, backend)
+        try:
+            done = len(writer)
+            if done:
+                log.info("%s: resuming a killed prepare after %d committed graphs", out, done)
+            if isinstance(graphs, Sequence | Dataset):
+                items: Iterator[Data] = (graphs[i] for i in range(done, num_graphs))
+            else:
+                items = islice(iter(graphs), done, num_graphs)
+            bar = tqdm(
+                total=num_graphs,
+                initial=done,
+                desc=f"prepare {out.name}",
+                unit="graph",
+                mininterval=2,
+                disable=not progress,
+            )
+            with bar:
+                while done < num_graphs:
+                    chunk = list(islice(items, min(chunk_graphs, num_graphs - done)))
+                    if not chunk:
+                        raise ConfigError(f"the graphs ran out after {done} of {num_graphs}")
+                    writer.append(done, [encode(g) for g in chunk])
+                    done += len(chunk)
+                    bar.update(len(chunk))
+            sample = writer.first() if num_graphs else Data()
+        finally:
+            writer.close()
+        (tmp / SOURCE).unlink()
+        path = tmp / _FILES[backend]
+        manifest = {
+            "format": FORMAT,
+            **meta,
+            "schema": {k: str(v.dtype).removeprefix("torch.") for k, v in sample.items()},
+            "num_features": int(sample.x.size(-1)) if sample.get("x") is not None else 0,
+            "num_edge_features": (
+                int(sample.edge_attr.view(sample.edge_attr.size(0), -1).size(-1))
+                if sample.get("edge_attr") is not None
+                else 0
+            ),
+            "num_classes": num_classes,
+            "file": {"name": path.name, "bytes": path.stat().st_size, "crc32": atomic.crc32(path)},
+        }
+        atomic.commit(tmp, out, manifest)
     return out
-
-
-def _file_crc(path: Path, block: int = 64 << 20) -> int:
-    """CRC-32 of a whole file (``GraphStore.verify``; reading does not check it)."""
-    crc = 0
-    with path.open("rb") as f:
-        while chunk := f.read(block):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 def verify(folder: Path) -> None:
     """Check a store end to end: its file's CRC-32, then every record's; raise if damaged."""
     store = GraphStore(folder)
-    if _file_crc(store.path) != store.manifest["file"]["crc32"]:
+    if atomic.crc32(store.path) != store.manifest["file"]["crc32"]:
         raise GraphStoreError(f"{store.path} fails its CRC-32 check: prepare it again")
     for i in range(len(store)):
         store[i]
