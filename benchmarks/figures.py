@@ -14,6 +14,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   default marked (``allocator`` in benchmarks/README.md).
 - ``workers``: s/epoch and peak memory of the sampler recipes with 0, 1 and 2 loader workers,
   the shipped setting marked (``workers`` in benchmarks/README.md).
+- ``speed``: each of GraphSAGE's CPU speed tricks switched off in turn on the three sampler
+  recipes, interleaved with the shipped runs (``speed_defaults`` in benchmarks/README.md; about
+  an hour).
 - ``compare``: gnnscale against hand-written PyG loops, memory bandwidth, where the time goes,
   GATv2 against its O(E) bound, scaling to 10^7 nodes (``benchmarks`` in benchmarks/README.md;
   ``benchmarks/results/``).
@@ -47,6 +50,7 @@ SECTIONS = (
     "roofline",
     "allocator",
     "workers",
+    "speed",
     "compare",
     "gat",
     "sparse",
@@ -79,6 +83,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "roofline": "roofline",
         "allocator": "allocator",
         "workers": "workers",
+        "speed": "speed_defaults",
         "graphs": "many_graphs",
     }[name]
     threads = {
@@ -90,6 +95,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "roofline": f"{torch.get_num_threads()} torch threads, one process",
         "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "workers": f"{torch.get_num_threads()} torch threads per process (torch's default)",
+        "speed": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
     }[name]
     return __import__(module).blocks(tiny), threads

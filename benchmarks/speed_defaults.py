@@ -1,0 +1,279 @@
+"""GraphSAGE's CPU speed tricks: s/epoch of each sampler recipe with each trick on and off.
+
+    python benchmarks/speed_defaults.py                 # full size: prints the table
+    python benchmarks/speed_defaults.py --size tiny     # check the pipeline (seconds a run)
+    python benchmarks/speed_defaults.py --reps 5 --recipes neighbor_sage --tricks csc dropout
+
+Each trick of ``gnnscale.models.fast`` is measured where a user sees it: ``gnnscale fit`` on
+``neighbor_sage``, ``cluster_gcn`` and ``graphsaint`` as shipped (4 epochs, no per-epoch
+validation), against the same run with that one trick off. The two arms alternate (A B, then
+B A, ...), each run a fresh process with the same seed as its partner; s/epoch is the median
+of ``perf/epoch_s`` after the first (warm-up) epoch. A trick keeps its place by default when
+the run without it takes at least 3% longer on some recipe (the median of the pairs' ratios).
+
+Tricks with a setting are turned off with it (``--model.init_args.sparse_aggregation=false``,
+``bucket_rows=0``, ``aggregate_in_loader=false``, the recipes' own
+``optimizer.init_args.fused=false``); the others (``csc``, ``dropout``, ``target_only``,
+``sources_targets``) by running the same command through ``benchmarks/without.py``, which
+replaces the trick with what PyG or PyTorch does in its place, in that process only.
+
+Not every trick is on every recipe's path: Cluster-GCN and GraphSAINT batches are subgraphs
+(``fast.subgraph_forward``), which never take the neighbour-only paths (target-only layers,
+aggregation in the loader, ``_SourcesAndTargets``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from blocks import REPO, Block
+from registry import recipe
+
+from gnnscale.measure import read_metrics
+from recipes import number, run
+
+RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")
+NEIGHBOUR = ("neighbor_sage",)
+WITHOUT = REPO / "benchmarks" / "without.py"
+THRESHOLD = 1.03  # without ÷ default at or above this: the trick keeps its place
+
+
+@dataclass(frozen=True)
+class Trick:
+    """One speed trick and how to switch it off.
+
+    Args:
+        key: Short name (and, for ``patched``, the name ``without.py`` takes).
+        label: What the table calls it.
+        args: CLI overrides that switch it off.
+        patched: Whether ``benchmarks/without.py`` switches it off instead.
+        recipes: The recipes whose training step takes its path.
+    """
+
+    key: str
+    label: str
+    args: tuple[str, ...] = ()
+    patched: bool = False
+    recipes: tuple[str, ...] = RECIPES
+
+
+TRICKS = (
+    Trick(
+        "sparse_aggregation",
+        "sparse aggregation (CSR product, not scatter; off: also no aggregation in loader "
+        "and no CSC backward, which need it)",
+        args=("--model.init_args.sparse_aggregation=false",),
+    ),
+    Trick(
+        "bucket_rows", "bucket_rows=1024 (rows padded)", args=("--model.init_args.bucket_rows=0",)
+    ),
+    Trick(
+        "aggregate_in_loader",
+        "aggregation in loader (off: also no CSC backward, built only with it)",
+        args=("--model.init_args.aggregate_in_loader=false",),
+        recipes=NEIGHBOUR,
+    ),
+    Trick("csc", "CSC backward (_SparseMean)", patched=True),
+    Trick("dropout", "bit-mask Dropout (fused with ReLU)", patched=True),
+    Trick(
+        "target_only",
+        "target-only layers (and with them aggregation in loader)",
+        patched=True,
+        recipes=NEIGHBOUR,
+    ),
+    Trick("sources_targets", "_SourcesAndTargets", patched=True, recipes=NEIGHBOUR),
+    Trick(
+        "fused_adam",
+        "fused Adam (recipes' optimizer.init_args.fused)",
+        args=("--model.init_args.optimizer.init_args.fused=false",),
+    ),
+)
+
+
+@dataclass
+class Run:
+    """One ``fit``: which arm, and what it measured."""
+
+    recipe: str
+    trick: str  # "default" for the shipped arm
+    round: int
+    epochs_s: list[float]  # perf/epoch_s of every epoch, the first (warm-up) included
+    peak_mb: float
+    wall_s: float
+    load_before: tuple[float, float, float]
+    load_after: tuple[float, float, float]
+
+    @property
+    def epoch_s(self) -> float:
+        """Median s/epoch after the first (warm-up) epoch."""
+        return statistics.median(self.epochs_s[1:] or self.epochs_s)
+
+
+def fit(name: str, args: list[str], workdir: Path, label: str, without: str | None) -> Run:
+    """``gnnscale fit`` on recipe ``name`` in a fresh process (as ``recipes.measure``).
+
+    ``without``: a trick of ``benchmarks/without.py`` to turn off in that process. Every
+    epoch's ``perf/epoch_s`` is kept (``recipes.measure`` keeps their median only).
+    """
+    entry = recipe(name)
+    assert not entry.prepare_config, "the sampler recipes generate their graph"
+    save_dir = workdir / "runs" / label
+    python, *command = entry.argv(
+        "fit",
+        "--trainer.enable_progress_bar=false",
+        "--seed_everything=0",  # every arm trains on the same batches
+        f"--data.init_args.root={workdir / 'data'}",
+        f"--trainer.logger.init_args.save_dir={save_dir}",
+        *args,
+    )
+    if without is not None:
+        assert command[0] == "-m", f"{name} runs a script; without.py runs modules only"
+        command = [str(WITHOUT), without, *command]
+    load_before, start = os.getloadavg(), time.perf_counter()
+    out = run([python, *command], workdir)
+    wall = time.perf_counter() - start
+    epochs: list[float] = []
+    for path in sorted(save_dir.rglob("metrics.csv")):
+        epochs += read_metrics(path)["perf/epoch_s"]
+    return Run(name, "", -1, epochs, number("PEAK_RSS_MB", out), wall, load_before, os.getloadavg())
+
+
+def measure_all(
+    names: list[str],
+    tricks: list[Trick],
+    rounds: int,
+    tiny: bool,
+    log: Path | None = None,
+    workdir: Path | None = None,
+) -> list[Run]:
+    """Each recipe as shipped against each applicable trick off, ``rounds`` times.
+
+    The runs of a recipe go ``D T1 .. Tk D Tk .. T1 D T1 ..``: every trick-off run lies
+    between two shipped runs (``D``), which :func:`table` pairs it with. Each recipe first runs
+    once unmeasured (it generates its graph and partition caches). ``log``: each run appended
+    as a JSON line as soon as it ends.
+    """
+    epochs = 2 if tiny else 4
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="gnnscale-speed-defaults-") as tmp:
+        folder = workdir or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            entry = recipe(name)
+            base = [
+                "--trainer.limit_val_batches=0",
+                "--trainer.limit_test_batches=0",  # no test pass: s/epoch is the figure
+                *(entry.tiny if tiny else entry.figure_args),
+                f"--trainer.max_epochs={epochs}",  # after tiny's own
+            ]
+            stamp = time.strftime("%H%M%S")
+            fit(name, [*base, "--trainer.max_epochs=1"], folder, f"{name}-{stamp}-warm", None)
+            applicable = [t for t in tricks if name in t.recipes]
+            order: list[tuple[int, Trick | None]] = [(0, None)]
+            for r in range(rounds):
+                order += [(r, t) for t in (applicable if r % 2 == 0 else applicable[::-1])]
+                order.append((r + 1, None))
+            for i, (r, trick) in enumerate(order):
+                off = trick is not None
+                key = trick.key if trick is not None else "default"
+                args = [*base, *(trick.args if trick is not None else ())]
+                without = trick.key if trick is not None and trick.patched else None
+                run_ = fit(name, args, folder, f"{name}-{stamp}-{i:03d}-{key}", without)
+                run_.trick, run_.round = key, r
+                runs.append(run_)
+                print(
+                    f"{name} {key} round {r}: {run_.epoch_s:.3f} s/epoch (epochs "
+                    f"{', '.join(f'{e:.2f}' for e in run_.epochs_s)}), {run_.peak_mb:,.0f} MiB, "
+                    f"{run_.wall_s:.0f} s, load {run_.load_before[0]:.1f}"
+                    + (f", without.py {without}" if without else "")
+                    + (f", {' '.join(trick.args)}" if off and trick and trick.args else ""),
+                    flush=True,
+                )
+                if log is not None:
+                    with log.open("a") as file:
+                        file.write(json.dumps(asdict(run_)) + "\n")
+    return runs
+
+
+def pairs(runs: list[Run], name: str, key: str) -> list[tuple[Run, float]]:
+    """Each of ``key``'s runs on ``name`` with the mean s/epoch of its two shipped neighbours."""
+    default = {r.round: r.epoch_s for r in runs if (r.recipe, r.trick) == (name, "default")}
+    out = []
+    for r in runs:
+        if (r.recipe, r.trick) == (name, key):
+            around = [default[i] for i in (r.round, r.round + 1) if i in default]
+            if around:
+                out.append((r, statistics.mean(around)))
+    return out
+
+
+def table(runs: list[Run], tricks: tuple[Trick, ...] = TRICKS) -> str:
+    """The markdown table of ``runs``: each (recipe, trick) measured."""
+    lines = [
+        "| recipe | trick | s/epoch default | s/epoch without | without ÷ default (pair min / "
+        "median / max) | peak RSS default / without (MiB) | verdict |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
+    for name in dict.fromkeys(r.recipe for r in runs):
+        shipped = [r for r in runs if (r.recipe, r.trick) == (name, "default")]
+        for trick in tricks:
+            matched = pairs(runs, name, trick.key)
+            if not matched or not shipped:
+                continue
+            on = statistics.median(r.epoch_s for r in shipped)
+            off = statistics.median(r.epoch_s for r, _ in matched)
+            ratios = sorted(r.epoch_s / d for r, d in matched)
+            middle = statistics.median(ratios)
+            peak_on = statistics.median(r.peak_mb for r in shipped)
+            peak_off = statistics.median(r.peak_mb for r, _ in matched)
+            verdict = "keeps its place (>= 3%)" if middle >= THRESHOLD else "below 3%"
+            lines.append(
+                f"| {name} | {trick.label} | {on:.2f} | {off:.2f} | {off / on:.3f} "
+                f"({ratios[0]:.2f} / {middle:.2f} / {ratios[-1]:.2f}; {len(ratios)} pairs) "
+                f"| {peak_on:,.0f} / {peak_off:,.0f} | {verdict} |"
+            )
+    return "\n".join(lines)
+
+
+def blocks(tiny: bool, rounds: int | None = None) -> list[Block]:
+    """The table as a block (benchmarks/README.md's ``speed_defaults``, not wired in yet)."""
+    rounds = rounds or (1 if tiny else 3)
+    runs = measure_all(list(RECIPES), list(TRICKS), rounds, tiny)
+    text = table(runs) + (
+        "\n\nEach recipe's config.yaml, 4 epochs (tiny: 2), no per-epoch validation, no test "
+        f"pass, seed 0 for every run; {rounds} round(s), each run a fresh process: the shipped "
+        "run (D) and each trick's run without it go D T1 .. Tk D Tk .. T1 D .., and each "
+        "trick's run is paired with the mean of the two shipped runs around it. s/epoch: "
+        "median after the first (warm-up) epoch (`perf/epoch_s`); the s/epoch columns: medians "
+        f"over each arm's runs. Verdict: the median of the pairs' ratios against {THRESHOLD}. "
+        "Peak RSS: the largest `VmHWM` of a run's processes."
+    )
+    return [Block(REPO / "benchmarks" / "README.md", "speed_defaults", text)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Measure and print the table (and each run as it ends)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=["full", "tiny"], default="full")
+    parser.add_argument("--rounds", type=int, default=0, help="runs per trick (3; tiny 1)")
+    parser.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
+    parser.add_argument("--tricks", nargs="+", choices=[t.key for t in TRICKS])
+    parser.add_argument("--log", type=Path, help="append each run here as a JSON line")
+    parser.add_argument("--workdir", type=Path, help="runs and data (default: a temporary one)")
+    args = parser.parse_args(argv)
+    tiny = args.size == "tiny"
+    tricks = [t for t in TRICKS if args.tricks is None or t.key in args.tricks]
+    rounds = args.rounds or (1 if tiny else 3)
+    runs = measure_all(args.recipes, tricks, rounds, tiny, args.log, args.workdir)
+    print(table(runs, tuple(tricks)))
+
+
+if __name__ == "__main__":
+    main()
