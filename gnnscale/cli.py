@@ -35,7 +35,9 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch.multiprocessing import ProcessExitedException
 
+from gnnscale import runs
 from gnnscale.batch import BatchRequest, ConfiguresBatches
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import Preprocess
@@ -46,6 +48,7 @@ from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
+from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded
 from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
 
 __all__ = [
@@ -218,23 +221,34 @@ class GnnscaleCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        """Parse; a key or value jsonargparse refuses becomes one line (``ConfigError``)."""
+        """Parse, and check ``--ckpt_path`` against the config before anything is written.
+
+        A key or value jsonargparse refuses becomes one line (``ConfigError``); so does a
+        checkpoint of a run with other settings (``gnnscale.runs``). ``last`` is resolved here.
+        """
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # raised, not printed: main() sets exit_on_error=False
             given = sys.argv[1:] if args is None else args
             command = next((f"gnnscale {a}" for a in given if a in self.subcommands()), "gnnscale")
             raise ConfigError(_parse_error(str(err), command)) from err
+        subcommand = self.config.get("subcommand")
+        config = self.config[subcommand] if subcommand else self.config
+        self.settings = runs.settings(config)  # what its checkpoints will say they continue
+        # Before Lightning replaces the model's settings with the checkpoint's, silently.
+        ckpt_path = config.get("ckpt_path")
+        if ckpt_path == "last":
+            config.ckpt_path = str(runs.resolve_last(config, self.settings, subcommand))
+        elif ckpt_path and ckpt_path not in ("best", "hpc", "registry"):  # Lightning's names
+            runs.check(Path(ckpt_path), self.settings, subcommand)
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a precision the device cannot run, before any data is loaded; find ``last``."""
+        """Refuse a precision the device cannot run, before any data is loaded."""
         config = self.config[self.subcommand] if self.subcommand else self.config
         _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
         precision = str(config.trainer.precision)
         if _cpu_precision(precision, str(config.trainer.accelerator)) != precision:
             config.trainer.precision = "32-true"
-        if self.subcommand == "fit" and config.get("ckpt_path") == "last":
-            _resume_last(config)
 
     def instantiate_classes(self) -> None:
         """Build model, data and Trainer; refuse a model the loaders cannot feed, before loading."""
@@ -269,21 +283,29 @@ class GnnscaleCLI(LightningCLI):
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
             kwargs["plugins"] = [*plugins, StreamingCheckpointIO()]
+        callbacks = kwargs.get("callbacks", trainer.get("callbacks")) or []
+        callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+        # A SIGTERM saves the run and exits 143; every checkpoint says what it continues.
+        kwargs["callbacks"] = [*callbacks, Preemption(), runs.SavedSettings(self.settings)]
         return super().instantiate_trainer(**kwargs)
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run it; if it fails before logging anything, remove the empty version folder it made."""
         try:
-            super()._run_subcommand(subcommand)
-        except BaseException:
+            with forwarded(self.trainer):  # a SIGTERM reaches forked ranks too
+                super()._run_subcommand(subcommand)
+        except BaseException as err:
             # The logger's own folder: Trainer.log_dir is a collective call under DDP, which
             # would wait forever for ranks that did not fail.
             logger = self.trainer.logger
             log_dir = Path(logger.log_dir) if logger is not None and logger.log_dir else None
             if self.trainer.global_rank == 0 and log_dir is not None and log_dir.is_dir():
-                kept = [p for p in log_dir.rglob("*") if p.is_file() and p.name != "config.yaml"]
-                if not kept:  # nothing but the saved config: no metrics, no checkpoint
+                disposable = ("config.yaml", "hparams.yaml")  # written before any step
+                kept = [p for p in log_dir.rglob("*") if p.is_file() and p.name not in disposable]
+                if not kept:  # nothing but the saved configs: no metrics, no checkpoint
                     shutil.rmtree(log_dir, ignore_errors=True)
+            if isinstance(err, ProcessExitedException) and err.exit_code == PREEMPTED_EXIT:
+                raise SystemExit(PREEMPTED_EXIT) from None  # forked ranks saved and stopped
             raise
 
     def before_fit(self) -> None:
@@ -383,36 +405,6 @@ def _parse_error(message: str, command: str = "gnnscale fit") -> str:
     if given and not any("Got value" in r for r in reasons):
         reasons.append(f"got {given!r}")
     return f"{key}: {'; '.join(reasons)}"
-
-
-def _resume_last(config: Any) -> None:
-    """``--ckpt_path last``: the ``last.ckpt`` of this recipe's newest run, resumed in its folder.
-
-    Runs are ``<save_dir>/<name>/version_N`` (the logger's), checkpoints in their
-    ``checkpoints`` folder. The newest run that saved a ``last.ckpt`` (or the one
-    ``--trainer.logger.init_args.version`` names) is resumed, logging into the same folder.
-    """
-    args = getattr(config.trainer.logger, "init_args", None)
-    if args is None or not args.get("save_dir"):
-        raise ConfigError(
-            "--ckpt_path last looks for the newest run under the logger's save_dir; this "
-            "config's logger has none: pass --ckpt_path PATH/TO/last.ckpt"
-        )
-    root = Path(args.save_dir) / (args.get("name") or "lightning_logs")
-    version = args.get("version")
-    pattern = "version_*" if version is None else f"version_{version}"
-    runs = [p.parent.parent for p in root.glob(f"{pattern}/checkpoints/last.ckpt")]
-    runs = [p for p in runs if p.name.removeprefix("version_").isdigit()]
-    if not runs:
-        raise ConfigError(
-            f"--ckpt_path last: no run under {root} has saved checkpoints/last.ckpt. A run "
-            "saves one with a ModelCheckpoint(save_last=true), as the recipes do; or pass "
-            "--ckpt_path PATH/TO/file.ckpt"
-        )
-    run = max(runs, key=lambda p: int(p.name.removeprefix("version_")))
-    args.version = int(run.name.removeprefix("version_"))
-    config.ckpt_path = str(run / "checkpoints" / "last.ckpt")
-    rank_zero_info(f"gnnscale: --ckpt_path last resumes {config.ckpt_path}")
 
 
 # Warnings no gnnscale user can act on, each silenced alone (the README explains the first):

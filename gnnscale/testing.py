@@ -99,18 +99,21 @@ def cli_args(folder: Path) -> list[str]:
 
 
 class KillAtStep(L.Callback):
-    """Kills its own process with SIGKILL after optimizer step ``step``: a crash, mid-epoch.
+    """Sends its own process a signal after optimizer step ``step``, mid-epoch.
 
-    Nothing is flushed or saved: what the run keeps is what it had written before.
+    ``SIGKILL`` is a crash: nothing is flushed or saved, the run keeps what it had written.
+    ``SIGTERM`` is what a scheduler sends to pre-empt a job.
 
     Args:
-        step: The ``global_step`` after which the process dies.
+        step: The ``global_step`` after which the signal is sent.
+        signal: Its name.
     """
 
-    def __init__(self, step: int) -> None:
-        self.step = step
+    def __init__(self, step: int, signal: str = "SIGKILL") -> None:
+        self.step, self.signal, self.sent = step, signal, False
 
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
-        """Die once the step is reached."""
-        if trainer.global_step >= self.step:
-            os.kill(os.getpid(), signal.SIGKILL)
+        """Send it once the step is reached."""
+        if trainer.global_step >= self.step and not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), getattr(signal, self.signal))

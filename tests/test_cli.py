@@ -196,6 +196,16 @@ def test_refused_input_is_one_line_without_traceback(tmp_path, config, bad, mess
     assert debug.returncode != 0 and "Traceback" in debug.stderr and message in debug.stderr
 
 
+def test_an_error_once_the_trainer_started_leaves_no_run_folder(tmp_path, monkeypatch):
+    def refuse(self):
+        raise ConfigError("refused while the fit loop starts")
+
+    monkeypatch.setattr(FullBatchDataModule, "train_dataloader", refuse)
+    with pytest.raises(ConfigError, match="refused while the fit loop starts"):
+        _fit_planetoid(tmp_path, "--trainer.max_epochs=1")
+    assert not list((tmp_path / "runs").rglob("version_*"))  # config.yaml, hparams.yaml: gone
+
+
 def test_a_diverging_run_stops_and_reports_no_result(tmp_path):
     huge_lr = ["--model.optimizer=torch.optim.SGD", "--model.optimizer.init_args.lr=1e12"]
     with pytest.raises(TrainingDiverged, match=r"the training loss is (nan|inf) at step \d+"):

@@ -1,10 +1,14 @@
 """A run killed mid-epoch resumes with ``--ckpt_path last`` and ends exactly as an unkilled one."""
 
 import csv
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from registry import recipe
@@ -43,25 +47,35 @@ def _values(rows: list[dict[str, str]], key: str) -> list[tuple[str, str, str]]:
 
 
 @pytest.mark.parametrize(
-    "name",
+    ("name", "signal"),
     [
-        pytest.param("neighbor_sage", marks=requires_sampler),
-        pytest.param("cluster_gcn", marks=[requires_sampler, pytest.mark.slow]),
-        pytest.param("graphsaint", marks=[requires_torch_sparse, pytest.mark.slow]),
+        pytest.param("neighbor_sage", "SIGTERM", marks=requires_sampler),
+        pytest.param("neighbor_sage", "SIGKILL", marks=[requires_sampler, pytest.mark.slow]),
+        pytest.param("cluster_gcn", "SIGKILL", marks=[requires_sampler, pytest.mark.slow]),
+        pytest.param("graphsaint", "SIGTERM", marks=[requires_torch_sparse, pytest.mark.slow]),
     ],
 )
-def test_killed_run_resumes_mid_epoch_and_ends_as_an_unkilled_one(tmp_path, name):
+def test_stopped_run_resumes_mid_epoch_and_ends_as_an_unstopped_one(tmp_path, name, signal):
+    """SIGKILL (a crash) resumes from the last periodic checkpoint; SIGTERM (pre-emption)
+    saves one at the signal, exits 143 and says how to resume."""
     whole, crashed = tmp_path / "whole", tmp_path / "crashed"
     whole.mkdir(), crashed.mkdir()
     done = _fit(whole, name)
     assert done.returncode == 0, done.stderr[-3000:]
     kill = ["--trainer.callbacks+=gnnscale.testing.KillAtStep", "--trainer.callbacks.step=12"]
-    killed = _fit(crashed, name, *kill)
-    assert killed.returncode == -9, killed.stderr[-3000:]  # SIGKILL: nothing flushed or saved
+    killed = _fit(crashed, name, *kill, f"--trainer.callbacks.signal={signal}")
     runs = crashed / "runs" / name
-    state = torch.load(runs / "version_0" / "checkpoints" / "last.ckpt", weights_only=False)
+    last = runs / "version_0" / "checkpoints" / "last.ckpt"
+    state = torch.load(last, weights_only=False)
     (loader,) = state["loops"]["fit_loop"]["state_dict"]["combined_loader"]
-    assert (loader["epoch"], loader["batches_done"]) == (1, 6)  # step 10: mid-epoch 1
+    if signal == "SIGKILL":
+        assert killed.returncode == -9, killed.stderr[-3000:]  # nothing flushed or saved
+        assert (loader["epoch"], loader["batches_done"]) == (1, 6)  # step 10: mid-epoch 1
+    else:
+        assert killed.returncode == 143, killed.stderr[-3000:]  # not 0: the job did not finish
+        assert f"stopped by SIGTERM after step 12; saved {last}" in killed.stderr
+        assert (loader["epoch"], loader["batches_done"]) == (1, 10)  # step 12, saved at once
+        assert not _values(_rows(runs / "version_0"), "test/acc")  # no test of a stopped run
 
     resumed = _fit(crashed, name, "--ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
@@ -133,3 +147,121 @@ def test_batches_are_the_same_whichever_process_samples_them(tmp_path):
 
     in_main = sampled(0)
     assert sampled(2) == in_main  # each batch sampled under its own seed
+
+
+def _planetoid(folder: Path, subcommand: str, *args: str):
+    """The planetoid recipe (full batch, GATv2) on the tiny graph, in process, 3 epochs."""
+    config = ["--config", str(recipe("planetoid").config), "--data.dataset=synthetic"]
+    return main([subcommand, *config, *cli_args(folder), "--trainer.max_epochs=3", *args])
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+def test_a_refused_resume_changes_nothing_and_last_picks_the_run_it_may_continue(tmp_path):
+    _planetoid(tmp_path, "fit")  # version_0: the recipe's model
+    _planetoid(tmp_path, "fit", "--model.hidden_channels=16")  # version_1: another model
+    runs = tmp_path / "runs" / "planetoid"
+    before = _files(runs)
+
+    # An explicit checkpoint of another model: refused before anything is written.
+    other = runs / "version_1" / "checkpoints" / "last.ckpt"
+    differ = r"model.init_args.hidden_channels=16 there, 64 here"
+    with pytest.raises(ConfigError, match=rf"--ckpt_path {other} was saved by .*\({differ}\)"):
+        _planetoid(tmp_path, "fit", f"--ckpt_path={other}", "--trainer.max_epochs=5")
+    # So is a changed setting that moves what a saved step means (the batches, the step count).
+    with pytest.raises(ConfigError, match=r"trainer.accumulate_grad_batches=1 there, 2 here"):
+        _planetoid(
+            tmp_path,
+            "fit",
+            f"--ckpt_path={other}",
+            "--model.hidden_channels=16",
+            "--trainer.accumulate_grad_batches=2",
+        )
+    assert _files(runs) == before  # metrics, config.yaml, checkpoints: byte for byte
+
+    # `last`: the newest run this config may continue (version_0), not the newest (version_1).
+    cli = _planetoid(tmp_path, "fit", "--ckpt_path=last", "--trainer.max_epochs=4")
+    assert cli.trainer.global_step == 4 and cli.trainer.logger.version == 0
+    assert sorted(p.name for p in runs.iterdir()) == ["version_0", "version_1"]
+    assert {k: v for k, v in _files(runs).items() if k.startswith("version_1")} == {
+        k: v for k, v in before.items() if k.startswith("version_1")
+    }
+
+
+def test_evaluating_last_reads_the_newest_matching_run_and_writes_beside_it(tmp_path, caplog):
+    fitted = _planetoid(tmp_path, "fit", "--model.hidden_channels=16")
+    last = tmp_path / "runs" / "planetoid" / "version_0" / "checkpoints" / "last.ckpt"
+    trained = torch.load(last, weights_only=False)["state_dict"]
+    tested = _planetoid(tmp_path, "test", "--ckpt_path=last", "--model.hidden_channels=16")
+    assert f"--ckpt_path last reads {last}" in caplog.text
+    for name, value in tested.model.state_dict().items():  # the trained weights, not new ones
+        assert torch.equal(value, trained[name]), name
+    assert tested.trainer.logger.version == 1  # its own folder: the run's metrics untouched
+    assert fitted.trainer.logger.version == 0
+    with pytest.raises(ConfigError, match=r"no run under .* matches this config"):
+        _planetoid(tmp_path, "test", "--ckpt_path=last")  # hidden 64: no such run
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("missing", r"--ckpt_path .*missing.ckpt does not exist; give a saved .ckpt file"),
+        ("truncated", r"--ckpt_path .*last.ckpt cannot be read \(.*\); it is damaged"),
+    ],
+)
+def test_a_missing_or_damaged_checkpoint_is_named_in_one_line(tmp_path, damage, message):
+    _planetoid(tmp_path, "fit", "--trainer.max_epochs=1")
+    last = tmp_path / "runs" / "planetoid" / "version_0" / "checkpoints" / "last.ckpt"
+    if damage == "truncated":
+        last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    path = last if damage == "truncated" else last.parent / "missing.ckpt"
+    with pytest.raises(ConfigError, match=message):
+        _planetoid(tmp_path, "fit", f"--ckpt_path={path}")
+
+
+@pytest.mark.slow
+@requires_sampler
+@pytest.mark.parametrize("target", ["launcher", "rank 1"])
+def test_sigterm_to_a_ddp_job_stops_every_rank_saved_and_it_resumes(tmp_path, target):
+    """Forked DDP ranks (the multi_gpu_ddp recipe on CPU): a SIGTERM to the launching process
+    or to one rank stops all of them at one batch within seconds, saved, with no process left."""
+    argv = [sys.executable, "-m", "gnnscale.cli", "fit", "--config"]
+    argv += [str(recipe("multi_gpu_ddp").config), *cli_args(tmp_path)]
+    argv += ["--trainer.accelerator=cpu", "--data.batch_size=24", "--trainer.max_epochs=1000"]
+    job = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    last = tmp_path / "runs" / "multi_gpu_ddp" / "version_0" / "checkpoints" / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 300
+        while not last.is_file():  # training: the periodic checkpoint is there
+            assert job.poll() is None and time.monotonic() < deadline, job.communicate()[1][-3000:]
+            time.sleep(0.5)
+        family = [psutil.Process(job.pid), *psutil.Process(job.pid).children(recursive=True)]
+        ranks = psutil.Process(job.pid).children()
+        assert len(ranks) == 2
+        victim = job.pid if target == "launcher" else ranks[1].pid
+        os.kill(victim, signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    finally:
+        job.kill()
+    assert job.returncode == 143, err[-3000:]
+    gone, alive = psutil.wait_procs(family, timeout=10)
+    assert not alive, alive  # no rank, no loader worker left behind
+    stopped = torch.load(last, weights_only=False)["global_step"]
+    assert f"stopped by SIGTERM after step {stopped}; saved {last}".encode() in err
+
+    resumed = subprocess.run(
+        [
+            *argv[:-1],
+            f"--trainer.max_epochs={torch.load(last, weights_only=False)['epoch'] + 2}",
+            "--ckpt_path=last",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "--ckpt_path last resumes" in resumed.stderr
+    assert _values(_rows(last.parents[1]), "test/acc")

@@ -11,6 +11,7 @@ accumulation and DDP average over graphs, short last batches included.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 import lightning as L
@@ -126,7 +127,8 @@ class GraphGINE(L.LightningModule):
     def forward(self, batch: Batch) -> Tensor:
         """One output per graph: ``[num_graphs]`` (regression) or ``[num_graphs, classes]``."""
         x = self.embed(batch.x.to(self.dtype))
-        e = self.rbf(batch.edge_attr.view(batch.edge_attr.size(0), -1).to(self.dtype))
+        edge_attr = batch.edge_attr  # [E] or [E, ...]; E may be 0
+        e = self.rbf(edge_attr.view(len(edge_attr), math.prod(edge_attr.shape[1:])).to(self.dtype))
         for conv in self.convs:
             x = x + self.dropout(F.silu(conv(x, batch.edge_index, e)))
         out = self.pool(self.head(x), batch.batch, size=batch.num_graphs)

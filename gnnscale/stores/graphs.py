@@ -452,7 +452,7 @@ def write_graphs(
             "schema": {k: str(v.dtype).removeprefix("torch.") for k, v in sample.items()},
             "num_features": int(sample.x.size(-1)) if sample.get("x") is not None else 0,
             "num_edge_features": (
-                int(sample.edge_attr.view(sample.edge_attr.size(0), -1).size(-1))
+                math.prod(sample.edge_attr.shape[1:])  # a first graph may have no edge
                 if sample.get("edge_attr") is not None
                 else 0
             ),

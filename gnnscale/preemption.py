@@ -1,0 +1,109 @@
+"""A SIGTERM, which schedulers (SLURM, Kubernetes) send before they stop a job, saves the run.
+
+Lightning 2.6 notes the signal and ends ``fit`` after the current batch with an exception that
+exits with status 0, so a scheduler sees a finished job, and nothing is saved. Under DDP its
+handler broadcasts from inside the signal handler, which can meet another rank in a different
+collective and hang both; a signal to the launching process of forked ranks kills it alone.
+
+Here every process of the run notes the signal in a flag (:class:`Preemption`, from the start of
+training); after each training batch the ranks agree on it (one all-reduce, so a signal to any
+rank stops them all at the same batch) and save ``last.ckpt`` there, where ``ModelCheckpoint``
+saves; before the next batch, once Lightning has logged that batch's metrics, they say how to
+resume and exit with :data:`PREEMPTED_EXIT`. A process that launched forked ranks passes the
+signal on to them (:func:`forwarded`). A signal during validation takes effect after the next
+training batch; one after the last training batch lets the run finish.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import lightning as L
+import torch
+import torch.distributed as dist
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
+from lightning.pytorch.utilities import rank_zero_info
+
+__all__ = ["PREEMPTED_EXIT", "Preemption", "forwarded"]
+
+PREEMPTED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a process the signal ended
+
+
+class Preemption(L.Callback):
+    """On SIGTERM, save ``last.ckpt`` after the current training batch and exit 143 before the next.
+
+    The checkpoint goes where ``--ckpt_path last`` looks: the folder of the run's
+    ``ModelCheckpoint``, else its ``checkpoints`` folder.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous: Any = None
+        self.saved: Path | None = None
+        self.step = 0
+
+    def _note(self, signum: int, frame: FrameType | None) -> None:
+        self.requested = True
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take SIGTERM over from Lightning's handler (and its broadcast inside the handler)."""
+        self.previous = signal.signal(signal.SIGTERM, self._note)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Give SIGTERM back."""
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
+            self.previous = None
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        """If any rank was signalled: save where the run stands (as ``ModelCheckpoint`` does)."""
+        requested = self.requested
+        if trainer.world_size > 1 and dist.is_available() and dist.is_initialized():
+            flag = torch.tensor([int(requested)], device=trainer.strategy.root_device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank, at the same batch
+            requested = bool(flag.item())
+        if not requested or self.saved is not None:
+            return
+        callback = trainer.checkpoint_callback
+        folder = callback.dirpath if isinstance(callback, ModelCheckpoint) else None
+        if folder is None:
+            folder = str(Path(trainer.log_dir or trainer.default_root_dir) / "checkpoints")
+        self.saved = Path(folder) / (
+            ModelCheckpoint.CHECKPOINT_NAME_LAST + ModelCheckpoint.FILE_EXTENSION
+        )
+        trainer.save_checkpoint(self.saved)  # every rank: it synchronises them; rank 0 writes
+        self.step = trainer.global_step
+
+    def on_train_batch_start(self, trainer: L.Trainer, *args: Any) -> None:
+        """Exit before the next batch: the saved one's metrics are logged by now."""
+        if self.saved is None:
+            return
+        rank_zero_info(
+            f"gnnscale: stopped by SIGTERM after step {self.step}; saved {self.saved}. "
+            "Resume: the same command with --ckpt_path last"
+        )
+        raise SystemExit(PREEMPTED_EXIT)
+
+
+@contextlib.contextmanager
+def forwarded(trainer: L.Trainer) -> Iterator[None]:
+    """While inside, a SIGTERM to this process goes on to the ranks it forked, if any.
+
+    Lightning's multiprocessing launcher leaves this process with the default action (die at
+    once), which orphans the ranks; passed on, each rank saves and exits, and so does this one.
+    """
+    launcher = trainer.strategy.launcher
+    if not isinstance(launcher, _MultiProcessingLauncher):
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: launcher.kill(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
