@@ -22,6 +22,8 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 
+from gnnscale.errors import NO_ROOM, GnnscaleError
+
 __all__ = ["StreamingCheckpointIO"]
 
 
@@ -54,8 +56,13 @@ class StreamingCheckpointIO(TorchCheckpointIO):
             with tmp.open("wb") as f:
                 torch.save(checkpoint, f)
             os.replace(tmp, target)
-        except BaseException:
+        except BaseException as err:
             tmp.unlink(missing_ok=True)
+            if (full := _no_room(err)) is not None:
+                raise GnnscaleError(
+                    f"no room to save the checkpoint {target} ({full.strerror}); the checkpoints "
+                    "saved before it are intact: free space, then resume with --ckpt_path last"
+                ) from None
             raise
 
     def load_checkpoint(
@@ -69,6 +76,18 @@ class StreamingCheckpointIO(TorchCheckpointIO):
         if local is None or not local.is_file():
             return super().load_checkpoint(path, map_location, weights_only)
         return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
+
+
+def _no_room(err: BaseException | None) -> OSError | None:
+    """The full disk (or quota, or size limit) behind ``err``, if one is.
+
+    torch's zip writer turns the failed write into a ``RuntimeError`` raised while it closes.
+    """
+    while err is not None:
+        if isinstance(err, OSError) and err.errno in NO_ROOM:
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def _local(path: _PATH) -> Path | None:

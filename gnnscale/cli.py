@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import psutil
 import torch
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
@@ -103,7 +104,13 @@ def _steady_cpu_memory() -> None:
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     os.environ.setdefault("LRU_CACHE_CAPACITY", "8")
-    threshold = int(os.environ.get("GNNSCALE_MMAP_THRESHOLD", DEFAULT_MMAP_THRESHOLD))
+    value = os.environ.get("GNNSCALE_MMAP_THRESHOLD", str(DEFAULT_MMAP_THRESHOLD)).strip()
+    if not value.isdigit():
+        raise ConfigError(
+            f"GNNSCALE_MMAP_THRESHOLD must be a whole number of bytes, 0 for glibc's own "
+            f"threshold (got {value!r}); set it so or unset it"
+        )
+    threshold = int(value)
     if threshold > 0 and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
         set_mmap_threshold(threshold)
 
@@ -138,7 +145,10 @@ def _cpu_precision(precision: str, accelerator: str) -> str:
     """
     if precision not in ("bf16", "bf16-mixed") or _on_gpu(accelerator) or cpu_bf16_native():
         return precision
-    if os.environ.get("GNNSCALE_CPU_BF16", "0") not in ("", "0"):
+    keep = os.environ.get("GNNSCALE_CPU_BF16", "0").strip()
+    if keep not in ("", "0", "1"):
+        raise ConfigError(f"GNNSCALE_CPU_BF16 must be 1 or 0 (got {keep!r}); set it so or unset it")
+    if keep == "1":
         return precision
     rank_zero_warn(
         f"gnnscale: --trainer.precision={precision} on a CPU without bf16 matrix kernels (no "
@@ -243,9 +253,16 @@ class GnnscaleCLI(LightningCLI):
             runs.check(Path(ckpt_path), self.settings, subcommand)
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a precision the device cannot run, before any data is loaded."""
+        """Refuse a precision the device cannot run, or a graph too large to generate here.
+
+        Before any data is loaded: ``plan`` answers from the config's arithmetic.
+        """
         config = self.config[self.subcommand] if self.subcommand else self.config
         _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
+        data = getattr(config.get("data"), "init_args", None)
+        synthetic = data.get("synthetic") if data is not None else None
+        if isinstance(synthetic, Namespace) and data is not None and data.dataset == "synthetic":
+            SyntheticGraph(**synthetic.as_dict()).check_fits(psutil.virtual_memory().total)
         precision = str(config.trainer.precision)
         if _cpu_precision(precision, str(config.trainer.accelerator)) != precision:
             config.trainer.precision = "32-true"

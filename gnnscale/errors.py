@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-__all__ = ["ConfigError", "GnnscaleError", "TrainingDiverged", "check_probabilities"]
+import errno
+
+__all__ = ["NO_ROOM", "ConfigError", "GnnscaleError", "TrainingDiverged", "check_probabilities"]
+
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write's errno: disk full, quota, size limit
 
 
 class GnnscaleError(Exception):

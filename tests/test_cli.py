@@ -258,6 +258,21 @@ def test_cpu_bf16_autocast_falls_back_to_fp32_without_bf16_kernels(
     assert len(said) == (runs != asked)  # the switch is said once, and only when made
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("GNNSCALE_MMAP_THRESHOLD", "64k", "GNNSCALE_MMAP_THRESHOLD must be a whole number of"),
+        ("GNNSCALE_CPU_BF16", "yes", r"GNNSCALE_CPU_BF16 must be 1 or 0 \(got 'yes'\)"),
+    ],
+)
+def test_a_malformed_environment_variable_is_one_line(tmp_path, monkeypatch, name, value, message):
+    monkeypatch.setattr(gnnscale.cli, "cpu_bf16_native", lambda: False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=message):
+        _fit_planetoid(tmp_path, "--trainer.precision=bf16-mixed")
+    assert not (tmp_path / "runs").exists()
+
+
 @requires_sampler
 def test_a_recipe_fit_prints_no_warning_a_user_cannot_act_on_and_one_test_table(
     tmp_path, capsys, caplog

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from gnnscale.data.args import EvalArgs
 from gnnscale.data.subgraph import ClusterDataModule
 from gnnscale.errors import ConfigError
 from gnnscale.measure import read_metrics
-from gnnscale.stores import atomic
+from gnnscale.stores import atomic, prepared
 from gnnscale.stores.prepared import (
     PreparedGraph,
     PreparedGraphError,
@@ -328,3 +329,61 @@ def test_torchrun_ranks_train_from_one_prepared_folder(tmp_path, tiny_prepared, 
     assert result["steps"] == 3 * math.ceil(math.ceil(900 / 2) / 128)
     counts, mean_of_ranks = 60 / 160, (10 / 10 + 50 / 150) / 2
     assert result["test/acc"] == pytest.approx(counts, abs=1e-6), (result, mean_of_ranks)
+
+
+ROOMY = SyntheticGraph(num_nodes=5000, avg_degree=12, num_features=32, num_classes=5)
+
+
+def test_prepare_refuses_a_disk_without_room_before_writing(tmp_path, monkeypatch):
+    written = PreparedGraph(write_streamed_synthetic(ROOMY, tmp_path / "g", "bfloat16"))
+    expected = prepared._size(5000, math.ceil(5000 * 12.0), 32, "bfloat16")
+    assert abs(expected / written.nbytes - 1) < 0.1  # the arithmetic the check relies on
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(prepared.shutil, "disk_usage", lambda path: usage._replace(free=1 << 26))
+    with pytest.raises(PreparedGraphError, match=r"--out .*h: the prepared graph needs about "):
+        write_streamed_synthetic(ROOMY, tmp_path / "h", "bfloat16")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.lock", "g"]  # nothing written
+
+
+FULL_DISK = """
+import resource, signal, sys
+from pathlib import Path
+import torch
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+from gnnscale import SyntheticGraph
+from gnnscale.checkpoint import StreamingCheckpointIO
+from gnnscale.errors import GnnscaleError
+from gnnscale.stores.prepared import write_streamed_synthetic
+folder = Path(sys.argv[1])
+StreamingCheckpointIO().save_checkpoint({"w": torch.ones(10)}, folder / "last.ckpt")
+resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # as a disk that fills
+for write in (
+    lambda: write_streamed_synthetic(
+        SyntheticGraph(num_nodes=5000, avg_degree=12, num_features=32, num_classes=5),
+        folder / "g",
+    ),
+    lambda: StreamingCheckpointIO().save_checkpoint({"w": torch.ones(10**5)}, folder / "last.ckpt"),
+):
+    try:
+        write()
+    except GnnscaleError as err:
+        print(err)
+"""
+
+
+def test_a_disk_that_fills_leaves_one_line_and_nothing_half_written(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    prepare, save = done.stdout.splitlines()
+    assert prepare == (
+        f"--out {tmp_path / 'g'}: the disk filled while preparing (File too large); nothing was "
+        "left behind: free space there or choose another --out"
+    )
+    assert save.startswith(f"no room to save the checkpoint {tmp_path / 'last.ckpt'} (File too")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".g.lock", "last.ckpt"]
+    assert torch.load(tmp_path / "last.ckpt")["w"].shape == (10,)  # the earlier one, intact

@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import mmap
+import shutil
 import time
 import warnings
 import zlib
@@ -42,7 +43,7 @@ from torch_geometric.data import Data
 from torch_geometric.sampler.utils import to_csc
 from tqdm import tqdm
 
-from gnnscale.errors import ConfigError
+from gnnscale.errors import NO_ROOM, ConfigError
 from gnnscale.stores import atomic
 
 if TYPE_CHECKING:  # its settings only: stores do not depend on the data package
@@ -124,15 +125,27 @@ def _key(source: dict[str, Any]) -> str:
     return hashlib.blake2b(json.dumps(source, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
-def _prepare(out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[str, Any]]) -> Path:
+def _size(num_nodes: int, num_edges: int, num_features: int, feature_dtype: str) -> int:
+    """Bytes of a prepared graph's files (what :class:`_Writer` writes)."""
+    per_node = num_features * _DTYPES[feature_dtype].itemsize + 8 + len(_SPLITS) + 8  # x y m colptr
+    return num_nodes * per_node + 8 + num_edges * 8  # + colptr's first entry, row
+
+
+def _prepare(
+    out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[str, Any]], size: int
+) -> Path:
     """Run ``fill`` into a partial folder beside ``out``, then commit it as ``out`` (atomic).
 
     A complete ``out`` made from the same source is kept; one from another source, or anything
     else at ``out`` but an empty folder, is refused rather than overwritten, and so is a second
-    prepare of ``out`` while one runs.
+    prepare of ``out`` while one runs, and one whose disk has less free space than ``size``
+    (the files' expected bytes) with a margin. A disk that fills anyway leaves nothing behind.
     """
     out = Path(out)
     key = _key(source)
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise PreparedGraphError(f"--out {out}: {parent} is a file, not a folder")
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()  # an empty folder made for it: written in its place
     if out.exists():
@@ -150,13 +163,28 @@ def _prepare(out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[s
             )
         print(f"gnnscale prepare: {out} is already prepared from these settings (key {key})")
         return out
+    existing = next(p for p in [out, *out.parents] if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < size * 1.05 + (64 << 20):
+        raise PreparedGraphError(
+            f"--out {out}: the prepared graph needs about {size / 2**30:.2f} GiB and its disk "
+            f"has {free / 2**30:.2f} GiB free; free space there or choose another --out"
+        )
     start = time.perf_counter()
-    with atomic.locked(out), atomic.writing(out) as tmp:  # a killed prepare's folder: removed
-        writer = _Writer(tmp, source["feature_dtype"])
-        meta = fill(writer)
-        files = writer.close()
-        manifest = {"format": FORMAT, **meta, "source": source, "key": key}
-        atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES, "files": files})
+    try:
+        with atomic.locked(out), atomic.writing(out) as tmp:  # a killed prepare's: removed
+            writer = _Writer(tmp, source["feature_dtype"])
+            meta = fill(writer)
+            files = writer.close()
+            manifest = {"format": FORMAT, **meta, "source": source, "key": key}
+            atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES, "files": files})
+    except OSError as err:
+        if err.errno not in NO_ROOM:
+            raise
+        raise PreparedGraphError(
+            f"--out {out}: the disk filled while preparing ({err.strerror}); nothing was left "
+            "behind: free space there or choose another --out"
+        ) from None
     size = sum(f.stat().st_size for f in out.iterdir())
     print(
         f"gnnscale prepare: wrote {out} ({size / 2**30:.2f} GiB, {meta['num_nodes']:,} nodes, "
@@ -203,7 +231,8 @@ def write_graph(
         w["row"].write(row)
         return _meta(n, row.numel(), data.num_features, int(data.y.max()) + 1)
 
-    return _prepare(out, source, fill)
+    size = _size(data.num_nodes, data.num_edges, data.num_features, feature_dtype)
+    return _prepare(out, source, fill, size)
 
 
 def _meta(num_nodes: int, num_edges: int, num_features: int, num_classes: int) -> dict[str, Any]:
@@ -282,7 +311,10 @@ def write_streamed_synthetic(
             edges += int(degree.sum())
         return _meta(n, edges, cfg.num_features, c)
 
-    return _prepare(out, source, fill)
+    # The edges are drawn while writing: their expected count (capped Pareto in-degrees, at
+    # least 1) is about avg_degree per node.
+    size = _size(n, math.ceil(n * max(cfg.avg_degree, 1.0)), cfg.num_features, feature_dtype)
+    return _prepare(out, source, fill, size)
 
 
 # --- reading -------------------------------------------------------------------------------
