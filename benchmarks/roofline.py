@@ -17,18 +17,16 @@ CLI; a few training batches are drawn once, and on the same batches, in one proc
 * **gather**: a batch's feature bytes over the machine's random-row gather bandwidth
   (``x.index_select`` of as many random rows of the same matrix): the time the loader's worker
   spends gathering features, against the step.
-* **first layer's aggregation**: for GraphSAGE on neighbour batches, the worker's
-  ``aggregate_first_layer`` timed on the same batches (each batch's first call: its output
-  is fresh memory, as in a worker); the step then gets the cut batches.
-* **transpose**: the worker's ``csc_layout`` (the adjacency sorted by source, from which
-  GraphSAGE's sparse mean takes its backward), timed alike; each recipe's step also runs
-  without it, on torch's own backward of the sparse product.
+* **first layer's aggregation** (opt-in, ``--model.aggregate_in_loader=true``): for GraphSAGE
+  on neighbour batches, the worker's ``aggregate_first_layer`` timed on the same batches (each
+  batch's first call: its output is fresh memory, as in a worker); that variant's step then
+  gets the cut batches.
 * **top operators**: ``torch.profiler``'s self CPU time per operator over the batches.
 
-The neighbour recipe's step also runs with the first layer aggregated in the step
-(``--model.aggregate_in_loader=false``), as it was before target-only layers (PyG's
-``BasicGNN.forward`` with ``trim_to_layer``, ``torch.nn.Dropout``, scatter aggregation) and as the
-hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``), and under
+Each recipe's step also runs with its rows rounded up to 1,024s (opt-in,
+``--model.bucket_rows=1024``); the neighbour recipe's also as it was before target-only layers
+(PyG's ``BasicGNN.forward`` with ``trim_to_layer``, ``torch.nn.Dropout``, scatter aggregation)
+and as the hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``), and under
 ``torch.compile(dynamic=True)``.
 """
 
@@ -114,7 +112,7 @@ def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
 def _batches(dm: Any, count: int) -> list[Any]:
     """Training batches as sampled, without the worker's work for the model (timed apart).
 
-    That work (first layer aggregated, transposed adjacency) is added by :func:`_worker`.
+    That work (the first layer aggregated, where asked) is added by :func:`_worker`.
     """
     saved = dm.request
     dm.request = BatchRequest(saved.num_layers)  # batches as sampled
@@ -241,31 +239,22 @@ def _pyg_trim_forward(model: Any) -> Callable:
 
 def measure(name: str, tiny: bool) -> dict[str, Any]:
     """Every figure of one recipe's step."""
-    from gnnscale.data.layout import aggregate_first_layer, csc_layout
+    from gnnscale.data.layout import aggregate_first_layer
 
     model, dm, precision = _build(name, tiny)
-    batches = _batches(dm, 2 if tiny else 8)  # as sampled: every variant's input
-    aggregated = batches
-    aggregate_ms = transpose_ms = None
-    # The neighbour loader aggregates GraphSAGE's first layer (subgraph batches have no hops).
-    aggr = dm.request.first_layer_aggr
-    if aggr is not None and isinstance(batches[0].layout, HopLayout):
-        aggregated, aggregate_ms = _worker(batches, lambda b: aggregate_first_layer(b, aggr))
-    default = aggregated  # the batches the default model gets
-    if dm.request.csc:  # the transpose of what is left, for the aggregation's backward
-        default, transpose_ms = _worker(aggregated, csc_layout)
+    batches = _batches(dm, 2 if tiny else 8)  # as sampled: the default model's input
     passes, repeats = (1, 1) if tiny else (5, 5)
-    steps = {"gnnscale": (_step_fn(model, precision), default)}
-    if model.bucket_rows:  # rows rounded up
-        unbucketed = copy.deepcopy(model)
-        unbucketed.bucket_rows = 0  # rows as sampled, not rounded up to 1,024s
-        steps["unbucketed"] = (_step_fn(unbucketed, precision), default)
-    if transpose_ms is not None:  # torch's backward of the sparse product
-        steps["torch_backward"] = (_step_fn(copy.deepcopy(model), precision), aggregated)
-    if aggregate_ms is not None:
-        in_step = copy.deepcopy(model)
-        in_step.first_layer_aggr = None  # as --model.aggregate_in_loader=false
-        steps["in_step"] = (_step_fn(in_step, precision), batches)  # its loader's: no transpose
+    steps = {"gnnscale": (_step_fn(model, precision), batches)}
+    bucketed = copy.deepcopy(model)
+    bucketed.bucket_rows = 1024  # as --model.bucket_rows=1024: rows rounded up
+    steps["bucketed"] = (_step_fn(bucketed, precision), batches)
+    aggregate_ms = None
+    if isinstance(batches[0].layout, HopLayout) and model.sparse_aggregation:  # GraphSAGE
+        aggr = model.gnn.convs[0].aggr
+        aggregated, aggregate_ms = _worker(batches, lambda b: aggregate_first_layer(b, aggr))
+        in_loader = copy.deepcopy(model)
+        in_loader.first_layer_aggr = aggr  # as --model.aggregate_in_loader=true
+        steps["in_loader"] = (_step_fn(in_loader, precision), aggregated)
     if name == "neighbor_sage":
         before, hand = copy.deepcopy(model), copy.deepcopy(model)
         steps["before"] = (_step_fn(before, precision, _pyg_trim_forward(before)), batches)
@@ -273,14 +262,10 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
         hand_step = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
         steps["hand"] = (hand_step, batches)
     result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, passes)}
-    result["aggregate_ms"], result["transpose_ms"] = aggregate_ms, transpose_ms
-    gemm = {k: _gemm_ms(*s, repeats) for k, s in steps.items() if k != "gnnscale"}
-    # The default step rounds rows up (bucket_rows); the added rows compute nothing read, so it
-    # is held to the unpadded step's products.
-    if "unbucketed" in gemm:
-        gemm["gnnscale"] = gemm["unbucketed"]
-    else:
-        gemm["gnnscale"] = _gemm_ms(*steps["gnnscale"], repeats)
+    result["aggregate_ms"] = aggregate_ms
+    gemm = {k: _gemm_ms(*s, repeats) for k, s in steps.items() if k != "bucketed"}
+    # Rows rounded up compute nothing that is read: that step is held to the unpadded products.
+    gemm["bucketed"] = gemm["gnnscale"]
     result["gemm_ms"] = gemm
     result["top_ops"] = _top_ops(*steps["gnnscale"], 6)
     x = dm.data.x
@@ -295,7 +280,7 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     result["gather_bytes"] = nodes * x[0].numel() * x.element_size()
     result["gather_gbps"] = _gather_gbps(x, int(nodes), 5 if tiny else 20)
     if name == "neighbor_sage":
-        result["compile"] = _compiled(model, precision, default, passes)
+        result["compile"] = _compiled(model, precision, batches, passes)
     return result
 
 
@@ -332,30 +317,28 @@ def blocks(tiny: bool) -> list[Block]:
     lines = [
         "| recipe | step (ms) | GEMMs alone (ms) | GEMM share | headroom | nodes per batch "
         "| feature rows into the step | feature gather in the worker (ms) "
-        "| first layer's aggregation in the worker (ms) | transpose in the worker (ms) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| first layer's aggregation in the worker (ms) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     labels = {
         "gnnscale": "{}",
-        "unbucketed": "{}, rows as sampled (`--model.bucket_rows=0`; the default rounds them "
-        "up to 1,024s and is held to these unpadded GEMMs)",
-        "torch_backward": "{}, the sparse mean's backward by torch (no transpose in the batch)",
-        "in_step": "{}, first layer aggregated in the step (`--model.aggregate_in_loader=false`)",
+        "bucketed": "{}, rows rounded up to 1,024s (`--model.bucket_rows=1024`; held to the "
+        "unpadded GEMMs)",
+        "in_loader": "{}, first layer aggregated in the loader "
+        "(`--model.aggregate_in_loader=true`)",
         "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
         "hand": "{}, the hand loop's forward (no trimming)",
     }
-    worker_variants = ("gnnscale", "unbucketed", "torch_backward")  # aggregated batches
     for name, r in results.items():
         gather_ms = r["gather_bytes"] / r["gather_gbps"] / 1e6
         for variant, step_ms in r["step_ms"].items():
             gemm = r["gemm_ms"][variant]
-            aggregate = r["aggregate_ms"] if variant in worker_variants else None
-            transpose = r["transpose_ms"] if variant in ("gnnscale", "unbucketed") else None
+            aggregate = r["aggregate_ms"] if variant == "in_loader" else None
             lines.append(
                 f"| {labels[variant].format(SAMPLERS[name])} | {step_ms:,.1f} | {gemm:,.1f} "
                 f"| **{gemm / step_ms:.0%}** | {step_ms / gemm:.1f}x | {r['nodes']:,.0f} "
                 f"| {r['rows'][variant]:,.0f} | {gather_ms:,.1f} "
-                f"| {_ms(aggregate)} | {_ms(transpose)} |"
+                f"| {_ms(aggregate)} |"
             )
     neighbour = results["neighbor_sage"]
     c = neighbour["compile"]
@@ -371,8 +354,8 @@ def blocks(tiny: bool) -> list[Block]:
     lines += [
         "",
         f"GEMM share of a neighbour step: **{share['gnnscale']:.0%}** (first layer aggregated "
-        f"in the step: {share['in_step']:.0%}; before target-only layers: "
-        f"{share['before']:.0%}; rows as sampled: {share['unbucketed']:.0%}; goal: at least "
+        f"in the loader: {share['in_loader']:.0%}; before target-only layers: "
+        f"{share['before']:.0%}; rows rounded up: {share['bucketed']:.0%}; goal: at least "
         "40%). "
         f"`torch.compile(dynamic=True)` on gnnscale's neighbour forward: {compiled}.",
         "",
@@ -397,9 +380,8 @@ def blocks(tiny: bool) -> list[Block]:
         "primitive), summed. Headroom: step / GEMMs. Feature gather: a batch's feature bytes "
         f"at the measured random-row gather bandwidth ({gbps:.2f} GB/s), which the loader's "
         "worker spends beside the step; the first layer's aggregation (GraphSAGE on neighbour "
-        "batches, `gnnscale.data.layout.aggregate_first_layer`) is the worker's too, timed on the "
-        "same batches, and so is the transpose the sparse mean's backward multiplies by "
-        "(`gnnscale.data.layout.csc_layout`). Each timed pass of a step follows one untimed batch "
+        "batches, `gnnscale.data.layout.aggregate_first_layer`, opt-in) is the worker's too, "
+        "timed on the same batches. Each timed pass of a step follows one untimed batch "
         "(the variant before it evicted its cached primitives). Rows marked before / hand "
         "loop: the same model and batches through PyG's own forward (`benchmarks/roofline.py` "
         "says how).",

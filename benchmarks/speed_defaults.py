@@ -2,24 +2,25 @@
 
     python benchmarks/speed_defaults.py                 # full size: prints the table
     python benchmarks/speed_defaults.py --size tiny     # check the pipeline (seconds a run)
-    python benchmarks/speed_defaults.py --reps 5 --recipes neighbor_sage --tricks csc dropout
+    python benchmarks/speed_defaults.py --rounds 5 --recipes neighbor_sage --tricks dropout
 
 Each trick of ``gnnscale.models.fast`` is measured where a user sees it: ``gnnscale fit`` on
 ``neighbor_sage``, ``cluster_gcn`` and ``graphsaint`` as shipped (4 epochs, no per-epoch
-validation), against the same run with that one trick off. The two arms alternate (A B, then
-B A, ...), each run a fresh process with the same seed as its partner; s/epoch is the median
-of ``perf/epoch_s`` after the first (warm-up) epoch. A trick keeps its place by default when
-the run without it takes at least 3% longer on some recipe (the median of the pairs' ratios).
+validation), against the same run with that one trick switched: off for a default, on for an
+opt-in. The two arms alternate (A B, then B A, ...), each run a fresh process with the same
+seed as its partner; s/epoch is the median of ``perf/epoch_s`` after the first (warm-up) epoch.
+A trick is a default when the run without it takes at least 3% longer than the run with it on
+some recipe (the median of the pairs' ratios); else it is opt-in, or it goes.
 
-Tricks with a setting are turned off with it (``--model.init_args.sparse_aggregation=false``,
-``bucket_rows=0``, ``aggregate_in_loader=false``, the recipes' own
-``optimizer.init_args.fused=false``); the others (``csc``, ``dropout``, ``target_only``,
-``sources_targets``) by running the same command through ``benchmarks/without.py``, which
-replaces the trick with what PyG or PyTorch does in its place, in that process only.
+Tricks with a setting are switched with it (``--model.init_args.sparse_aggregation=false``,
+``bucket_rows=1024``, ``aggregate_in_loader=true``, ``optimizer.init_args.fused=true``); the
+others (``dropout``, ``target_only``) are switched off by running the same command through
+``benchmarks/without.py``, which puts back what PyG or PyTorch does in their place, in that
+process only.
 
 Not every trick is on every recipe's path: Cluster-GCN and GraphSAINT batches are subgraphs
 (``fast.subgraph_forward``), which never take the neighbour-only paths (target-only layers,
-aggregation in the loader, ``_SourcesAndTargets``).
+aggregation in the loader).
 """
 
 from __future__ import annotations
@@ -42,19 +43,20 @@ from recipes import number, run
 RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")
 NEIGHBOUR = ("neighbor_sage",)
 WITHOUT = REPO / "benchmarks" / "without.py"
-THRESHOLD = 1.03  # without ÷ default at or above this: the trick keeps its place
+THRESHOLD = 1.03  # without ÷ with at or above this: the trick earns a default
 
 
 @dataclass(frozen=True)
 class Trick:
-    """One speed trick and how to switch it off.
+    """One speed trick and how to switch it.
 
     Args:
         key: Short name (and, for ``patched``, the name ``without.py`` takes).
         label: What the table calls it.
-        args: CLI overrides that switch it off.
+        args: CLI overrides that switch it (off for a default, on for an opt-in).
         patched: Whether ``benchmarks/without.py`` switches it off instead.
         recipes: The recipes whose training step takes its path.
+        opt_in: Off as shipped: the measured arm runs with it.
     """
 
     key: str
@@ -62,37 +64,35 @@ class Trick:
     args: tuple[str, ...] = ()
     patched: bool = False
     recipes: tuple[str, ...] = RECIPES
+    opt_in: bool = False
 
 
 TRICKS = (
     Trick(
         "sparse_aggregation",
-        "sparse aggregation (CSR product, not scatter; off: also no aggregation in loader "
-        "and no CSC backward, which need it)",
+        "sparse aggregation (CSR product, not scatter)",
         args=("--model.init_args.sparse_aggregation=false",),
     ),
+    Trick("dropout", "bit-mask Dropout (fused with ReLU)", patched=True),
+    Trick("target_only", "target-only layers", patched=True, recipes=NEIGHBOUR),
     Trick(
-        "bucket_rows", "bucket_rows=1024 (rows padded)", args=("--model.init_args.bucket_rows=0",)
+        "bucket_rows",
+        "bucket_rows=1024 (rows padded)",
+        args=("--model.init_args.bucket_rows=1024",),
+        opt_in=True,
     ),
     Trick(
         "aggregate_in_loader",
-        "aggregation in loader (off: also no CSC backward, built only with it)",
-        args=("--model.init_args.aggregate_in_loader=false",),
+        "first layer aggregated in the loader",
+        args=("--model.init_args.aggregate_in_loader=true",),
         recipes=NEIGHBOUR,
+        opt_in=True,
     ),
-    Trick("csc", "CSC backward (_SparseMean)", patched=True),
-    Trick("dropout", "bit-mask Dropout (fused with ReLU)", patched=True),
-    Trick(
-        "target_only",
-        "target-only layers (and with them aggregation in loader)",
-        patched=True,
-        recipes=NEIGHBOUR,
-    ),
-    Trick("sources_targets", "_SourcesAndTargets", patched=True, recipes=NEIGHBOUR),
     Trick(
         "fused_adam",
-        "fused Adam (recipes' optimizer.init_args.fused)",
-        args=("--model.init_args.optimizer.init_args.fused=false",),
+        "fused Adam",
+        args=("--model.init_args.optimizer.init_args.fused=true",),
+        opt_in=True,
     ),
 )
 
@@ -215,11 +215,11 @@ def pairs(runs: list[Run], name: str, key: str) -> list[tuple[Run, float]]:
 
 
 def table(runs: list[Run], tricks: tuple[Trick, ...] = TRICKS) -> str:
-    """The markdown table of ``runs``: each (recipe, trick) measured."""
+    """The markdown table of ``runs``: each (recipe, trick) measured, with and without it."""
     lines = [
-        "| recipe | trick | s/epoch default | s/epoch without | without ÷ default (pair min / "
-        "median / max) | peak RSS default / without (MiB) | verdict |",
-        "|---|---|---:|---:|---:|---:|---|",
+        "| recipe | trick | shipped | s/epoch with | s/epoch without | without ÷ with (pair "
+        "min / median / max) | peak RSS with / without (MiB) | verdict |",
+        "|---|---|---|---:|---:|---:|---:|---|",
     ]
     for name in dict.fromkeys(r.recipe for r in runs):
         shipped = [r for r in runs if (r.recipe, r.trick) == (name, "default")]
@@ -227,29 +227,41 @@ def table(runs: list[Run], tricks: tuple[Trick, ...] = TRICKS) -> str:
             matched = pairs(runs, name, trick.key)
             if not matched or not shipped:
                 continue
-            on = statistics.median(r.epoch_s for r in shipped)
-            off = statistics.median(r.epoch_s for r, _ in matched)
-            ratios = sorted(r.epoch_s / d for r, d in matched)
+            arm = statistics.median(r.epoch_s for r, _ in matched)
+            default = statistics.median(r.epoch_s for r in shipped)
+            peak_arm = statistics.median(r.peak_mb for r, _ in matched)
+            peak_default = statistics.median(r.peak_mb for r in shipped)
+            if trick.opt_in:  # the arm runs with it
+                ratios = sorted(d / r.epoch_s for r, d in matched)
+                (w, wo), (pw, pwo) = (arm, default), (peak_arm, peak_default)
+            else:
+                ratios = sorted(r.epoch_s / d for r, d in matched)
+                (w, wo), (pw, pwo) = (default, arm), (peak_default, peak_arm)
             middle = statistics.median(ratios)
-            peak_on = statistics.median(r.peak_mb for r in shipped)
-            peak_off = statistics.median(r.peak_mb for r, _ in matched)
-            verdict = "keeps its place (>= 3%)" if middle >= THRESHOLD else "below 3%"
+            earns = middle >= THRESHOLD
+            verdict = {
+                (False, True): "default: earns its place (>= 3%)",
+                (False, False): "default, below 3%: make it opt-in",
+                (True, True): "opt-in, >= 3%: make it a default",
+                (True, False): "opt-in: below 3%",
+            }[trick.opt_in, earns]
             lines.append(
-                f"| {name} | {trick.label} | {on:.2f} | {off:.2f} | {off / on:.3f} "
-                f"({ratios[0]:.2f} / {middle:.2f} / {ratios[-1]:.2f}; {len(ratios)} pairs) "
-                f"| {peak_on:,.0f} / {peak_off:,.0f} | {verdict} |"
+                f"| {name} | {trick.label} | {'off' if trick.opt_in else 'on'} | {w:.2f} "
+                f"| {wo:.2f} | {wo / w:.3f} ({ratios[0]:.2f} / {middle:.2f} / "
+                f"{ratios[-1]:.2f}; {len(ratios)} pairs) | {pw:,.0f} / {pwo:,.0f} | {verdict} |"
             )
     return "\n".join(lines)
 
 
 def blocks(tiny: bool, rounds: int | None = None) -> list[Block]:
-    """The table as a block (benchmarks/README.md's ``speed_defaults``, not wired in yet)."""
+    """The table as a block (benchmarks/README.md's ``speed_defaults``)."""
     rounds = rounds or (1 if tiny else 3)
     runs = measure_all(list(RECIPES), list(TRICKS), rounds, tiny)
     text = table(runs) + (
         "\n\nEach recipe's config.yaml, 4 epochs (tiny: 2), no per-epoch validation, no test "
         f"pass, seed 0 for every run; {rounds} round(s), each run a fresh process: the shipped "
-        "run (D) and each trick's run without it go D T1 .. Tk D Tk .. T1 D .., and each "
+        "run (D) and each trick's run switched (off, or on for an opt-in) go D T1 .. Tk D Tk .. T1 "
+        "D .., and each "
         "trick's run is paired with the mean of the two shipped runs around it. s/epoch: "
         "median after the first (warm-up) epoch (`perf/epoch_s`); the s/epoch columns: medians "
         f"over each arm's runs. Verdict: the median of the pairs' ratios against {THRESHOLD}. "

@@ -1,6 +1,6 @@
 """Run a gnnscale command with one of GraphSAGE's switchless CPU speed tricks turned off.
 
-    python benchmarks/without.py csc -m gnnscale.cli fit --config recipes/cluster_gcn/config.yaml
+    python benchmarks/without.py dropout -m gnnscale.cli fit --config recipes/graphsaint/config.yaml
 
 For ``benchmarks/speed_defaults.py``: the tricks that have no setting of their own are replaced
 here, in this process only, by what PyG or PyTorch does without them; the library itself has no
@@ -33,10 +33,6 @@ def _after_init(change: Callable[[GraphSAGE], None]) -> None:
     GraphSAGE.__init__ = patched  # type: ignore[method-assign]
 
 
-def _no_csc(model: GraphSAGE) -> None:
-    model.csc_backward = False  # batches carry no transposed adjacency; autograd's backward
-
-
 def _no_target_only(model: GraphSAGE) -> None:
     model.target_only_layers = False  # every layer over every sampled node
     model.first_layer_aggr = None  # (aggregation in the loader needs target-only layers)
@@ -46,17 +42,9 @@ def _torch_dropout(self: fast.Dropout, x: Tensor, relu: bool = False) -> Tensor:
     return F.dropout(F.relu(x) if relu else x, self.p, training=self.training)
 
 
-def _sources_and_targets(x: Tensor, num_dst: int) -> tuple[Tensor, Tensor]:
-    return x, x[:num_dst]  # a view: autograd adds the two gradients
-
-
 TRICKS: dict[str, Callable[[], None]] = {
-    "csc": lambda: _after_init(_no_csc),
     "target_only": lambda: _after_init(_no_target_only),
     "dropout": lambda: setattr(fast.Dropout, "forward", _torch_dropout),
-    "sources_targets": lambda: setattr(
-        fast._SourcesAndTargets, "apply", staticmethod(_sources_and_targets)
-    ),
 }
 
 

@@ -17,7 +17,6 @@ never reads the model's attributes. Evaluation batches that are not sampled subg
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -52,16 +51,12 @@ class HopLayout(NamedTuple):
         rowptr: CSR row pointer of the batch's edges by target.
         x_aggr: The first layer's aggregation of the raw features, computed by the worker
             (``aggregate_first_layer``): the batch's ``x`` then holds that layer's targets only.
-        colptr: With ``csc_row``, the transpose of the adjacency (``csc_layout``).
-        csc_row: The targets of each source's edges, sources in order.
     """
 
     num_sampled_nodes: list[int]
     num_sampled_edges: list[int]
     rowptr: Tensor
     x_aggr: Tensor | None = None
-    colptr: Tensor | None = None
-    csc_row: Tensor | None = None
 
 
 class SubgraphLayout(NamedTuple):
@@ -69,13 +64,9 @@ class SubgraphLayout(NamedTuple):
 
     Args:
         rowptr: CSR row pointer of the batch's edges by target; every node is computed.
-        colptr: With ``csc_row``, the transpose of the adjacency (``csc_layout``).
-        csc_row: The targets of each source's edges, sources in order.
     """
 
     rowptr: Tensor
-    colptr: Tensor | None = None
-    csc_row: Tensor | None = None
 
 
 Layout = HopLayout | SubgraphLayout
@@ -94,26 +85,17 @@ class BatchRequest:
         num_layers: The model's depth (0: any), checked against the fan-outs.
         first_layer_aggr: Reduction the workers may apply to the raw features for the first
             layer of neighbour batches (``HopLayout.x_aggr``); none: the model aggregates.
-        csc: Training batches carry their adjacency's transpose (``HopLayout.colptr``).
         edge_dim: Edge feature dimension a graph-level model reads (none: a node model).
     """
 
     num_layers: int = 0
     first_layer_aggr: str | None = None
-    csc: bool = False
     edge_dim: int | None = None
 
     @staticmethod
-    def of(model: Any, device: torch.device | None = None) -> BatchRequest:
-        """``model``'s request (``batch_request()``) as it applies on ``device``.
-
-        The one place that decides CPU against GPU paths: the transposed adjacency was measured
-        on CPUs only, so on other devices batches carry none and the model keeps PyG's path.
-        """
-        request = model.batch_request() if isinstance(model, RequestsBatches) else BatchRequest()
-        if device is not None and device.type != "cpu":
-            request = dataclasses.replace(request, csc=False)
-        return request
+    def of(model: Any) -> BatchRequest:
+        """``model``'s request (``batch_request()``); the default for any other model."""
+        return model.batch_request() if isinstance(model, RequestsBatches) else BatchRequest()
 
 
 @runtime_checkable

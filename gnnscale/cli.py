@@ -24,7 +24,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -262,7 +262,9 @@ class GnnscaleCLI(LightningCLI):
         data = getattr(config.get("data"), "init_args", None)
         synthetic = data.get("synthetic") if data is not None else None
         if isinstance(synthetic, Namespace) and data is not None and data.dataset == "synthetic":
-            SyntheticGraph(**synthetic.as_dict()).check_fits(psutil.virtual_memory().total)
+            settings = synthetic.as_dict()
+            if settings.keys() <= {f.name for f in fields(SyntheticGraph)}:  # a node graph's
+                SyntheticGraph(**settings).check_fits(psutil.virtual_memory().total)
         precision = str(config.trainer.precision)
         if _cpu_precision(precision, str(config.trainer.accelerator)) != precision:
             config.trainer.precision = "32-true"
@@ -283,8 +285,7 @@ class GnnscaleCLI(LightningCLI):
                 raise
             raise ConfigError(reasons[0]) from err
         if isinstance(self.datamodule, ConfiguresBatches):  # gnnscale's DataModules
-            device = self.trainer.strategy.root_device
-            self.datamodule.configure_batches(BatchRequest.of(self.model, device))
+            self.datamodule.configure_batches(BatchRequest.of(self.model))
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         """The Trainer, saving and loading checkpoints with ``StreamingCheckpointIO``.

@@ -373,10 +373,13 @@ def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(
 @pytest.mark.parametrize(
     ("model", "aggregated"),
     [
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2), True),
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggregate_in_loader=False), False),
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, norm="batch_norm"), False),
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggr="lstm"), False),
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggregate_in_loader=True), True),
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2), False),  # opt-in
+        (
+            lambda: GraphSAGE(TINY.num_features, 5, norm="batch_norm", aggregate_in_loader=True),
+            False,
+        ),
+        (lambda: GraphSAGE(TINY.num_features, 5, aggr="lstm", aggregate_in_loader=True), False),
         (lambda: GATv2(TINY.num_features, 5, num_layers=2, hidden_channels=16, heads=2), False),
     ],
     ids=["sage", "sage-not-in-loader", "sage-batch-norm", "sage-lstm", "gatv2"],
@@ -395,46 +398,6 @@ def test_only_a_model_that_takes_it_gets_its_first_layer_from_the_loader(
         assert (layout.x_aggr is not None) == aggregated
         batch = next(iter(loader))
         assert (batch.num_nodes < sum(batch.layout.num_sampled_nodes)) == aggregated
-
-
-def _edges(src, dst):
-    return sorted(zip(src.tolist(), dst.tolist(), strict=True))
-
-
-@requires_sampler
-@pytest.mark.parametrize("dm_name", ["neighbor", "cluster", "saint"])
-@pytest.mark.parametrize("csc", [True, False], ids=["sage", "gatv2"])
-def test_training_batches_carry_their_adjacencys_transpose_for_a_model_that_takes_it(
-    tmp_path, dm_name, csc
-):
-    from torch_geometric.index import ptr2index
-
-    make = {
-        "neighbor": lambda: NeighborDataModule(
-            root=tmp_path, synthetic=TINY, num_neighbors=[5, 4], batch_size=64
-        ),
-        "cluster": lambda: ClusterDataModule(
-            root=tmp_path, synthetic=TINY, num_parts=30, clusters_per_batch=5
-        ),
-        "saint": lambda: SAINTDataModule(
-            root=tmp_path, synthetic=TINY, batch_size=200, walk_length=2, num_steps=10
-        ),
-    }
-    dm = make[dm_name]()
-    model = GraphSAGE(TINY.num_features, 5) if csc else GATv2(TINY.num_features, 5, heads=2)
-    dm.configure_batches(BatchRequest.of(model))
-    dm.setup("fit")
-    batch = next(iter(dm.train_dataloader()))
-    layout = batch.layout
-    assert (layout.colptr is not None) == csc and (layout.csc_row is not None) == csc
-    if csc:  # the same edges, listed by source
-        assert layout.colptr.numel() == batch.num_nodes + 1
-        src = ptr2index(layout.colptr, layout.csc_row.numel())
-        assert bool((src[1:] >= src[:-1]).all())
-        assert _edges(src, layout.csc_row) == _edges(*batch.edge_index)
-    if dm_name == "neighbor":  # evaluation computes no gradient: no transpose
-        dm.eval = EvalArgs(mode="sampled", batch_size=256)
-        assert next(iter(dm.val_dataloader())).layout.colptr is None
 
 
 @requires_sampler
@@ -483,20 +446,3 @@ def test_sampled_evaluation_under_ddp_scores_every_node_once(tmp_path):
     assert sorted(scored[0] + scored[1]) == mask.nonzero().view(-1).tolist()
     dm.trainer = None
     assert not isinstance(dm.val_dataloader(), RankShare)  # one process: PyG's loader
-
-
-def test_batches_for_a_gpu_carry_no_transpose(tmp_path):
-    # Measured on CPUs only: on GPUs the model keeps PyG's path, so workers skip the sort.
-    from types import SimpleNamespace
-
-    dm = ClusterDataModule(root=tmp_path, synthetic=TINY, num_parts=30, clusters_per_batch=5)
-    model = GraphSAGE(TINY.num_features, 5)
-    assert model.batch_request().csc
-    assert BatchRequest.of(model, torch.device("cpu")).csc
-    assert not BatchRequest.of(model, torch.device("cuda", 0)).csc
-    # A DataModule set up by a Trainer on a GPU asks its workers for none.
-    dm.trainer = SimpleNamespace(
-        strategy=SimpleNamespace(root_device=torch.device("cuda", 0)), lightning_module=model
-    )
-    dm.setup("validate")
-    assert dm.request.num_layers == 2 and not dm.request.csc

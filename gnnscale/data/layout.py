@@ -43,33 +43,14 @@ def sort_by_target(batch: Data) -> Tensor:
     return index2ptr(batch.edge_index[1], batch.num_nodes)
 
 
-def csc_layout(batch: Data) -> Data:
-    """Add the transpose of a laid-out batch's adjacency to its layout: ``colptr``, ``csc_row``.
-
-    ``colptr`` points, for each source node, into ``csc_row``, the targets of its edges. A
-    sparse mean's backward is a product with this transpose; torch's own backward of
-    ``torch.sparse.mm`` sorts the edges by source again on every training step, here the
-    loaders' workers sort them once (``BatchRequest.csc``).
-
-    Args:
-        batch: A batch laid out by :func:`hop_layout` or :func:`subgraph_layout`.
-    """
-    src, dst = batch.edge_index
-    perm = torch.argsort(src, stable=True)
-    colptr = index2ptr(src[perm], batch.num_nodes)
-    batch.layout = batch.layout._replace(colptr=colptr, csc_row=dst[perm])
-    return batch
-
-
-def subgraph_layout(batch: Data, csc: bool = False) -> Data:
+def subgraph_layout(batch: Data) -> Data:
     """Cluster-GCN and GraphSAINT batches' transform: a :class:`SubgraphLayout`.
 
     Args:
         batch: A sampled subgraph.
-        csc: Also add the adjacency's transpose (:func:`csc_layout`).
     """
     batch.layout = SubgraphLayout(sort_by_target(batch))
-    return csc_layout(batch) if csc else batch
+    return batch
 
 
 def csr_adjacency(
@@ -94,9 +75,7 @@ def csr_adjacency(
     return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 
 
-def hop_layout(
-    batch: Data, num_layers: int, first_layer_aggr: str | None = None, csc: bool = False
-) -> Data:
+def hop_layout(batch: Data, num_layers: int, first_layer_aggr: str | None = None) -> Data:
     """Lay a neighbour batch out for target-only layers: a :class:`HopLayout` in ``batch.layout``.
 
     The loaders run this in their workers. The layout holds the nodes and edges each hop
@@ -111,8 +90,6 @@ def hop_layout(
         num_layers: Hops sampled (entries of ``num_neighbors``).
         first_layer_aggr: Also aggregate the first layer's neighbour features here, with this
             reduction (:func:`aggregate_first_layer`); none: the model does.
-        csc: Also add the transpose of the edges left (:func:`csc_layout`), for a model whose
-            sparse aggregation takes its backward from it.
     """
     rowptr = sort_by_target(batch)
     nodes, edges = batch.get("num_sampled_nodes"), batch.get("num_sampled_edges")
@@ -128,7 +105,7 @@ def hop_layout(
     batch.layout = HopLayout(list(nodes), list(edges), rowptr)
     if first_layer_aggr is not None:
         batch = aggregate_first_layer(batch, first_layer_aggr)
-    return csc_layout(batch) if csc else batch
+    return batch
 
 
 def aggregate_first_layer(batch: Data, aggr: str) -> Data:

@@ -172,24 +172,20 @@ class NodeDataModule(L.LightningDataModule):
             )
         self.request, self._configured = request, True
 
-    def _hop_layout(self, num_layers: int, train: bool = False) -> Callable[[Data], Data]:
+    def _hop_layout(self, num_layers: int) -> Callable[[Data], Data]:
         """The neighbour batches' transform, run in the loader's workers."""
-        # Only the layers reading every edge of the batch use its transpose: aggregated, the
-        # second; else the first, whose input (the features) needs no gradient.
         aggr = self.request.first_layer_aggr
-        csc = train and self.request.csc and aggr is not None
-        return functools.partial(hop_layout, num_layers=num_layers, first_layer_aggr=aggr, csc=csc)
+        return functools.partial(hop_layout, num_layers=num_layers, first_layer_aggr=aggr)
 
     def _subgraph_layout(self) -> Callable[[Data], Data]:
         """Cluster-GCN and GraphSAINT training batches' transform, run in the workers."""
-        return functools.partial(subgraph_layout, csc=self.request.csc)
+        return subgraph_layout
 
     def setup(self, stage: str) -> None:
         """Check the model agrees with the loaders, then build the training loader."""
         log_backend_once()
         if self.trainer is not None and not self._configured:
-            device = self.trainer.strategy.root_device
-            self.configure_batches(BatchRequest.of(self.trainer.lightning_module, device))
+            self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
         if stage == "fit":
             self._setup_train()
 
@@ -430,7 +426,7 @@ class NeighborDataModule(NodeDataModule):
             self.num_neighbors,
             input_nodes=self.data.train_mask,
             batch_size=self.batch_size,
-            transform=self._hop_layout(len(self.num_neighbors), train=True),
+            transform=self._hop_layout(len(self.num_neighbors)),
         )
         return self._resumable(loader, shuffle=True)
 

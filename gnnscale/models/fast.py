@@ -10,15 +10,15 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
 - On neighbour batches GraphSAGE's first layer takes its aggregation of the raw features from
   the loader's worker (``gnnscale.data.layout.aggregate_first_layer``): one matrix product in
   the step.
-- GraphSAGE's sparse mean (or sum) takes its backward from the adjacency's transpose, which
-  the loader's worker sorts (``gnnscale.data.layout.csc_layout``), not torch's backward, which sorts
-  the edges again on every step: :class:`_SparseMean`.
 - :class:`Dropout` draws its CPU mask from 1, 8 or 16 random bits an element, in one pass with
   the ReLU before it.
 - Cluster-GCN and GraphSAINT batches are padded to a few row counts (``bucket_rows``), each
   norm taking its statistics from the real rows only: :func:`padded_forward`.
-- The targets' rows of a layer's input get their two gradients (as sources and as the root
-  term) added in place, not through a zero-filled slice gradient.
+
+Each earns its place at the epoch level: ``python benchmarks/figures.py speed`` measures every
+one switched off in turn on the sampler recipes (benchmarks/README.md). Tricks that bought less
+than 3% there are gone (the backward from the adjacency's transpose, the in-place gradient of
+the targets' rows) or opt-in (``bucket_rows``, ``aggregate_in_loader``).
 """
 
 from __future__ import annotations
@@ -156,30 +156,6 @@ def pad_rows(x: Tensor, rowptr: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
     return F.pad(x, (0, 0, 0, extra)), _with_empty_rows(rowptr, extra)
 
 
-class _SourcesAndTargets(torch.autograd.Function):
-    """``(x, x[:num_targets])`` whose backward adds the targets' gradient into the sources'.
-
-    Autograd's own slice would materialise a zero ``x``-sized gradient for ``x[:num_targets]``
-    and add it to the sources' gradient: two passes over the widest tensor of the backward.
-    The sources' gradient arrives fresh from the aggregation's backward (a sparse product or
-    scatter, which the conv alone reads), so it takes the targets' rows in place.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, x: Tensor, num_targets: int) -> tuple[Tensor, Tensor]:
-        ctx.num_targets, ctx.like = num_targets, (x.shape, x.dtype, x.device)
-        return x.view_as(x), x[:num_targets]
-
-    @staticmethod
-    def backward(ctx: Any, grad_src: Tensor | None, grad_dst: Tensor | None) -> tuple[Any, None]:
-        if grad_src is None:
-            shape, dtype, device = ctx.like
-            grad_src = torch.zeros(shape, dtype=dtype, device=device)
-        if grad_dst is not None:
-            grad_src[: ctx.num_targets] += grad_dst
-        return grad_src, None
-
-
 def hops_forward(
     gnn: pyg_nn.models.basic_gnn.BasicGNN,
     x: Tensor,
@@ -215,9 +191,6 @@ def hops_forward(
             num_sampled_nodes_per_hop=layout.num_sampled_nodes,
             num_sampled_edges_per_hop=layout.num_sampled_edges,
         )
-    csc = None
-    if layout.colptr is not None and layout.csc_row is not None:
-        csc = (layout.colptr, layout.csc_row)
     return target_only(
         gnn,
         x,
@@ -227,7 +200,6 @@ def hops_forward(
         layout.rowptr if sparse_aggregation else None,
         bucket_rows,
         None if layout.x_aggr is None else layout.x_aggr.to(x.dtype),
-        csc,
     )
 
 
@@ -251,10 +223,7 @@ def subgraph_forward(
     if bucket_rows:
         x, rowptr = pad_rows(x, rowptr, bucket_rows)
     adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
-    csc = None
-    if layout.colptr is not None and layout.csc_row is not None:
-        csc = (rowptr, edge_index[0], layout.colptr, layout.csc_row)
-    return padded_forward(gnn, x, adj, num_nodes, csc)[:num_nodes]
+    return padded_forward(gnn, x, adj, num_nodes)[:num_nodes]
 
 
 def target_only(
@@ -266,7 +235,6 @@ def target_only(
     rowptr: Tensor | None = None,
     bucket_rows: int = 0,
     x_aggr: Tensor | None = None,
-    csc: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``gnn``'s forward on a neighbour batch, each layer computing only what is read next.
 
@@ -291,9 +259,6 @@ def target_only(
         x_aggr: The first layer's aggregated neighbour features, computed by the loader
             (``gnnscale.data.layout.aggregate_first_layer``; ``gnn`` a GraphSAGE): ``x`` then holds
             the first layer's targets only, and the layer is one matrix product.
-        csc: The transpose of ``edge_index``'s adjacency (``gnnscale.data.layout.csc_layout``): a
-            GraphSAGE layer that reads every edge of the batch takes its aggregation's backward
-            from it (:class:`_SparseMean`).
     """
     num_layers, xs = len(gnn.convs), []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
@@ -312,11 +277,9 @@ def target_only(
             assert x_aggr is not None
             x = _sage_on_aggregated(conv, x_aggr, x, num_dst)
         else:
-            pair = _SourcesAndTargets.apply(x, num_dst)
+            pair = (x, x[:num_dst])
             if layer_rowptr is None:
                 x = conv(pair, edge_index[:, :num_edges])
-            elif csc is not None and num_edges == edge_index.size(1) and _takes_csc(conv):
-                x = _sage_conv(conv, pair, layer_rowptr, edge_index[0], csc)
             else:
                 x = conv(pair, csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges))
         if i < num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
@@ -354,22 +317,16 @@ def padded_forward(
     x: Tensor,
     adj: Any,
     num_rows: int,
-    csc: tuple[Tensor, Tensor, Tensor, Tensor] | None = None,
 ) -> Tensor:
     """``gnn``'s forward on a subgraph whose rows past ``num_rows`` are padding.
 
     The padded rows have no edges, so no real row reads them; each norm sees only the real
     rows (:func:`_between_layers`). Cluster-GCN and GraphSAINT batches are padded to a few row
     counts so that bf16 products on CPU reuse their oneDNN primitives (``bucket_rows``).
-    Given ``csc`` (``rowptr``, ``col``, and the transpose's ``colptr``, ``csc_row``), GraphSAGE
-    layers take their aggregation's backward from the transpose (:class:`_SparseMean`).
     """
     xs = []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
-        if csc is not None and _takes_csc(conv):
-            x = _sage_conv(conv, (x, x), csc[0], csc[1], csc[2:])
-        else:
-            x = conv(x, adj)
+        x = conv(x, adj)
         if i < gnn.num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
             x = _between_layers(gnn, norm, x, num_rows)
             xs.append(x)
@@ -396,77 +353,6 @@ def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tens
     out = F.linear(inputs, weight, conv.lin_l.bias)
     _call_forward_hooks(conv, (x_aggr, x), out[: x.size(0)])
     return out
-
-
-def _takes_csc(conv: Any) -> bool:
-    """Whether :func:`_sage_conv` computes ``conv``: a ``SAGEConv`` with mean or sum.
-
-    Batches carry the transpose on CPUs only (``BatchRequest.of``, where it was measured).
-    """
-    return isinstance(conv, pyg_nn.SAGEConv) and conv.aggr in ("mean", "sum") and not conv.project
-
-
-def _sage_conv(
-    conv: Any, x: tuple[Tensor, Tensor], rowptr: Tensor, col: Tensor, csc: tuple[Tensor, Tensor]
-) -> Tensor:
-    """``conv(x, adj)`` for a ``SAGEConv``, as PyG computes it, with :class:`_SparseMean`.
-
-    The aggregation's backward multiplies by the batch's transposed adjacency ``csc``.
-    ``rowptr`` and ``col`` are the adjacency's CSR, every edge of the batch (``col``: the
-    sources); rows of ``x[0]`` past ``colptr``'s are padding, without edges.
-    """
-    colptr, csc_row = csc
-    src, dst = x
-    extra = src.size(0) + 1 - colptr.numel()  # padded source rows have no edges
-    if extra:
-        colptr = _with_empty_rows(colptr, extra)
-    aggr = _SparseMean.apply(src, rowptr, col, colptr, csc_row, conv.aggr)
-    out = conv.lin_l(aggr)
-    if conv.root_weight:
-        out = out + conv.lin_r(dst)
-    if conv.normalize:
-        out = F.normalize(out, p=2.0, dim=-1)
-    _call_forward_hooks(conv, (x, None), out)
-    return out
-
-
-class _SparseMean(torch.autograd.Function):
-    """Each target's mean (or sum) of its sources' rows: ``torch.sparse.mm`` on the batch's CSR.
-
-    Forward as PyG's ``spmm``. The backward multiplies the output's gradient (divided by each
-    target's degree, for the mean) by the transposed adjacency (``colptr``, ``csc_row``) that the
-    loader's worker built (``gnnscale.data.layout.csc_layout``); torch's own backward of the product
-    sorts the edges by source again on every step (README's ``roofline`` block times the step
-    both ways).
-    """
-
-    @staticmethod
-    def forward(
-        ctx: Any,
-        x: Tensor,
-        rowptr: Tensor,
-        col: Tensor,
-        colptr: Tensor,
-        csc_row: Tensor,
-        reduce: str,
-    ) -> Tensor:
-        ones = torch.ones(col.numel(), dtype=x.dtype, device=x.device)
-        adj = torch.sparse_csr_tensor(rowptr, col, ones, size=(rowptr.numel() - 1, x.size(0)))
-        ctx.save_for_backward(rowptr, colptr, csc_row)
-        ctx.reduce = reduce
-        return torch.sparse.mm(adj, x, reduce)
-
-    @staticmethod
-    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, None, None, None, None, None]:
-        if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None, None
-        rowptr, colptr, csc_row = ctx.saved_tensors
-        if ctx.reduce == "mean":
-            grad = grad / rowptr.diff().clamp(min=1).unsqueeze(1)
-        ones = torch.ones(csc_row.numel(), dtype=grad.dtype, device=grad.device)
-        size = (colptr.numel() - 1, rowptr.numel() - 1)
-        adj_t = torch.sparse_csr_tensor(colptr, csc_row, ones, size=size)
-        return torch.sparse.mm(adj_t, grad.contiguous(), "sum"), None, None, None, None, None
 
 
 def _call_forward_hooks(module: torch.nn.Module, args: tuple, out: Tensor) -> None:

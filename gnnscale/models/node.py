@@ -64,12 +64,10 @@ class NodeClassifier(L.LightningModule):
     # The first layer's neighbour reduction, if the loader may compute it on the raw features;
     # None: the model aggregates every layer itself.
     first_layer_aggr: str | None = None
-    # Whether the sparse aggregation takes its backward from the adjacency's transpose.
-    csc_backward = False
 
     def batch_request(self) -> BatchRequest:
         """What this model's batches must carry (``gnnscale.batch``): its DataModule's input."""
-        return BatchRequest(self.num_layers, self.first_layer_aggr, self.csc_backward)
+        return BatchRequest(self.num_layers, self.first_layer_aggr)
 
     def forward(self, x: Tensor, edge_index: Tensor, layout: Layout | None = None) -> Tensor:
         """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
@@ -163,14 +161,10 @@ class NodeClassifier(L.LightningModule):
             logger.save()
 
     def configure_optimizers(self) -> Any:
-        """The optimizer (and schedule) chosen in the config; none: Adam, as the GAT paper.
-
-        The default Adam is fused: one kernel updates every parameter (0.5-0.8 ms less per
-        neighbour step on this project's CPU machine).
-        """
+        """The optimizer (and schedule) chosen in the config; none: Adam, as the GAT paper."""
         if self.optimizer is None:
             optimizer: torch.optim.Optimizer = torch.optim.Adam(
-                self.parameters(), lr=_ADAM_LR, weight_decay=_ADAM_WEIGHT_DECAY, fused=True
+                self.parameters(), lr=_ADAM_LR, weight_decay=_ADAM_WEIGHT_DECAY
             )
         else:
             optimizer = self.optimizer(self.parameters())
@@ -197,17 +191,18 @@ class GraphSAGE(NodeClassifier):
         sparse_aggregation: Aggregate neighbour batches with a sparse-dense product on the CSR
             adjacency the loader built (torch-sparse's ``SparseTensor``, else ``torch.sparse``)
             instead of PyG's scatter; ``aggr`` other than mean/max/min/sum always scatters.
-        bucket_rows: On neighbour batches, round each hidden layer's rows up to a multiple of
-            this (0: off; see :func:`target_only`); on Cluster-GCN and GraphSAINT batches,
-            the batch's rows (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16
-            products on CPU then reuse a few oneDNN primitives instead of building one a batch
-            (README's ``roofline`` block: the default step against rows as sampled); on GPUs
-            the added rows cost next to nothing.
-        aggregate_in_loader: Let neighbour batches' workers aggregate the first layer's raw
-            features (the same sparse product, which has no parameters): the training step
+        bucket_rows: Opt-in (0: off). On neighbour batches, round each hidden layer's rows up
+            to a multiple of this (see :func:`target_only`); on Cluster-GCN and GraphSAINT
+            batches, the batch's rows (a ``norm`` sees the real rows only:
+            :func:`padded_forward`). bf16 products on CPU then reuse a few oneDNN primitives
+            instead of building one a batch. It bought less than 3% of s/epoch on any sampler
+            recipe (benchmarks/README.md, ``speed_defaults``; 1024 is the size measured).
+        aggregate_in_loader: Opt-in. Let neighbour batches' workers aggregate the first layer's
+            raw features (the same sparse product, which has no parameters): the training step
             then runs that layer as one matrix product on its targets' rows, and only those
             travel to the model (``gnnscale.data.layout.aggregate_first_layer``). Needs
-            ``sparse_aggregation`` and no ``norm``; evaluation batches get it too.
+            ``sparse_aggregation`` and no ``norm``; evaluation batches get it too. It bought
+            less than 3% of neighbor_sage's s/epoch (``speed_defaults``).
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -223,8 +218,8 @@ class GraphSAGE(NodeClassifier):
         norm: str | None = None,
         aggr: str = "mean",
         sparse_aggregation: bool = True,
-        bucket_rows: int = 1024,
-        aggregate_in_loader: bool = True,
+        bucket_rows: int = 0,
+        aggregate_in_loader: bool = False,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -248,7 +243,6 @@ class GraphSAGE(NodeClassifier):
         self.bucket_rows = bucket_rows
         if aggregate_in_loader and self.target_only_layers and self.sparse_aggregation:
             self.first_layer_aggr = aggr
-        self.csc_backward = self.sparse_aggregation and aggr in ("mean", "sum")
 
 
 class GATv2(NodeClassifier):
