@@ -446,3 +446,22 @@ def test_sampled_evaluation_under_ddp_scores_every_node_once(tmp_path):
     assert sorted(scored[0] + scored[1]) == mask.nonzero().view(-1).tolist()
     dm.trainer = None
     assert not isinstance(dm.val_dataloader(), RankShare)  # one process: PyG's loader
+
+
+def test_a_dataset_that_cannot_be_downloaded_is_one_line(tmp_path, monkeypatch):
+    import re
+    import socket
+
+    import torch_geometric.io
+
+    from gnnscale.data.sources import load_dataset
+    from gnnscale.errors import ConfigError
+
+    def offline(*args, **kwargs):  # what fsspec's HTTP client meets without a network
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(torch_geometric.io.fs, "cp", offline)
+    raw = re.escape(str(tmp_path / "Cora" / "raw"))
+    message = rf"--data.dataset Cora: its files are not in {raw} and downloading them failed \("
+    with pytest.raises(ConfigError, match=message + r".*Name or service not known"):
+        load_dataset("Cora", tmp_path)

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
+import socket
+import urllib.error
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -63,6 +67,32 @@ def check_root(dataset: str, root: Path) -> None:
         raise ConfigError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
 
 
+_NETWORK = (urllib.error.URLError, ConnectionError, TimeoutError, socket.gaierror)
+
+
+def _network_error(err: BaseException | None) -> BaseException | None:
+    """The network failure behind ``err`` (urllib's, or fsspec's aiohttp's), if one is."""
+    while err is not None:
+        if isinstance(err, _NETWORK) or type(err).__module__.startswith("aiohttp"):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
+
+
+@contextlib.contextmanager
+def _downloading(name: str, raw: Path) -> Iterator[None]:
+    """A download that fails (offline, a blocked host) becomes one line saying where files go."""
+    try:
+        yield
+    except Exception as err:
+        if (failed := _network_error(err)) is None:
+            raise
+        raise ConfigError(
+            f"--data.dataset {name}: its files are not in {raw} and downloading them failed "
+            f"({getattr(failed, 'reason', failed)}); offline, put the dataset's raw files there"
+        ) from None
+
+
 def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None) -> Data:
     """Load a node-classification graph by name, downloading into ``root`` if needed.
 
@@ -78,17 +108,20 @@ def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None)
     if name in ("Cora", "CiteSeer", "PubMed"):
         from torch_geometric.datasets import Planetoid
 
-        return Planetoid(str(root), name)[0]
+        with _downloading(name, root / name / "raw"):
+            return Planetoid(str(root), name)[0]
     if name in ("Reddit", "Flickr"):
         from torch_geometric import datasets
 
-        return getattr(datasets, name)(str(root / name))[0]
+        with _downloading(name, root / name / "raw"):
+            return getattr(datasets, name)(str(root / name))[0]
     if name.startswith("ogbn-"):
         try:
             from ogb.nodeproppred import PygNodePropPredDataset
         except ImportError as err:
             raise ImportError(f"{name} needs the ogb package: pip install 'gnnscale[ogb]'") from err
-        ds = PygNodePropPredDataset(name, str(root))
+        with _downloading(name, root / name.replace("-", "_") / "raw"):
+            ds = PygNodePropPredDataset(name, str(root))
         data, split = ds[0], ds.get_idx_split()
         data.y = data.y.view(-1)
         for key, idx in zip(_SPLITS, ("train", "valid", "test"), strict=True):
