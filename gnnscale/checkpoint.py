@@ -22,7 +22,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 
-from gnnscale.errors import NO_ROOM, GnnscaleError
+from gnnscale.errors import NO_ROOM, GnnscaleError, cause
 
 __all__ = ["StreamingCheckpointIO"]
 
@@ -58,9 +58,11 @@ class StreamingCheckpointIO(TorchCheckpointIO):
             os.replace(tmp, target)
         except BaseException as err:
             tmp.unlink(missing_ok=True)
-            if (full := _no_room(err)) is not None:
+            full = cause(err, lambda e: isinstance(e, OSError) and e.errno in NO_ROOM)
+            if full is not None:  # torch's zip writer re-raises it as a RuntimeError
+                reason = getattr(full, "strerror", full)
                 raise GnnscaleError(
-                    f"no room to save the checkpoint {target} ({full.strerror}); the checkpoints "
+                    f"no room to save the checkpoint {target} ({reason}); the checkpoints "
                     "saved before it are intact: free space, then resume with --ckpt_path last"
                 ) from None
             raise
@@ -76,18 +78,6 @@ class StreamingCheckpointIO(TorchCheckpointIO):
         if local is None or not local.is_file():
             return super().load_checkpoint(path, map_location, weights_only)
         return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
-
-
-def _no_room(err: BaseException | None) -> OSError | None:
-    """The full disk (or quota, or size limit) behind ``err``, if one is.
-
-    torch's zip writer turns the failed write into a ``RuntimeError`` raised while it closes.
-    """
-    while err is not None:
-        if isinstance(err, OSError) and err.errno in NO_ROOM:
-            return err
-        err = err.__cause__ or err.__context__
-    return None
 
 
 def _local(path: _PATH) -> Path | None:

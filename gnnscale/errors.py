@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 
-__all__ = ["NO_ROOM", "ConfigError", "GnnscaleError", "TrainingDiverged", "check_probabilities"]
+__all__ = [
+    "NO_ROOM",
+    "ConfigError",
+    "GnnscaleError",
+    "TrainingDiverged",
+    "cause",
+    "check_probabilities",
+]
 
 NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write's errno: disk full, quota, size limit
 
@@ -22,6 +30,20 @@ class ConfigError(GnnscaleError, ValueError):
 
 class TrainingDiverged(GnnscaleError, RuntimeError):
     """The training loss became NaN or infinite: the run stops instead of reporting a result."""
+
+
+def cause(
+    err: BaseException | None, match: Callable[[BaseException], bool]
+) -> BaseException | None:
+    """The first exception of ``err``'s chain that ``match``es, ``err`` itself first.
+
+    The chain: what each was raised from or during. Libraries often re-raise an ``OSError``.
+    """
+    while err is not None:
+        if match(err):
+            return err
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def check_probabilities(**values: float) -> None:

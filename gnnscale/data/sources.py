@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch_geometric.data import Data
 
 from gnnscale.data.synthetic import SyntheticGraph, make_synthetic_graph
-from gnnscale.errors import ConfigError
+from gnnscale.errors import ConfigError, cause
 from gnnscale.stores.prepared import PreparedGraph
 
 DATASETS = (
@@ -70,22 +70,17 @@ def check_root(dataset: str, root: Path) -> None:
 _NETWORK = (urllib.error.URLError, ConnectionError, TimeoutError, socket.gaierror)
 
 
-def _network_error(err: BaseException | None) -> BaseException | None:
-    """The network failure behind ``err`` (urllib's, or fsspec's aiohttp's), if one is."""
-    while err is not None:
-        if isinstance(err, _NETWORK) or type(err).__module__.startswith("aiohttp"):
-            return err
-        err = err.__cause__ or err.__context__
-    return None
-
-
 @contextlib.contextmanager
 def _downloading(name: str, raw: Path) -> Iterator[None]:
     """A download that fails (offline, a blocked host) becomes one line saying where files go."""
     try:
         yield
     except Exception as err:
-        if (failed := _network_error(err)) is None:
+        # urllib's failure, or that of fsspec's HTTP client (aiohttp)
+        failed = cause(
+            err, lambda e: isinstance(e, _NETWORK) or type(e).__module__.startswith("aiohttp")
+        )
+        if failed is None:
             raise
         raise ConfigError(
             f"--data.dataset {name}: its files are not in {raw} and downloading them failed "
