@@ -1,8 +1,15 @@
 """Graphs on disk: prepared graphs (memory-mapped), many-graph stores, caches.
 
-- ``prepared``: one large graph written once and memory-mapped by every process;
+- ``prepared``: one large graph written once and memory-mapped by every process; ``open``
+  (``mapped``) gives it as PyG's ``(FeatureStore, GraphStore)`` pair; ``streaming`` writes it
+  from inputs read chunk by chunk (``npy``: a folder of ``.npy`` arrays);
 - ``graphs``: many small graphs in an LMDB or SQLite store, read one graph at a time;
 - ``cache``: folders of derived data (partitions, normalisations) built once, checked on reuse;
 - ``atomic``: what their writers share: the lock, the partial folder beside the target, the
   manifest written last, the rename into place.
 """
+
+from gnnscale.stores.mapped import open  # noqa: A004 (a store, as the builtin opens a file)
+from gnnscale.stores.npy import prepare_npy
+
+__all__ = ["open", "prepare_npy"]

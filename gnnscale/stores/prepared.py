@@ -54,7 +54,7 @@ __all__ = ["PreparedGraph", "write_graph", "write_streamed_synthetic"]
 FORMAT = "gnnscale.prepared_graph/1"
 BLOCK_BYTES = 64 << 20  # one CRC-32 per block: a damaged file names the block that is wrong
 _SPLITS = ("train_mask", "val_mask", "test_mask")
-_DTYPES = {
+DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
     "bfloat16": torch.bfloat16,
@@ -71,7 +71,7 @@ class PreparedGraphError(ConfigError):
 # --- writing -------------------------------------------------------------------------------
 
 
-class _FileWriter:
+class FileWriter:
     """Appends tensors to one flat file and checksums it block by block as it goes."""
 
     def __init__(self, path: Path, dtype: str) -> None:
@@ -108,17 +108,34 @@ class _FileWriter:
 class _Writer:
     """The files of one prepared graph, in a partial folder until it is committed."""
 
-    def __init__(self, folder: Path, feature_dtype: str) -> None:
-        dtypes = {"x": feature_dtype, "y": "int64", "colptr": "int64", "row": "int64"}
-        dtypes |= dict.fromkeys(_SPLITS, "bool")
-        self.files = {name: _FileWriter(folder / f"{name}.bin", d) for name, d in dtypes.items()}
+    def __init__(self, folder: Path, dtypes: dict[str, str]) -> None:
+        self.files = {name: FileWriter(folder / f"{name}.bin", d) for name, d in dtypes.items()}
 
-    def __getitem__(self, name: str) -> _FileWriter:
+    @classmethod
+    def node_graph(cls, folder: Path, feature_dtype: str) -> _Writer:
+        """The files of a homogeneous node-classification graph."""
+        dtypes = {"x": feature_dtype, "y": "int64", "colptr": "int64", "row": "int64"}
+        return cls(folder, dtypes | dict.fromkeys(_SPLITS, "bool"))
+
+    def __getitem__(self, name: str) -> FileWriter:
         return self.files[name]
 
     def close(self) -> dict[str, Any]:
         """Each file's manifest entry."""
         return {name: w.close() for name, w in self.files.items()}
+
+
+def file_entry(path: Path, dtype: str, shape: list[int]) -> dict[str, Any]:
+    """The manifest entry of a file written in place (not appended): read once to checksum it."""
+    crcs, size = [], path.stat().st_size
+    with path.open("rb") as f:
+        for start in range(0, size, BLOCK_BYTES):
+            crc, left = 0, min(BLOCK_BYTES, size - start)
+            while left:  # 4 MiB reads: the memory of a read, not of a block
+                piece = f.read(min(left, 4 << 20))
+                crc, left = zlib.crc32(piece, crc), left - len(piece)
+            crcs.append(crc)
+    return {"dtype": dtype, "shape": shape, "bytes": size, "crc32": crcs}
 
 
 def _key(source: dict[str, Any]) -> str:
@@ -127,14 +144,17 @@ def _key(source: dict[str, Any]) -> str:
 
 def _size(num_nodes: int, num_edges: int, num_features: int, feature_dtype: str) -> int:
     """Bytes of a prepared graph's files (what :class:`_Writer` writes)."""
-    per_node = num_features * _DTYPES[feature_dtype].itemsize + 8 + len(_SPLITS) + 8  # x y m colptr
+    per_node = num_features * DTYPES[feature_dtype].itemsize + 8 + len(_SPLITS) + 8  # x y m colptr
     return num_nodes * per_node + 8 + num_edges * 8  # + colptr's first entry, row
 
 
-def _prepare(
-    out: Path, source: dict[str, Any], fill: Callable[[_Writer], dict[str, Any]], size: int
+def prepare(
+    out: Path, source: dict[str, Any], fill: Callable[[Path], dict[str, Any]], size: int
 ) -> Path:
     """Run ``fill`` into a partial folder beside ``out``, then commit it as ``out`` (atomic).
+
+    ``fill`` writes the files into the folder it is given and returns the manifest's
+    description of the graph, ``files`` (each file's entry) included.
 
     A complete ``out`` made from the same source is kept; one from another source, or anything
     else at ``out`` but an empty folder, is refused rather than overwritten, and so is a second
@@ -173,11 +193,9 @@ def _prepare(
     start = time.perf_counter()
     try:
         with atomic.locked(out), atomic.writing(out) as tmp:  # a killed prepare's: removed
-            writer = _Writer(tmp, source["feature_dtype"])
-            meta = fill(writer)
-            files = writer.close()
+            meta = fill(tmp)
             manifest = {"format": FORMAT, **meta, "source": source, "key": key}
-            atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES, "files": files})
+            atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES})
     except OSError as err:
         if err.errno not in NO_ROOM:
             raise
@@ -185,12 +203,18 @@ def _prepare(
             f"--out {out}: the disk filled while preparing ({err.strerror}); nothing was left "
             "behind: free space there or choose another --out"
         ) from None
-    size = sum(f.stat().st_size for f in out.iterdir())
+    size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    nodes, edges = (_total(meta[k]) for k in ("num_nodes", "num_edges"))
     print(
-        f"gnnscale prepare: wrote {out} ({size / 2**30:.2f} GiB, {meta['num_nodes']:,} nodes, "
-        f"{meta['num_edges']:,} edges) in {time.perf_counter() - start:.0f} s"
+        f"gnnscale prepare: wrote {out} ({size / 2**30:.2f} GiB, {nodes:,} nodes, "
+        f"{edges:,} edges) in {time.perf_counter() - start:.0f} s"
     )
     return out
+
+
+def _total(count: int | dict[str, int]) -> int:
+    """A count, or the sum of a count per node or edge type."""
+    return sum(count.values()) if isinstance(count, dict) else count
 
 
 def _chunks(total: int, size: int, desc: str) -> Iterator[tuple[int, int]]:
@@ -219,20 +243,22 @@ def write_graph(
     """
     source = {**source, "feature_dtype": feature_dtype}
 
-    def fill(w: _Writer) -> dict[str, Any]:
+    def fill(folder: Path) -> dict[str, Any]:
+        w = _Writer.node_graph(folder, feature_dtype)
         n = data.num_nodes
         colptr, row, _ = to_csc(data, device=torch.device("cpu"))
         for a, b in _chunks(n, chunk_nodes, "nodes"):
-            w["x"].write(data.x[a:b].to(_DTYPES[feature_dtype]))
+            w["x"].write(data.x[a:b].to(DTYPES[feature_dtype]))
             w["y"].write(data.y[a:b].long())
             for key in _SPLITS:
                 w[key].write(data[key][a:b])
         w["colptr"].write(colptr)
         w["row"].write(row)
-        return _meta(n, row.numel(), data.num_features, int(data.y.max()) + 1)
+        meta = _meta(n, row.numel(), data.num_features, int(data.y.max()) + 1)
+        return meta | {"files": w.close()}
 
     size = _size(data.num_nodes, data.num_edges, data.num_features, feature_dtype)
-    return _prepare(out, source, fill, size)
+    return prepare(out, source, fill, size)
 
 
 def _meta(num_nodes: int, num_edges: int, num_features: int, num_classes: int) -> dict[str, Any]:
@@ -272,7 +298,8 @@ def write_streamed_synthetic(
     }
     n, c = cfg.num_nodes, cfg.num_classes
 
-    def fill(w: _Writer) -> dict[str, Any]:
+    def fill(folder: Path) -> dict[str, Any]:
+        w = _Writer.node_graph(folder, feature_dtype)
         g = torch.Generator().manual_seed(cfg.seed)
         centroids = torch.randn(c, cfg.num_features, generator=g)
         # Mean of the capped Pareto propensity, to scale in-degrees to avg_degree on average.
@@ -301,7 +328,7 @@ def write_streamed_synthetic(
             src = torch.where(torch.rand(dst.numel(), generator=gc) < cfg.homophily, same, other)
             src = torch.where(src == dst, (src + c) % n, src)  # no self-loops; same class
             u = torch.rand(b - a, generator=gc)  # splits by a uniform draw per node
-            w["x"].write(x.to(_DTYPES[feature_dtype]))
+            w["x"].write(x.to(DTYPES[feature_dtype]))
             w["y"].write(y)
             w["train_mask"].write(u < num_train / n)
             w["val_mask"].write((u >= num_train / n) & (u < (num_train + num_val) / n))
@@ -309,12 +336,12 @@ def write_streamed_synthetic(
             w["colptr"].write(edges + degree.cumsum(0))
             w["row"].write(src)
             edges += int(degree.sum())
-        return _meta(n, edges, cfg.num_features, c)
+        return _meta(n, edges, cfg.num_features, c) | {"files": w.close()}
 
     # The edges are drawn while writing: their expected count (capped Pareto in-degrees, at
     # least 1) is about avg_degree per node.
     size = _size(n, math.ceil(n * max(cfg.avg_degree, 1.0)), cfg.num_features, feature_dtype)
-    return _prepare(out, source, fill, size)
+    return prepare(out, source, fill, size)
 
 
 # --- reading -------------------------------------------------------------------------------
@@ -345,11 +372,26 @@ class PreparedGraph:
         command = f"gnnscale prepare --out {folder}"
         return atomic.read_manifest(folder, FORMAT, "prepared graph", command, PreparedGraphError)
 
+    def path(self, name: str) -> Path:
+        """Where file ``name`` lies: in the folder, or where an input file was used in place."""
+        entry = self.manifest["files"][name]
+        return Path(entry["path"]) if "path" in entry else self.folder / f"{name}.bin"
+
     def _check(self, name: str, entry: dict[str, Any]) -> None:
-        path = self.folder / f"{name}.bin"
+        path = self.path(name)
         if not path.is_file():
             raise PreparedGraphError(f"{path} is missing; prepare the graph again")
         size = path.stat().st_size
+        if "path" in entry:  # an input used in place: its data from offset to the end, unchanged
+            if (
+                size != entry["offset"] + entry["bytes"]
+                or path.stat().st_mtime_ns != entry["mtime_ns"]
+            ):
+                raise PreparedGraphError(
+                    f"{path} changed since {self.folder} was prepared from it; prepare the "
+                    "graph again"
+                )
+            return
         if size != entry["bytes"]:
             raise PreparedGraphError(
                 f"{path} has {size:,} bytes where the manifest says {entry['bytes']:,} "
@@ -387,16 +429,18 @@ class PreparedGraph:
         (``figures.py ondisk``).
         """
         entry = self.manifest["files"][name]
-        dtype = _DTYPES[entry["dtype"]]
+        dtype = DTYPES[entry["dtype"]]
         if math.prod(entry["shape"]) == 0:
             return torch.empty(entry["shape"], dtype=dtype)
-        with (self.folder / f"{name}.bin").open("rb") as f:
+        with self.path(name).open("rb") as f:
             mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         if not name.endswith("_mask") and self._larger_than_cache:
             mapped.madvise(mmap.MADV_RANDOM)
         # numpy has no bfloat16: read 2-byte floats as integers and view them as torch's dtype.
-        np_dtype = np.uint16 if dtype.itemsize == 2 and dtype.is_floating_point else None
-        array = np.frombuffer(mapped, dtype=np_dtype or torch.empty(0, dtype=dtype).numpy().dtype)
+        half = dtype.itemsize == 2 and dtype.is_floating_point
+        np_dtype = np.dtype(np.uint16) if half else torch.empty(0, dtype=dtype).numpy().dtype
+        count, offset = math.prod(entry["shape"]), entry.get("offset", 0)
+        array = np.frombuffer(mapped, dtype=np_dtype, count=count, offset=offset)
         with warnings.catch_warnings():  # read-only on purpose: see above
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             return torch.from_numpy(array.reshape(entry["shape"])).view(dtype)
@@ -406,7 +450,7 @@ class PreparedGraph:
         """Whether the randomly read files exceed half the machine's memory."""
         files = self.manifest["files"]
         size = sum(
-            math.prod(f["shape"]) * _DTYPES[f["dtype"]].itemsize
+            math.prod(f["shape"]) * DTYPES[f["dtype"]].itemsize
             for name, f in files.items()
             if not name.endswith("_mask")
         )

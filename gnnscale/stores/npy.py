@@ -1,0 +1,145 @@
+"""A graph given as a folder of ``.npy`` arrays, prepared by streaming (``gnnscale prepare``).
+
+Homogeneous::
+
+    x.npy            float (num_nodes, num_features)  node features
+    y.npy            int   (num_nodes,)               labels (optional)
+    edge_index.npy   int   (2, num_edges)             row 0 sources, row 1 destinations
+    train.npy, val.npy, test.npy                      node indices of each split (optional)
+
+Heterogeneous: the same files per node type and per edge type::
+
+    nodes/<type>/x.npy, y.npy, train.npy, val.npy, test.npy   each optional
+    edges/<src>__<rel>__<dst>/edge_index.npy                  indices into src's and dst's nodes
+    num_nodes.json    {"<type>": count} for node types with neither x.npy nor y.npy
+
+Every array is memory-mapped (``numpy.load(mmap_mode="r")``) and read a chunk at a time, so an
+input larger than memory prepares in the memory of a chunk; a C-order ``x.npy`` whose dtype is
+the one stored is used where it lies, not copied (:mod:`gnnscale.stores.streaming`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from gnnscale.stores.prepared import PreparedGraphError
+from gnnscale.stores.streaming import SPLITS, Array, Edges, NodeInputs, write
+
+__all__ = ["prepare_npy", "read_npy"]
+
+
+def _load(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise PreparedGraphError(
+            f"{path} is not a readable .npy array ({err}); write it again with numpy.save"
+        ) from None
+
+
+def _array(path: Path) -> Array:
+    m = _load(path)
+
+    def chunks(rows: int) -> Iterator[np.ndarray]:
+        for a in range(0, m.shape[0], rows):
+            yield np.array(m[a : a + rows])
+
+    mappable = isinstance(m, np.memmap) and m.flags.c_contiguous and m.dtype.isnative
+    in_place = (path, int(m.offset)) if mappable and m.ndim == 2 else None  # type: ignore[attr-defined]
+    return Array(str(path), tuple(m.shape), m.dtype, chunks, in_place)
+
+
+def _edges(path: Path) -> Edges:
+    m = _load(path)
+    if m.ndim != 2 or m.shape[0] != 2 or m.dtype.kind not in "iu":
+        raise PreparedGraphError(
+            f"{path} must be an integer array of shape (2, num_edges) (sources, destinations); "
+            f"it is {m.dtype} of shape {m.shape}"
+        )
+
+    def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for a in range(0, m.shape[1], size):
+            yield np.array(m[0, a : a + size], np.int64), np.array(m[1, a : a + size], np.int64)
+
+    return Edges(str(path), int(m.shape[1]), chunks)
+
+
+def _node_inputs(folder: Path, count: int | None) -> NodeInputs:
+    x = _array(folder / "x.npy") if (folder / "x.npy").is_file() else None
+    y = _array(folder / "y.npy") if (folder / "y.npy").is_file() else None
+    splits = {s: _array(folder / f"{s}.npy") for s in SPLITS if (folder / f"{s}.npy").is_file()}
+    if count is None:
+        if x is None and y is None:
+            raise PreparedGraphError(
+                f"{folder} has neither x.npy nor y.npy: give its node count in num_nodes.json"
+            )
+        count = (x or y).shape[0]  # type: ignore[union-attr]
+    return NodeInputs(count, x, y, splits)
+
+
+def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]]:
+    """The inputs of a ``.npy`` folder: each node type's arrays and each edge type's edges."""
+    root = Path(root)
+    if not root.is_dir():
+        raise PreparedGraphError(f"--root {root} is not a folder of .npy arrays")
+    if not (root / "nodes").is_dir() and not (root / "edges").is_dir():
+        if not (root / "edge_index.npy").is_file():
+            raise PreparedGraphError(
+                f"{root} has no edge_index.npy (homogeneous) and no edges/ folder "
+                "(heterogeneous); see gnnscale.stores.npy for the layout"
+            )
+        return {None: _node_inputs(root, None)}, {None: _edges(root / "edge_index.npy")}
+    counts: dict[str, int] = {}
+    if (root / "num_nodes.json").is_file():
+        try:
+            counts = {
+                str(k): int(v) for k, v in json.loads((root / "num_nodes.json").read_text()).items()
+            }
+        except (ValueError, AttributeError) as err:
+            raise PreparedGraphError(
+                f"{root / 'num_nodes.json'} must map node types to counts ({err})"
+            ) from None
+    node_types = sorted({p.name for p in (root / "nodes").glob("*") if p.is_dir()} | set(counts))
+    nodes: dict[str | None, NodeInputs] = {
+        t: _node_inputs(root / "nodes" / t, counts.get(t)) for t in node_types
+    }
+    edges: dict[Any, Edges] = {}
+    for folder in sorted(p for p in (root / "edges").glob("*") if p.is_dir()):
+        parts = folder.name.split("__")
+        if len(parts) != 3 or not all(parts):
+            raise PreparedGraphError(
+                f"{folder}: an edge type's folder is named <src>__<rel>__<dst>"
+            )
+        if not (folder / "edge_index.npy").is_file():
+            raise PreparedGraphError(f"{folder / 'edge_index.npy'} is missing")
+        edges[tuple(parts)] = _edges(folder / "edge_index.npy")
+    if not edges:
+        raise PreparedGraphError(f"{root / 'edges'} holds no <src>__<rel>__<dst> folder")
+    return nodes, edges
+
+
+def prepare_npy(
+    root: Path, out: Path, feature_dtype: str | None = None, chunk_bytes: int = 64 << 20
+) -> Path:
+    """Prepare the graph of the ``.npy`` folder ``root`` into ``out`` by streaming.
+
+    Args:
+        root: The folder of arrays (layout above).
+        out: The prepared folder to create (atomically).
+        feature_dtype: Dtype of the stored features; ``None`` keeps the input's.
+        chunk_bytes: Bytes of input per chunk.
+    """
+    nodes, edges = read_npy(root)
+    inputs = sorted(p for p in Path(root).rglob("*") if p.is_file())
+    source = {
+        "npy": str(Path(root).resolve()),
+        "inputs": {
+            str(p.relative_to(root)): [p.stat().st_size, p.stat().st_mtime_ns] for p in inputs
+        },
+    }
+    return write(out, source, nodes, edges, feature_dtype, chunk_bytes)

@@ -1,0 +1,324 @@
+"""Write a prepared folder from inputs read chunk by chunk: memory of one chunk, any graph size.
+
+The readers (``gnnscale.stores.npy``) describe each input as an :class:`Array` (node features,
+labels) or :class:`Edges` (one edge type's edge list) that yields its rows in order, a chunk at a
+time; :func:`write` turns them into the folder :class:`~gnnscale.stores.prepared.PreparedGraph`
+and :func:`gnnscale.stores.open` map. No step holds a whole array:
+
+- **CSC out of core**, per edge type, in two passes over its edges: count in-degrees chunk by
+  chunk into the mapped ``colptr`` file (checking every index against the node counts on the
+  way, so a bad file is refused before the long work), prefix-sum it, then place each chunk's
+  sources at their destinations' next free slots in the mapped ``row`` file. Within a
+  destination, sources keep their input order: the CSC PyG's ``to_csc`` builds in memory (a
+  stable sort by destination), so batches sampled from the store equal those sampled in memory.
+- **Features** are copied chunk by chunk (cast if asked), or, when the input is a file already
+  laid out as the store would write it (a C-order ``.npy`` of the stored dtype), used where it
+  lies: the manifest records its path, offset, size and modification time instead of a copy.
+- **Splits** (node indices) become the masks the DataModules read.
+
+Files a pass fills in place (``colptr``, ``row``, masks) are mapped shared: their pages belong
+to the page cache, which the kernel writes back and reclaims; the process's own memory holds
+one chunk's arrays.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from gnnscale.stores.prepared import DTYPES, FileWriter, PreparedGraphError, file_entry, prepare
+
+__all__ = ["Array", "Edges", "NodeInputs", "write"]
+
+SPLITS = ("train", "val", "test")
+_STORED = {"float32", "float16", "bfloat16"}
+
+
+@dataclass
+class Array:
+    """One input array, read as consecutive row chunks.
+
+    Args:
+        where: What to name in an error (its file).
+        shape: Its shape (rows first).
+        dtype: Its numpy dtype.
+        chunks: ``rows -> iterator`` over consecutive chunks of at most ``rows`` rows.
+        in_place: ``(file, offset)`` when the file holds exactly this array, C-order and native
+            byte order, from ``offset`` to its end: mappable where it lies.
+    """
+
+    where: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunks: Callable[[int], Iterator[np.ndarray]]
+    in_place: tuple[Path, int] | None = None
+
+
+@dataclass
+class Edges:
+    """One edge type's edges (sources and destinations), read twice as consecutive chunks.
+
+    Args:
+        where: What to name in an error (its file).
+        num_edges: How many.
+        chunks: ``edges -> iterator`` over ``(sources, destinations)`` of at most ``edges``.
+    """
+
+    where: str
+    num_edges: int
+    chunks: Callable[[int], Iterator[tuple[np.ndarray, np.ndarray]]]
+
+
+@dataclass
+class NodeInputs:
+    """One node type's inputs: features, labels, split indices (each optional) and its count."""
+
+    num_nodes: int
+    x: Array | None = None
+    y: Array | None = None
+    splits: dict[str, Array] | None = None
+
+
+def _bar(total: int, desc: str) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="row", unit_scale=True, mininterval=2, leave=False)
+
+
+def _check_range(index: np.ndarray, n: int, where: str, what: str, first: int) -> None:
+    """Refuse an index outside ``0..n-1``, naming the file and the position."""
+    if index.size and (index.min() < 0 or index.max() >= n):
+        at = int(np.flatnonzero((index < 0) | (index >= n))[0])
+        raise PreparedGraphError(
+            f"{where}: {what} {int(index[at])} at position {first + at:,} is outside 0..{n - 1} "
+            f"(the node count); fix the file"
+        )
+
+
+def _mapped(path: Path, dtype: Any, length: int) -> np.ndarray:
+    """A new file of ``length`` zeros, mapped shared for writing (empty files: an empty array)."""
+    if length == 0:
+        path.touch()
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="w+", shape=(length,))
+
+
+def write_csc(
+    edges: Edges, num_src: int, num_dst: int, folder: Path, chunk_edges: int
+) -> dict[str, Any]:
+    """``colptr.bin`` and ``row.bin`` of one edge type in ``folder``; their manifest entries."""
+    folder.mkdir(parents=True, exist_ok=True)
+    colptr = _mapped(folder / "colptr.bin", np.int64, num_dst + 1)
+    with _bar(edges.num_edges, f"degrees {edges.where}") as bar:
+        first = 0
+        for src, dst in edges.chunks(chunk_edges):
+            _check_range(src, num_src, edges.where, "source", first)
+            _check_range(dst, num_dst, edges.where, "destination", first)
+            nodes, counts = np.unique(dst, return_counts=True)
+            colptr[nodes + 1] += counts
+            first += len(dst)
+            bar.update(len(dst))
+    if first != edges.num_edges:
+        raise PreparedGraphError(f"{edges.where}: read {first:,} edges of {edges.num_edges:,}")
+    carry = 0
+    for a in range(0, num_dst + 1, chunk_edges):  # prefix sum, chunk by chunk
+        part = np.cumsum(colptr[a : a + chunk_edges]) + carry
+        colptr[a : a + chunk_edges] = part
+        carry = int(part[-1])
+    row = _mapped(folder / "row.bin", np.int64, edges.num_edges)
+    cursor = _mapped(folder / "cursor.tmp", np.int64, num_dst)  # each destination's next slot
+    for a in range(0, num_dst, chunk_edges):
+        cursor[a : a + chunk_edges] = colptr[a : min(a + chunk_edges, num_dst)]
+    with _bar(edges.num_edges, f"placing {edges.where}") as bar:
+        for src, dst in edges.chunks(chunk_edges):
+            order = np.argsort(dst, kind="stable")  # input order within a destination
+            dst = dst[order]
+            starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
+            counts = np.diff(np.r_[starts, dst.size])
+            rank = np.arange(dst.size) - np.repeat(starts, counts)
+            row[cursor[dst] + rank] = src[order]
+            cursor[dst[starts]] += counts
+            bar.update(len(dst))
+    for mapped in (colptr, row, cursor):
+        if isinstance(mapped, np.memmap):
+            mapped.flush()
+    del colptr, row, cursor
+    (folder / "cursor.tmp").unlink()
+    return {
+        "colptr": file_entry(folder / "colptr.bin", "int64", [num_dst + 1]),
+        "row": file_entry(folder / "row.bin", "int64", [edges.num_edges]),
+    }
+
+
+def _rows(array: Array, chunk_bytes: int) -> int:
+    """Rows per chunk of ``array``: ``chunk_bytes`` of them, at least one."""
+    per_row = int(np.prod(array.shape[1:], dtype=np.int64)) * array.dtype.itemsize
+    return max(1, chunk_bytes // max(per_row, 1))
+
+
+def _stored_dtype(x: Array, feature_dtype: str | None) -> str:
+    """The stored features' dtype: as asked, else the input's (float64 as float32)."""
+    if feature_dtype is not None:
+        return feature_dtype
+    name = str(x.dtype)
+    return name if name in _STORED else "float32"
+
+
+def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[str, Any]:
+    """Copy (and cast) the features to ``path``, or record the input in place if it can be."""
+    if x.in_place is not None and str(x.dtype) == dtype:
+        file, offset = x.in_place
+        stat = os.stat(file)
+        return {
+            "dtype": dtype,
+            "shape": list(x.shape),
+            "bytes": stat.st_size - offset,
+            "path": str(Path(file).resolve()),
+            "offset": offset,
+            "mtime_ns": stat.st_mtime_ns,
+        }
+    writer = FileWriter(path, dtype)
+    with _bar(x.shape[0], f"features {x.where}") as bar:
+        for chunk in x.chunks(_rows(x, chunk_bytes)):
+            writer.write(torch.from_numpy(np.ascontiguousarray(chunk)).to(DTYPES[dtype]))
+            bar.update(len(chunk))
+    if writer.rows != x.shape[0]:
+        raise PreparedGraphError(f"{x.where}: read {writer.rows:,} rows of {x.shape[0]:,}")
+    return writer.close()
+
+
+def write_labels(y: Array, path: Path, chunk_bytes: int) -> tuple[dict[str, Any], int]:
+    """Labels as int64; their manifest entry and the number of classes (largest label + 1)."""
+    writer = FileWriter(path, "int64")
+    largest = -1
+    for chunk in y.chunks(_rows(y, chunk_bytes)):
+        labels = torch.from_numpy(np.ascontiguousarray(chunk).astype(np.int64, copy=False))
+        largest = max(largest, int(labels.max()) if labels.numel() else -1)
+        writer.write(labels)
+    return writer.close(), largest + 1
+
+
+def write_mask(split: Array, num_nodes: int, path: Path, chunk_bytes: int) -> dict[str, Any]:
+    """The boolean mask of a split's node indices."""
+    mask = _mapped(path, np.bool_, num_nodes)
+    first = 0
+    for chunk in split.chunks(_rows(split, chunk_bytes)):
+        index = np.asarray(chunk).astype(np.int64, copy=False)
+        _check_range(index, num_nodes, split.where, "node index", first)
+        mask[index] = True
+        first += len(index)
+    if isinstance(mask, np.memmap):
+        mask.flush()
+    del mask
+    return file_entry(path, "bool", [num_nodes])
+
+
+def check_inputs(nodes: dict[str | None, NodeInputs], edge_types: dict[Any, Edges]) -> None:
+    """What can be checked from shapes alone, before any long work."""
+    for inputs in nodes.values():
+        n = inputs.num_nodes
+        for array in (inputs.x, inputs.y):
+            if array is not None and array.shape[0] != n:
+                raise PreparedGraphError(
+                    f"{array.where} has {array.shape[0]:,} rows where the node type has {n:,} "
+                    "nodes; give one row per node"
+                )
+        if inputs.y is not None and (len(inputs.y.shape) != 1 or inputs.y.dtype.kind not in "iu"):
+            raise PreparedGraphError(
+                f"{inputs.y.where} must hold one integer label per node; it is "
+                f"{inputs.y.dtype} of shape {inputs.y.shape}"
+            )
+        if inputs.x is not None and (len(inputs.x.shape) != 2 or inputs.x.dtype.kind != "f"):
+            raise PreparedGraphError(
+                f"{inputs.x.where} must be a 2-D float array (nodes x features); it is "
+                f"{inputs.x.dtype} of shape {inputs.x.shape}"
+            )
+    for key, edges in edge_types.items():
+        src, dst = (None, None) if key is None else (key[0], key[-1])
+        for end in (src, dst):
+            if end not in nodes:
+                raise PreparedGraphError(
+                    f"{edges.where}: the edge type {key} names node type {end!r}, which has no "
+                    "inputs; add its folder (or its count to num_nodes.json)"
+                )
+
+
+def write(
+    out: Path,
+    source: dict[str, Any],
+    nodes: dict[str | None, NodeInputs],
+    edge_types: dict[Any, Edges],
+    feature_dtype: str | None = None,
+    chunk_bytes: int = 64 << 20,
+) -> Path:
+    """Write a prepared folder from streamed inputs (``None`` keys: a homogeneous graph).
+
+    Args:
+        out: The folder to create (atomically).
+        source: What the inputs are (recorded, and hashed into the folder's key).
+        nodes: Each node type's inputs.
+        edge_types: Each edge type's edges, by PyG's ``(src, rel, dst)`` (or ``None``).
+        feature_dtype: Dtype of the stored features; ``None`` keeps the input's.
+        chunk_bytes: Bytes of input per chunk (bounds the process's memory, with a few copies).
+    """
+    check_inputs(nodes, edge_types)
+    hetero = None not in nodes
+
+    def prefix(key: Any) -> str:
+        if key is None:
+            return ""
+        return f"{'__'.join(key) if isinstance(key, tuple) else key}/"
+
+    def fill(folder: Path) -> dict[str, Any]:
+        files: dict[str, Any] = {}
+        num_edges: dict[str, int] = {}
+        for key, edges in edge_types.items():  # first: a bad index is refused early
+            src, dst = (None, None) if key is None else (key[0], key[-1])
+            n_src, n_dst = nodes[src].num_nodes, nodes[dst].num_nodes
+            entries = write_csc(edges, n_src, n_dst, folder / prefix(key), chunk_bytes // 16)
+            files |= {f"{prefix(key)}{name}": e for name, e in entries.items()}
+            num_edges[prefix(key)[:-1]] = edges.num_edges
+        num_features, num_classes = {}, {}
+        for key, inputs in nodes.items():
+            (folder / prefix(key)).mkdir(parents=True, exist_ok=True)
+            name = prefix(key)[:-1]
+            if inputs.x is not None:
+                dtype = _stored_dtype(inputs.x, feature_dtype)
+                path = folder / f"{prefix(key)}x.bin"
+                files[f"{prefix(key)}x"] = write_features(inputs.x, dtype, path, chunk_bytes)
+                num_features[name] = inputs.x.shape[1]
+            if inputs.y is not None:
+                path = folder / f"{prefix(key)}y.bin"
+                files[f"{prefix(key)}y"], num_classes[name] = write_labels(
+                    inputs.y, path, chunk_bytes
+                )
+            for split, array in (inputs.splits or {}).items():
+                path = folder / f"{prefix(key)}{split}_mask.bin"
+                files[f"{prefix(key)}{split}_mask"] = write_mask(
+                    array, inputs.num_nodes, path, chunk_bytes
+                )
+        counts = {prefix(k)[:-1]: v.num_nodes for k, v in nodes.items()}
+        meta: dict[str, Any]
+        if hetero:
+            meta = {"num_nodes": counts, "num_edges": num_edges}
+            meta |= {"num_features": num_features, "num_classes": num_classes}
+        else:
+            meta = {"num_nodes": counts[""], "num_edges": num_edges[""]}
+            meta |= {"num_features": num_features.get("", 0)}
+            meta |= {"num_classes": num_classes.get("", 0)}
+        return meta | {"files": files}
+
+    size = 0  # bytes written: labels, masks, copied features, each edge type's CSC
+    for inputs in nodes.values():
+        size += inputs.num_nodes * (8 + len(SPLITS))
+        if inputs.x is not None and inputs.x.in_place is None:
+            dtype = DTYPES[_stored_dtype(inputs.x, feature_dtype)]
+            size += int(np.prod(inputs.x.shape)) * dtype.itemsize
+    for key, edges in edge_types.items():
+        size += 8 * (edges.num_edges + nodes[None if key is None else key[-1]].num_nodes + 1)
+    return prepare(out, source | {"feature_dtype": feature_dtype}, fill, size)

@@ -1,0 +1,300 @@
+"""PyG's FeatureStore/GraphStore over a prepared folder, prepared by streaming a .npy folder."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
+
+from gnnscale import make_synthetic_graph, stores
+from gnnscale.errors import ConfigError
+from gnnscale.stores.prepared import PreparedGraph, PreparedGraphError, write_graph
+from gnnscale.testing import TINY, requires_sampler
+
+SPLITS = ("train", "val", "test")
+RELATIONS = {  # (src, rel, dst): edges; "inst" has no features and no labels
+    ("paper", "cites", "paper"): 3000,
+    ("author", "writes", "paper"): 1500,
+    ("paper", "rev_writes", "author"): 1500,
+    ("author", "affiliated_with", "inst"): 300,
+}
+COUNTS = {"paper": 400, "author": 300, "inst": 20}
+
+
+def by_destination(edge_index):
+    """The edges in the store's order: stably sorted by destination (PyG's CSC with pyg-lib)."""
+    return edge_index[:, edge_index[1].sort(stable=True).indices]
+
+
+@pytest.fixture
+def homogeneous(tmp_path):
+    """A random graph as a .npy folder (int32 edges), and the same graph in memory."""
+    g = torch.Generator().manual_seed(0)
+    n = 500
+    x, y = torch.randn(n, 8, generator=g), torch.randint(5, (n,), generator=g)
+    edge_index = torch.randint(n, (2, 4000), generator=g)
+    perm = torch.randperm(n, generator=g)
+    splits = dict(zip(SPLITS, (perm[:300], perm[300:400], perm[400:]), strict=True))
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    np.save(folder / "x.npy", x.numpy())
+    np.save(folder / "y.npy", y.numpy())
+    np.save(folder / "edge_index.npy", edge_index.numpy().astype(np.int32))
+    for name, index in splits.items():
+        np.save(folder / f"{name}.npy", index.numpy())
+    masks = {
+        f"{k}_mask": torch.zeros(n, dtype=torch.bool).index_fill_(0, v, True)
+        for k, v in splits.items()
+    }
+    data = Data(x=x, y=y, edge_index=by_destination(edge_index), **masks)
+    return folder, data
+
+
+@pytest.fixture
+def heterogeneous(tmp_path):
+    """A MAG-shaped graph (papers with labels, authors with float16 features, featureless
+    institutions) as a .npy folder, and the same graph in memory."""
+    g = torch.Generator().manual_seed(1)
+    data = HeteroData()
+    data["paper"].x = torch.randn(COUNTS["paper"], 8, generator=g)
+    data["paper"].y = torch.randint(4, (COUNTS["paper"],), generator=g)
+    data["author"].x = torch.randn(COUNTS["author"], 4, generator=g).half()
+    data["inst"].num_nodes = COUNTS["inst"]
+    train = torch.randperm(COUNTS["paper"], generator=g)[:200]
+    data["paper"].train_mask = torch.zeros(COUNTS["paper"], dtype=torch.bool).index_fill_(
+        0, train, True
+    )
+    folder = tmp_path / "npy"
+    for (src, rel, dst), m in RELATIONS.items():
+        edge_index = torch.stack(
+            [
+                torch.randint(COUNTS[src], (m,), generator=g),
+                torch.randint(COUNTS[dst], (m,), generator=g),
+            ]
+        )
+        data[src, rel, dst].edge_index = by_destination(edge_index)
+        (folder / "edges" / f"{src}__{rel}__{dst}").mkdir(parents=True)
+        np.save(folder / "edges" / f"{src}__{rel}__{dst}" / "edge_index.npy", edge_index.numpy())
+    for node_type in ("paper", "author"):
+        (folder / "nodes" / node_type).mkdir(parents=True)
+        np.save(folder / "nodes" / node_type / "x.npy", data[node_type].x.numpy())
+    np.save(folder / "nodes" / "paper" / "y.npy", data["paper"].y.numpy())
+    np.save(folder / "nodes" / "paper" / "train.npy", train.numpy())
+    (folder / "num_nodes.json").write_text(json.dumps({"inst": COUNTS["inst"]}))
+    return folder, data, train
+
+
+def _batches(data, seed, **kwargs):
+    torch.manual_seed(seed)
+    is_sorted = isinstance(data, (Data, HeteroData))  # in memory: edges already by destination
+    return list(NeighborLoader(data, shuffle=True, is_sorted=is_sorted, **kwargs))
+
+
+@requires_sampler
+def test_pygs_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_memory(
+    tmp_path, homogeneous
+):
+    folder, data = homogeneous
+    fs, gs = stores.open(stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096))
+    kwargs = {
+        "num_neighbors": [5, 3],
+        "input_nodes": data.train_mask.nonzero().view(-1),
+        "batch_size": 64,
+    }
+    memory, disk = _batches(data, 1, **kwargs), _batches((fs, gs), 1, **kwargs)
+    assert len(memory) == len(disk) == 5
+    for a, b in zip(memory, disk, strict=True):
+        for key in ("x", "y", "edge_index", "n_id", "e_id", "train_mask", "val_mask", "test_mask"):
+            assert torch.equal(a[key], b[key]), key
+        assert a.batch_size == b.batch_size
+
+
+@requires_sampler
+def test_pygs_link_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_memory(
+    tmp_path, homogeneous
+):
+    folder, data = homogeneous
+    fs, gs = stores.open(stores.prepare_npy(folder, tmp_path / "store"))
+    labelled = data.edge_index[:, :200]
+
+    def batches(source, edge_label_index):
+        torch.manual_seed(2)
+        loader = LinkNeighborLoader(
+            source,
+            num_neighbors=[5, 3],
+            edge_label_index=edge_label_index,
+            batch_size=32,
+            shuffle=True,
+            neg_sampling_ratio=1.0,
+            is_sorted=source is data,
+        )
+        return list(loader)
+
+    memory, disk = batches(data, labelled), batches((fs, gs), (None, labelled))
+    assert len(memory) == len(disk) == 7
+    for a, b in zip(memory, disk, strict=True):
+        for key in ("x", "edge_index", "n_id", "edge_label_index", "edge_label"):
+            assert torch.equal(a[key], b[key]), key
+
+
+@requires_sampler
+def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(tmp_path, heterogeneous):
+    folder, data, train = heterogeneous
+    out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
+    fs, gs = stores.open(out)
+    kwargs = {"num_neighbors": [4, 2], "input_nodes": ("paper", train), "batch_size": 50}
+    memory, disk = _batches(data, 3, **kwargs), _batches((fs, gs), 3, **kwargs)
+    assert len(memory) == len(disk) == 4
+    for a, b in zip(memory, disk, strict=True):
+        for node_type in COUNTS:  # "inst" too: it is sampled, though it has no features
+            assert torch.equal(a[node_type].n_id, b[node_type].n_id), node_type
+        for node_type, key in [
+            ("paper", "x"),
+            ("paper", "y"),
+            ("paper", "train_mask"),
+            ("author", "x"),
+        ]:
+            assert torch.equal(a[node_type][key], b[node_type][key]), (node_type, key)
+        assert b["author"].x.dtype == torch.float16
+        for edge_type in RELATIONS:
+            assert torch.equal(a[edge_type].edge_index, b[edge_type].edge_index), edge_type
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["num_nodes"] == COUNTS
+    assert manifest["num_classes"] == {"paper": int(data["paper"].y.max()) + 1}
+
+
+def test_features_already_in_the_stored_layout_are_used_where_they_lie(tmp_path, homogeneous):
+    folder, data = homogeneous
+    in_place = stores.prepare_npy(folder, tmp_path / "in_place")
+    assert not (in_place / "x.bin").exists()
+    entry = json.loads((in_place / "manifest.json").read_text())["files"]["x"]
+    assert entry["path"] == str((folder / "x.npy").resolve())
+    fs, _ = stores.open(in_place)
+    assert torch.equal(fs.get_tensor(None, "x", torch.tensor([3, 1])), data.x[[3, 1]])
+    cast = stores.prepare_npy(folder, tmp_path / "cast", feature_dtype="bfloat16")
+    fs, _ = stores.open(cast)
+    assert (cast / "x.bin").stat().st_size == data.x.numel() * 2
+    assert torch.equal(fs.get_tensor(None, "x", torch.tensor([3, 1])), data.x[[3, 1]].bfloat16())
+    # A changed input is refused by the store that maps it, naming it.
+    np.save(folder / "x.npy", data.x.numpy() + 1)
+    with pytest.raises(PreparedGraphError, match=r"x\.npy changed since"):
+        stores.open(in_place)
+
+
+def test_the_streamed_csc_is_the_one_pyg_builds_with_a_stable_sort(tmp_path, homogeneous):
+    """Chunk boundaries anywhere (a chunk of 256 edges) give PyG's CSC of the whole list."""
+    folder, data = homogeneous
+    graph = PreparedGraph(stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096))
+    edge_index = torch.from_numpy(np.load(folder / "edge_index.npy")).long()
+    order = edge_index[1].sort(stable=True).indices
+    colptr, row = graph.csc
+    assert torch.equal(row, edge_index[0, order])
+    assert torch.equal(colptr, torch.ops.torch_sparse.ind2ptr(edge_index[1, order], 500))
+    assert torch.equal(graph.data.train_mask, data.train_mask)
+
+
+def test_a_folder_written_from_memory_opens_as_a_store_too(tmp_path):
+    data = make_synthetic_graph(TINY)
+    fs, gs = stores.open(write_graph(data, tmp_path / "tiny", {"test": "tiny"}))
+    assert torch.equal(fs.get_tensor(None, "x", torch.arange(4)), data.x[:4])
+    assert {a.attr_name for a in fs.get_all_tensor_attrs()} == {
+        "x",
+        "y",
+        "train_mask",
+        "val_mask",
+        "test_mask",
+        "n_id",
+    }
+    (attr,) = gs.get_all_edge_attrs()
+    assert attr.size == (data.num_nodes, data.num_nodes)
+    with pytest.raises(ConfigError, match="read-only"):
+        fs.put_tensor(data.x, None, "x", None)
+
+
+@pytest.mark.parametrize(
+    ("damage", "match"),
+    [
+        ("truncated", r"x\.npy is not a readable \.npy array"),
+        ("past_the_nodes", r"edge_index\.npy: destination 500 at position 17 is outside 0\.\.499"),
+        ("labels_short", r"y\.npy has 499 rows where the node type has 500 nodes"),
+        ("split_past_the_nodes", r"val\.npy: node index 500 at position 2"),
+    ],
+)
+def test_a_damaged_input_is_refused_naming_its_file_and_leaves_nothing(
+    tmp_path, homogeneous, damage, match
+):
+    folder, _ = homogeneous
+    if damage == "truncated":
+        raw = (folder / "x.npy").read_bytes()
+        (folder / "x.npy").write_bytes(raw[: len(raw) // 2])
+    elif damage == "past_the_nodes":
+        edges = np.load(folder / "edge_index.npy")
+        edges[1, 17] = 500
+        np.save(folder / "edge_index.npy", edges)
+    elif damage == "labels_short":
+        np.save(folder / "y.npy", np.load(folder / "y.npy")[:-1])
+    else:
+        split = np.load(folder / "val.npy")
+        split[2] = 500
+        np.save(folder / "val.npy", split)
+    with pytest.raises(PreparedGraphError, match=match):
+        stores.prepare_npy(folder, tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".store.partial")] == []
+
+
+def test_a_heterogeneous_folder_missing_a_relation_or_a_count_is_refused(tmp_path, heterogeneous):
+    folder, _, _ = heterogeneous
+    (folder / "edges" / "paper__cites__paper" / "edge_index.npy").unlink()
+    with pytest.raises(PreparedGraphError, match=r"paper__cites__paper/edge_index\.npy is missing"):
+        stores.prepare_npy(folder, tmp_path / "store")
+    (folder / "edges" / "paper__cites__paper").rmdir()
+    (folder / "num_nodes.json").unlink()
+    with pytest.raises(PreparedGraphError, match="names node type 'inst', which has no inputs"):
+        stores.prepare_npy(folder, tmp_path / "store")
+
+
+# Run in a fresh process whose private memory (RLIMIT_DATA: heap and anonymous mappings, not
+# the shared file mappings the store writes through) is capped a few MiB above its start.
+_BOUNDED = """
+import resource, sys
+import numpy as np
+from gnnscale import stores
+def private_kib():
+    return int(next(l for l in open("/proc/self/status") if l.startswith("VmData")).split()[1])
+cap = private_kib() * 1024 + int(sys.argv[3]) * 2**20
+resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+stores.prepare_npy(sys.argv[1], sys.argv[2], feature_dtype="float16", chunk_bytes=2 << 20)
+"""
+
+
+def test_preparing_an_input_larger_than_the_memory_bound_stays_under_it(tmp_path):
+    """90 MiB of input (features cast, so copied; 2M edges) under a 24 MiB bound."""
+    n, f, e = 100_000, 160, 2_000_000
+    folder = tmp_path / "npy"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    np.save(folder / "x.npy", rng.standard_normal((n, f), dtype=np.float32))
+    np.save(folder / "edge_index.npy", rng.integers(0, n, (2, e), dtype=np.int64))
+    np.save(folder / "y.npy", rng.integers(0, 10, n))
+    size = sum(p.stat().st_size for p in folder.iterdir())
+    assert size > 3 * (24 << 20)
+    run = [sys.executable, "-c", textwrap.dedent(_BOUNDED), str(folder)]
+    bounded = subprocess.run(
+        [*run, str(tmp_path / "store"), "24"], capture_output=True, text=True, timeout=300
+    )
+    assert bounded.returncode == 0, bounded.stderr[-2000:]
+    graph = PreparedGraph(tmp_path / "store", verify="size")
+    assert graph.tensor("row").numel() == e and graph.tensor("x").dtype == torch.float16
+    # The bound binds: the same prepare under 4 MiB fails for want of memory.
+    starved = subprocess.run(
+        [*run, str(tmp_path / "starved"), "4"], capture_output=True, text=True, timeout=300
+    )
+    assert starved.returncode != 0 and "MemoryError" in starved.stderr + starved.stdout, (
+        starved.stderr[-2000:]
+    )
