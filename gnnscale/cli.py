@@ -50,6 +50,7 @@ from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded
+from gnnscale.stores.npy import prepare_npy
 from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
 
 __all__ = [
@@ -485,23 +486,35 @@ def prepare(
     root: Path = Path("data"),
     synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008 (frozen dataclass)
     preprocess: Preprocess = Preprocess(),  # noqa: B008
-    feature_dtype: FeatureDtype = "float32",
+    feature_dtype: FeatureDtype | None = None,
     stream: bool = False,
     chunk_nodes: int = 1 << 20,
 ) -> Path:
     """Write a graph to a folder once, for ``--data.dataset prepared --data.root OUT``.
 
+    The folder also opens as PyG's ``(FeatureStore, GraphStore)`` pair:
+    ``gnnscale.stores.open(OUT)``.
+
     Args:
         out: Folder to create (atomically: it appears complete or not at all).
-        dataset: Dataset to load and write, as ``--data.dataset`` of ``gnnscale fit``.
+        dataset: Dataset to load and write, as ``--data.dataset`` of ``gnnscale fit``; or
+            ``npy``: the folder of ``.npy`` arrays at ``root`` (layout in
+            ``gnnscale.stores.npy``; homogeneous or heterogeneous), read chunk by chunk.
         root: Folder of the dataset's files.
         synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
         preprocess: Preprocessing applied before writing, as ``--data.preprocess``.
-        feature_dtype: Dtype of the stored features: ``float32``, ``bfloat16``, ``float16``.
+        feature_dtype: Dtype of the stored features: ``float32``, ``bfloat16``, ``float16``;
+            default: as stored for ``npy`` (a C-order ``x.npy`` is then used where it lies),
+            else ``float32``.
         stream: Generate the synthetic graph chunk by chunk (memory of one chunk, any size; a
             different draw from the in-memory generator) instead of loading it whole.
         chunk_nodes: Nodes per written (or generated) chunk.
     """
+    if dataset == "npy":
+        if preprocess != Preprocess() or stream:
+            raise ConfigError("--dataset npy is read as it is: drop --preprocess and --stream")
+        return prepare_npy(root, out, feature_dtype)
+    feature_dtype = feature_dtype or "float32"
     if stream:
         if dataset != "synthetic" or preprocess != Preprocess():
             raise ConfigError("--stream generates --dataset synthetic, without --preprocess")

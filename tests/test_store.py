@@ -5,16 +5,20 @@ import subprocess
 import sys
 import textwrap
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
+from torch_geometric.nn import GraphSAGE as PyGSAGE
 
-from gnnscale import make_synthetic_graph, stores
+from gnnscale import GraphSAGE, NeighborDataModule, SyntheticGraph, make_synthetic_graph, stores
+from gnnscale.cli import prepare_main
+from gnnscale.data.args import EvalArgs
 from gnnscale.errors import ConfigError
 from gnnscale.stores.prepared import PreparedGraph, PreparedGraphError, write_graph
-from gnnscale.testing import TINY, requires_sampler
+from gnnscale.testing import TINY, centroid_accuracy, requires_sampler
 
 SPLITS = ("train", "val", "test")
 RELATIONS = {  # (src, rel, dst): edges; "inst" has no features and no labels
@@ -298,3 +302,63 @@ def test_preparing_an_input_larger_than_the_memory_bound_stays_under_it(tmp_path
     assert starved.returncode != 0 and "MemoryError" in starved.stderr + starved.stdout, (
         starved.stderr[-2000:]
     )
+
+
+def _npy_folder(data, folder):
+    """``data`` as a .npy folder (splits as node indices)."""
+    folder.mkdir()
+    for key in ("x", "y", "edge_index"):
+        np.save(folder / f"{key}.npy", data[key].numpy())
+    for split in SPLITS:
+        np.save(folder / f"{split}.npy", data[f"{split}_mask"].nonzero().view(-1).numpy())
+    return folder
+
+
+@requires_sampler
+def test_a_graph_prepared_from_npy_by_the_cli_trains_above_its_features_alone(tmp_path):
+    """``gnnscale prepare --dataset npy``, then the node DataModule and a plain PyG loop on
+    ``(fs, gs)``: both need the edges to beat the nearest-centroid rule of the features."""
+    cfg = SyntheticGraph(
+        num_nodes=4000, avg_degree=12, num_features=32, num_classes=5, feature_noise=4.0
+    )
+    data = make_synthetic_graph(cfg)
+    folder = _npy_folder(data, tmp_path / "npy")
+    out = prepare_main(["--dataset=npy", f"--root={folder}", f"--out={tmp_path / 'store'}"])
+    bar = centroid_accuracy(data)
+    L.seed_everything(0)
+    dm = NeighborDataModule(
+        "prepared", out, [10, 10], 128, eval=EvalArgs(mode="sampled", num_neighbors=[-1, -1])
+    )
+    model = GraphSAGE(32, 5, hidden_channels=64)
+    trainer = L.Trainer(
+        max_epochs=4,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    acc = trainer.test(model, dm, verbose=False)[0]["test/acc"]
+    assert acc > bar + 0.1, (acc, bar)
+
+    fs, gs = stores.open(out)
+    torch.manual_seed(0)
+    net = PyGSAGE(32, 64, num_layers=2, out_channels=5)
+    optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
+    train = NeighborLoader(
+        (fs, gs), [10, 10], input_nodes=data.train_mask, batch_size=128, shuffle=True
+    )
+    for _ in range(4):
+        for batch in train:
+            optimizer.zero_grad()
+            logits = net(batch.x, batch.edge_index)[: batch.batch_size]
+            torch.nn.functional.cross_entropy(logits, batch.y[: batch.batch_size]).backward()
+            optimizer.step()
+    correct = 0
+    with torch.no_grad():
+        for batch in NeighborLoader((fs, gs), [-1, -1], input_nodes=data.test_mask, batch_size=512):
+            pred = net(batch.x, batch.edge_index)[: batch.batch_size].argmax(-1)
+            correct += int((pred == batch.y[: batch.batch_size]).sum())
+    plain = correct / int(data.test_mask.sum())
+    assert plain > bar + 0.1, (plain, bar)
