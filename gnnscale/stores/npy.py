@@ -91,7 +91,7 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
         if not (root / "edge_index.npy").is_file():
             raise PreparedGraphError(
                 f"{root} has no edge_index.npy (homogeneous) and no edges/ folder "
-                "(heterogeneous); see gnnscale.stores.npy for the layout"
+                "(heterogeneous): see docs/stores.md for the layout"
             )
         return {None: _node_inputs(root, None)}, {None: _edges(root / "edge_index.npy")}
     counts: dict[str, int] = {}
