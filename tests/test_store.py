@@ -1,5 +1,6 @@
 """PyG's FeatureStore/GraphStore over a prepared folder, prepared by streaming a .npy folder."""
 
+import functools
 import json
 import subprocess
 import sys
@@ -13,7 +14,15 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.nn import GraphSAGE as PyGSAGE
 
-from gnnscale import GraphSAGE, NeighborDataModule, SyntheticGraph, make_synthetic_graph, stores
+from gnnscale import (
+    GraphSAGE,
+    HeteroNeighborDataModule,
+    HeteroSAGE,
+    NeighborDataModule,
+    SyntheticGraph,
+    make_synthetic_graph,
+    stores,
+)
 from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.errors import ConfigError
@@ -362,3 +371,40 @@ def test_a_graph_prepared_from_npy_by_the_cli_trains_above_its_features_alone(tm
             correct += int((pred == batch.y[: batch.batch_size]).sum())
     plain = correct / int(data.test_mask.sum())
     assert plain > bar + 0.1, (plain, bar)
+
+
+@requires_sampler
+def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp_path):
+    """The recommender graph of the hetero tests, saved as .npy, prepared, trained from disk:
+    the DataModule reads types, sizes and classes from the folder, and the model learns from
+    the graph beyond what the item features allow."""
+    from test_hetero import TINY as RECOMMENDER
+
+    L.seed_everything(0)
+    memory = HeteroNeighborDataModule(synthetic=RECOMMENDER, batch_size=128)
+    folder = stores.save_npy(memory.data, tmp_path / "npy")
+    disk = HeteroNeighborDataModule("prepared", stores.prepare_npy(folder, tmp_path / "store"))
+    assert disk.target_type == "item"  # the folder's one labelled type
+    assert sorted(disk.metadata[0]) == sorted(memory.metadata[0])
+    assert sorted(disk.metadata[1]) == sorted(memory.metadata[1])
+    assert disk.feature_dims == {t: memory.feature_dims[t] for t in disk.metadata[0]}
+    assert disk.num_nodes == {t: memory.num_nodes[t] for t in disk.metadata[0]}
+    assert disk.num_classes == memory.num_classes
+    disk.batch_size = 128
+    lr = {"optimizer": functools.partial(torch.optim.Adam, lr=0.01)}
+    lr["embedding_optimizer"] = functools.partial(torch.optim.SparseAdam, lr=0.01)
+    model = HeteroSAGE(disk.num_classes, hidden_channels=32, **lr)
+    trainer = L.Trainer(
+        max_epochs=5,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, disk)
+    acc = trainer.test(model, disk, verbose=False)[0]["test/acc"]
+    bar = centroid_accuracy(memory.data["item"])
+    assert acc > bar + 0.3, (acc, bar)
+    with pytest.raises(ConfigError, match="'user' has no labels"):
+        HeteroNeighborDataModule("prepared", tmp_path / "store", target_type="user").prepare_data()

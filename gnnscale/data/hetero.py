@@ -5,15 +5,17 @@ fan-out per edge type; the model is ``LinkPredictor``'s encoder (GraphSAGE made 
 by ``to_hetero``, embedding tables for featureless types) with a linear head on the target type.
 
 A sibling of ``NeighborDataModule`` rather than a mode of it: that module's layer-wise and full
-evaluation, prepared (memory-mapped) graphs, preprocessing and target-only layers all assume one
-node type; none of them is needed here, and each would need a heterogeneous twin.
+evaluation, preprocessing and target-only layers all assume one node type; none of them is
+needed here, and each would need a heterogeneous twin. A prepared heterogeneous folder
+(``gnnscale prepare --dataset npy``) trains in place: PyG's loader samples it through its
+``(FeatureStore, GraphStore)`` pair (``gnnscale.stores.mapped``).
 """
 
 from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -29,7 +31,9 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.data.sources import check_root, log_backend_once
 from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
-from gnnscale.memory import MemoryProfile, proportional_batches, store_tensors, tensor_mb
+from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
+from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, edge_type, stores_of
+from gnnscale.stores.prepared import PreparedGraph
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -142,6 +146,14 @@ _SPLITS = ("train_mask", "val_mask", "test_mask")
 _LABELLED = {"synthetic": "item", "DBLP": "author", "IMDB": "movie"}  # each dataset's labels
 
 
+def _labelled(manifest: dict[str, Any]) -> list[str]:
+    """The node types of a prepared heterogeneous folder that have labels and split masks."""
+    counts, files = manifest["num_nodes"], manifest["files"]
+    if not isinstance(counts, dict):
+        return []
+    return [t for t in counts if all(f"{t}/{k}" in files for k in ("y", *_SPLITS))]
+
+
 class HeteroNeighborDataModule(HeteroGraphData):
     """Neighbour-sampled batches of one node type's seeds on a heterogeneous graph.
 
@@ -155,10 +167,12 @@ class HeteroNeighborDataModule(HeteroGraphData):
             each item labelled by its planted community (``gnnscale.make_item_class_graph``);
             ``DBLP`` (authors, papers, terms, conferences; authors labelled by research area) or
             ``IMDB`` (movies, directors, actors; movies labelled by genre): PyG's datasets with
-            their public splits, downloaded into ``root/<name>`` on first use.
+            their public splits, downloaded into ``root/<name>`` on first use; ``prepared``: the
+            heterogeneous folder ``root`` written by ``gnnscale prepare``, trained in place.
         root: Folder of dataset files (unused by ``synthetic``).
         target_type: The node type to classify; it needs ``y`` and split masks. ``None``: the
-            labelled type of the dataset (``item``, ``author``, ``movie``).
+            labelled type of the dataset (``item``, ``author``, ``movie``; of a prepared folder,
+            its one type with labels and splits).
         num_neighbors: Fan-out per layer: one list for every edge type, or one per edge type
             keyed ``src__rel__dst`` (every edge type of the graph, and no other).
         batch_size: Seed nodes (of ``target_type``) per training batch.
@@ -169,6 +183,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
         eval: Validation and test: ``sampled`` around the evaluated seeds, ``batch_size`` seeds
             a batch, ``num_neighbors`` per layer for every edge type (default: the training
             fan-out).
+        verify: ``dataset: prepared`` only: ``full`` checks every block's checksum when the
+            folder is opened (a read of every file); ``size`` only the files' sizes.
     """
 
     def __init__(
@@ -182,17 +198,23 @@ class HeteroNeighborDataModule(HeteroGraphData):
         synthetic: SyntheticRecommender = SyntheticRecommender(),  # noqa: B008
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008
         eval: EvalArgs = EvalArgs(mode="sampled"),  # noqa: B008
+        verify: Literal["full", "size"] = "full",
     ) -> None:
         super().__init__()
-        check_dataset(dataset, tuple(_LABELLED))
+        check_dataset(dataset, (*_LABELLED, "prepared"))
         check_positive(batch_size=batch_size)
         if eval.mode != "sampled":
             raise ConfigError(
                 f"--data.eval.mode {eval.mode!r}: heterogeneous graphs are evaluated on sampled "
                 "neighbourhoods; use --data.eval.mode=sampled"
             )
-        self.dataset, self.root = dataset, Path(root)
-        self.target_type = target_type or _LABELLED[dataset]
+        self.dataset, self.root, self.verify = dataset, Path(root), verify
+        self.target_type = target_type or _LABELLED.get(dataset, "")
+        if dataset == "prepared":
+            check_root(dataset, self.root)
+            labelled = _labelled(PreparedGraph.read_manifest(self.root))
+            if not target_type and len(labelled) == 1:
+                self.target_type = labelled[0]
         self._num_neighbors = num_neighbors
         self.batch_size, self.split, self.eval = batch_size, split, eval
         self.synthetic, self.loader = synthetic, loader
@@ -204,8 +226,73 @@ class HeteroNeighborDataModule(HeteroGraphData):
     __str__ = __repr__
 
     @cached_property
+    def prepared(self) -> PreparedGraph:
+        """The mapped folder of ``dataset: prepared``; refuses a target it cannot train on."""
+        graph = PreparedGraph(self.root, self.verify)
+        counts = graph.manifest["num_nodes"]
+        if not isinstance(counts, dict):
+            raise ConfigError(
+                f"{self.root} holds a homogeneous graph: train it with gnnscale.NeighborDataModule"
+            )
+        self._check_target(list(counts), _labelled(graph.manifest), str(self.root))
+        for mask in _SPLITS:
+            if not bool(graph.tensor(f"{self.target_type}/{mask}").any()):
+                raise ConfigError(f"the {mask} of --data.target_type {self.target_type!r} is empty")
+        return graph
+
+    @cached_property
+    def store(self) -> tuple[MappedFeatureStore, MappedGraphStore]:
+        """The prepared folder as PyG's ``(FeatureStore, GraphStore)`` pair."""
+        return stores_of(self.prepared)
+
+    def _check_target(self, node_types: list[str], labelled: list[str], name: str) -> None:
+        t = self.target_type
+        if t not in node_types:
+            raise ConfigError(
+                f"--data.target_type {t!r} is not a node type of {name}; its node types "
+                f"are {', '.join(node_types)}"
+            )
+        if t not in labelled:
+            raise ConfigError(
+                f"--data.target_type {t!r} has no labels (y) and split masks ("
+                f"{', '.join(_SPLITS)}) in {name}; node types that have them: "
+                f"{', '.join(labelled) or 'none'}"
+            )
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types (PyG's ``metadata()``)."""
+        if self.dataset != "prepared":
+            return self.data.metadata()
+        manifest = self.prepared.manifest
+        return list(manifest["num_nodes"]), [edge_type(k) for k in manifest["num_edges"]]
+
+    @property
+    def feature_dims(self) -> dict[str, int]:
+        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
+        if self.dataset != "prepared":
+            return super().feature_dims
+        dims = self.prepared.manifest["num_features"]
+        return {t: int(dims.get(t, 0)) for t in self.metadata[0]}
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Nodes per type."""
+        if self.dataset != "prepared":
+            return super().num_nodes
+        return dict(self.prepared.manifest["num_nodes"])
+
+    def _mask(self, split: str) -> Tensor:
+        """The target type's ``split`` mask (mapped, for ``dataset: prepared``)."""
+        if self.dataset == "prepared":
+            return self.prepared.tensor(f"{self.target_type}/{split}")
+        return self.data[self.target_type][split]
+
+    @cached_property
     def data(self) -> HeteroData:
         """The whole graph; refuses a target type it lacks or that has no labels and splits."""
+        if self.dataset == "prepared":
+            raise RuntimeError("a prepared graph is read through .store, never loaded whole")
         if self.dataset == "synthetic":
             fractions = self.split.train_fraction, self.split.val_fraction
             data = make_item_class_graph(self.synthetic, *fractions)
@@ -215,18 +302,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
             check_root(self.dataset, self.root)
             data = getattr(datasets, self.dataset)(str(self.root / self.dataset))[0]
         t = self.target_type
-        if t not in data.node_types:
-            raise ConfigError(
-                f"--data.target_type {t!r} is not a node type of {self.dataset}; its node types "
-                f"are {', '.join(data.node_types)}"
-            )
         labelled = [s for s in data.node_types if all(k in data[s] for k in ("y", *_SPLITS))]
-        if t not in labelled:
-            raise ConfigError(
-                f"--data.target_type {t!r} has no labels (y) and split masks ("
-                f"{', '.join(_SPLITS)}) in {self.dataset}; node types that have them: "
-                f"{', '.join(labelled) or 'none'}"
-            )
+        self._check_target(data.node_types, labelled, self.dataset)
         for mask in _SPLITS:
             if not bool(data[t][mask].any()):
                 raise ConfigError(
@@ -238,11 +315,13 @@ class HeteroNeighborDataModule(HeteroGraphData):
     @property
     def num_classes(self) -> int:
         """Classes of the target type (linked to ``model.num_classes``)."""
+        if self.dataset == "prepared":
+            return int(self.prepared.manifest["num_classes"][self.target_type])
         return int(self.data[self.target_type].y.max()) + 1
 
     def prepare_data(self) -> None:
         """Generate (and check) the graph."""
-        _ = self.data
+        _ = self.prepared if self.dataset == "prepared" else self.data
 
     def setup(self, stage: str) -> None:
         """Check the fan-outs against the graph's edge types and the model's depth."""
@@ -254,7 +333,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
     ) -> NeighborLoader:
         given = self._num_neighbors if fanout is None else fanout
         return NeighborLoader(
-            self.data,
+            self.store if self.dataset == "prepared" else self.data,  # type: ignore[arg-type]
             num_neighbors=per_edge_type_fanout(given, self.metadata[1]),  # type: ignore[arg-type]
             input_nodes=(self.target_type, seeds),
             batch_size=batch_size,
@@ -264,18 +343,23 @@ class HeteroNeighborDataModule(HeteroGraphData):
         )
 
     def _eval_loader(self, split: str) -> Any:
-        store = self.data[self.target_type]
+        mask = self._mask(split)
         return rank_share(
             self.trainer,
-            store[split],
-            store.num_nodes,
+            mask,
+            mask.numel(),
             lambda seeds: self._loader(seeds, self.eval.batch_size, self.eval.num_neighbors),
         )
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
+        if self.dataset == "prepared":
+            graph_mb, mapped_mb = 0.0, self.prepared.nbytes / MiB
+        else:
+            graph_mb, mapped_mb = tensor_mb(*store_tensors(self.data)), 0.0
         return MemoryProfile(
-            graph_mb=tensor_mb(*store_tensors(self.data)),
+            graph_mb=graph_mb,
+            mapped_mb=mapped_mb,
             eval_mode="sampled",
             smaller_batches=proportional_batches(self.batch_size),
             eval_fix="evaluate fewer seeds at a time (a lower --data.eval.batch_size)",
@@ -283,7 +367,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
 
     def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of training seeds, seeded per batch and resumable mid-epoch."""
-        train = self._loader(self.data[self.target_type].train_mask, self.batch_size)
+        train = self._loader(self._mask("train_mask"), self.batch_size)
         return resumable(self.trainer, train, shuffle=True)
 
     def val_dataloader(self) -> Any:

@@ -10,6 +10,6 @@
 """
 
 from gnnscale.stores.mapped import open  # noqa: A004 (a store, as the builtin opens a file)
-from gnnscale.stores.npy import prepare_npy
+from gnnscale.stores.npy import prepare_npy, save_npy
 
-__all__ = ["open", "prepare_npy"]
+__all__ = ["open", "prepare_npy", "save_npy"]

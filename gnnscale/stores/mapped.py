@@ -30,7 +30,7 @@ from torch_geometric.typing import EdgeTensorType, EdgeType, NodeType
 from gnnscale.errors import ConfigError
 from gnnscale.stores.prepared import PreparedGraph
 
-__all__ = ["MappedFeatureStore", "MappedGraphStore", "open"]
+__all__ = ["MappedFeatureStore", "MappedGraphStore", "open", "stores_of"]
 
 _READ_ONLY = "a prepared store is read-only: prepare a new folder to change it"
 
@@ -116,7 +116,11 @@ def open(  # noqa: A001 (gnnscale.stores.open, as the builtin opens a file)
         folder: The prepared folder.
         verify: ``full`` checks every block's checksum first; ``size`` only the files' sizes.
     """
-    graph = PreparedGraph(Path(folder), verify)
+    return stores_of(PreparedGraph(Path(folder), verify))
+
+
+def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStore]:
+    """An opened prepared folder's ``(FeatureStore, GraphStore)`` pair (see :func:`open`)."""
     manifest = graph.manifest
     if isinstance(manifest["num_nodes"], dict):  # heterogeneous: "type/name" files
         num_nodes: dict[NodeType | None, int] = dict(manifest["num_nodes"])

@@ -30,7 +30,7 @@ import numpy as np
 from gnnscale.stores.prepared import PreparedGraphError
 from gnnscale.stores.streaming import SPLITS, Array, Edges, NodeInputs, write
 
-__all__ = ["prepare_npy", "read_npy"]
+__all__ = ["prepare_npy", "read_npy", "save_npy"]
 
 
 def _load(path: Path) -> np.ndarray:
@@ -143,3 +143,39 @@ def prepare_npy(
         },
     }
     return write(out, source, nodes, edges, feature_dtype, chunk_bytes)
+
+
+def save_npy(data: Any, folder: Path) -> Path:
+    """Write an in-memory PyG ``Data`` or ``HeteroData`` as a ``.npy`` folder (layout above).
+
+    Node attributes ``x`` and ``y`` are saved as they are; masks ``train_mask``, ``val_mask``,
+    ``test_mask`` as the node indices of each split; a node type without ``x`` or ``y`` gives its
+    count in ``num_nodes.json``. For graphs that fit in memory: tests, examples, small datasets.
+    """
+    from torch_geometric.data import HeteroData
+
+    folder = Path(folder)
+    hetero = isinstance(data, HeteroData)
+    node_types = data.node_types if hetero else [None]
+    edge_types = data.edge_types if hetero else [None]
+    counts = {}
+    for node_type in node_types:
+        store = data[node_type] if hetero else data
+        where = folder / "nodes" / str(node_type) if hetero else folder
+        where.mkdir(parents=True, exist_ok=True)
+        for key in ("x", "y"):
+            if key in store:
+                np.save(where / f"{key}.npy", store[key].numpy())
+        for split in SPLITS:
+            if f"{split}_mask" in store:
+                np.save(where / f"{split}.npy", store[f"{split}_mask"].nonzero().view(-1).numpy())
+        if hetero and "x" not in store and "y" not in store:
+            counts[node_type] = int(store.num_nodes)
+    for edge_type in edge_types:
+        store = data[edge_type] if hetero else data
+        where = folder / "edges" / "__".join(edge_type or ()) if hetero else folder
+        where.mkdir(parents=True, exist_ok=True)
+        np.save(where / "edge_index.npy", store.edge_index.numpy())
+    if counts:
+        (folder / "num_nodes.json").write_text(json.dumps(counts))
+    return folder
