@@ -30,6 +30,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   ``memory``, ``training`` in its README; about 10 minutes).
 - ``ondisk``: ``on_disk_graph`` from its prepared folder against the same graph in memory, one
   process and two ranks, warm and cold page cache (``memory`` in its README).
+- ``store``: a ``.npy`` folder prepared by streaming at two sizes (peak memory, throughput
+  against a plain copy), and a plain PyG loop over the store's ``(FeatureStore, GraphStore)``
+  against the graph in memory (``store`` in on_disk_graph's README; a few minutes).
 
 Every block ends with a stamp: this command, the commit, the machine, the threads.
 """
@@ -57,6 +60,7 @@ SECTIONS = (
     "ddp",
     "ondisk",
     "graphs",
+    "store",
 )
 EXTRA_SECTIONS = ("ondisk-large",)  # run only when named
 
@@ -85,6 +89,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "workers": "workers",
         "speed": "speed_defaults",
         "graphs": "many_graphs",
+        "store": "store_prepare",
     }[name]
     threads = {
         "gat": "1 torch thread per measurement",
@@ -97,6 +102,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "workers": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "speed": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
+        "store": f"{torch.get_num_threads()} torch threads, one process at a time",
     }[name]
     return __import__(module).blocks(tiny), threads
 

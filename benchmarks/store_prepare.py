@@ -1,0 +1,205 @@
+"""Streaming prepare of a .npy folder at two sizes, and PyG's own loop over the store.
+
+Written by ``python benchmarks/figures.py store`` (on_disk_graph's ``store`` block):
+
+- **Prepare**: a homogeneous graph (128 float32 features, 15 edges per node, labels, splits) is
+  written as a ``.npy`` folder at two sizes, its pages evicted, then prepared by ``gnnscale
+  prepare --dataset npy --feature_dtype bfloat16`` in a fresh process (the cast makes it copy
+  every feature row: the slow case; a float32 store would use ``x.npy`` where it lies). A
+  sampler records the process's peak resident memory, and separately its private part
+  (``RssAnon``; the rest are pages of the mapped files, which the kernel writes back and drops).
+  Throughput is input bytes per second, against a plain sequential copy of the same files
+  (evicted first too).
+- **A plain PyG loop**: one epoch of PyG's ``GraphSAGE`` over ``NeighborLoader((fs, gs))`` on
+  the smaller store, against the same loop on the graph in memory (its edges ordered as the
+  store's, ``is_sorted=True``); the two epochs' batches are checked equal, batch by batch.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+from blocks import Block
+from on_disk import evict
+
+from gnnscale.measure import anon_mb
+
+SIZES = {"full": (2_000_000, 6_000_000), "tiny": (20_000, 60_000)}  # nodes of the two graphs
+FEATURES, DEGREE, CLASSES = 128, 15, 47
+
+
+def write_inputs(folder: Path, n: int, seed: int = 0) -> int:
+    """A random homophilous graph of ``n`` nodes as a .npy folder, written in chunks; its bytes."""
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, CLASSES, n)
+    np.save(folder / "y.npy", y)
+    centroids = rng.standard_normal((CLASSES, FEATURES), dtype=np.float32)
+    x = np.lib.format.open_memmap(folder / "x.npy", "w+", np.float32, (n, FEATURES))
+    edges = np.lib.format.open_memmap(folder / "edge_index.npy", "w+", np.int64, (2, n * DEGREE))
+    step = 1 << 18
+    for a in range(0, n, step):
+        b = min(a + step, n)
+        noise = rng.standard_normal((b - a, FEATURES), dtype=np.float32)
+        x[a:b] = centroids[y[a:b]] + 2.0 * noise
+        dst = np.repeat(np.arange(a, b), DEGREE)
+        src = rng.integers(0, n, dst.size)
+        edges[0, a * DEGREE : b * DEGREE] = src
+        edges[1, a * DEGREE : b * DEGREE] = rng.permutation(dst)  # not sorted by destination
+    x.flush()
+    edges.flush()
+    del x, edges
+    perm = rng.permutation(n)
+    parts = np.split(perm, [n // 10, n // 10 + n // 20])
+    for name, part in zip(("train", "val", "test"), parts, strict=True):
+        np.save(folder / f"{name}.npy", np.sort(part))
+    return sum(p.stat().st_size for p in folder.iterdir())
+
+
+class Peaks(threading.Thread):
+    """Samples one process: its peak resident and private (``RssAnon``) memory, MiB."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.rss, self.private = pid, 0.0, 0.0
+
+    def run(self) -> None:
+        """Sample every 50 ms until the process exits."""
+        try:
+            process = psutil.Process(self.pid)
+            while process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
+                self.rss = max(self.rss, process.memory_info().rss / 2**20)
+                self.private = max(self.private, anon_mb(self.pid))
+                time.sleep(0.05)
+        except (psutil.NoSuchProcess, OSError):
+            pass
+
+
+def prepare(inputs: Path, out: Path) -> dict[str, float]:
+    """Prepare ``inputs`` into ``out`` in a fresh process, its pages evicted first."""
+    evict(inputs)
+    cli = [sys.executable, "-m", "gnnscale.cli", "prepare", "--dataset=npy", f"--root={inputs}"]
+    cli += [f"--out={out}", "--feature_dtype=bfloat16"]
+    start = time.perf_counter()
+    process = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    peaks = Peaks(process.pid)
+    peaks.start()
+    if process.wait() != 0:
+        raise RuntimeError(f"{' '.join(cli)} failed")
+    seconds = time.perf_counter() - start
+    peaks.join()
+    return {"s": seconds, "rss_mb": peaks.rss, "private_mb": peaks.private}
+
+
+def copy(inputs: Path, out: Path) -> float:
+    """Seconds to copy the input files sequentially (evicted first), flushed to disk."""
+    evict(inputs)
+    out.mkdir()
+    start = time.perf_counter()
+    for path in sorted(inputs.iterdir()):
+        shutil.copyfile(path, out / path.name)
+    subprocess.run(["sync"], check=True)
+    return time.perf_counter() - start
+
+
+def pyg_loop(inputs: Path, store: Path) -> dict[str, float]:
+    """One epoch of a plain PyG loop from the store and from memory; their batches compared."""
+    from torch_geometric.data import Data
+    from torch_geometric.loader import NeighborLoader
+    from torch_geometric.nn import GraphSAGE
+
+    import gnnscale.stores
+
+    edge_index = torch.from_numpy(np.load(inputs / "edge_index.npy"))
+    order = edge_index[1].sort(stable=True).indices
+    x = torch.from_numpy(np.load(inputs / "x.npy")).bfloat16()  # as stored
+    data = Data(x=x, y=torch.from_numpy(np.load(inputs / "y.npy")), edge_index=edge_index[:, order])
+    train = torch.from_numpy(np.load(inputs / "train.npy"))
+    fs, gs = gnnscale.stores.open(store, verify="size")
+    result, batches = {}, {}
+    for name, source in (("memory", data), ("store", (fs, gs))):
+        torch.manual_seed(0)
+        model = GraphSAGE(FEATURES, 128, num_layers=2, out_channels=CLASSES)
+        optimizer = torch.optim.Adam(model.parameters(), lr=0.003)
+        loader = NeighborLoader(
+            source,  # type: ignore[arg-type]
+            num_neighbors=[15, 10],
+            input_nodes=train,
+            batch_size=1024,
+            shuffle=True,
+            is_sorted=name == "memory",
+        )
+        start, kept = time.perf_counter(), []
+        for batch in loader:
+            optimizer.zero_grad()
+            out = model(batch.x.float(), batch.edge_index)[: batch.batch_size]
+            loss = torch.nn.functional.cross_entropy(out, batch.y[: batch.batch_size])
+            loss.backward()
+            optimizer.step()
+            kept.append((batch.n_id, batch.edge_index, batch.x))
+        result[f"{name}_s"] = time.perf_counter() - start
+        batches[name] = kept
+    result["equal"] = float(
+        len(batches["memory"]) == len(batches["store"])
+        and all(
+            all(torch.equal(a, b) for a, b in zip(m, s, strict=True))
+            for m, s in zip(batches["memory"], batches["store"], strict=True)
+        )
+    )
+    result["batches"] = len(batches["store"])
+    return result
+
+
+def measure(size: str, workdir: Path) -> dict:
+    """Both graphs prepared and copied; the plain loop on the smaller one."""
+    rows = []
+    for i, n in enumerate(SIZES[size]):
+        inputs = workdir / f"inputs{i}"
+        nbytes = write_inputs(inputs, n, seed=i)
+        copy_s = copy(inputs, workdir / f"copy{i}")
+        shutil.rmtree(workdir / f"copy{i}")
+        prepared = prepare(inputs, workdir / f"store{i}")
+        rows.append({"n": n, "input_gib": nbytes / 2**30, "copy_s": copy_s, **prepared})
+        if i:
+            shutil.rmtree(workdir / f"store{i}")
+            shutil.rmtree(inputs)
+    return {"rows": rows, "loop": pyg_loop(workdir / "inputs0", workdir / "store0")}
+
+
+def blocks(tiny: bool) -> list[Block]:
+    """on_disk_graph README's ``store`` block."""
+    size = "tiny" if tiny else "full"
+    base = Path(tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(dir=base) as workdir:
+        r = measure(size, Path(workdir))
+    lines = [
+        "| input (.npy folder) | prepare | peak resident / private memory | throughput "
+        "(prepare / sequential copy) |",
+        "|---|---:|---:|---:|",
+    ]
+    for row in r["rows"]:
+        gib = row["input_gib"]
+        lines.append(
+            f"| {row['n']:,} nodes, {gib:.2f} GiB | {row['s']:.0f} s | {row['rss_mb']:,.0f} / "
+            f"{row['private_mb']:,.0f} MiB | {gib / row['s'] * 1024:,.0f} / "
+            f"{gib / row['copy_s'] * 1024:,.0f} MiB/s ({row['copy_s'] / row['s']:.2f}x) |"
+        )
+    loop = r["loop"]
+    lines += [
+        "",
+        f"A plain PyG loop (PyG's `GraphSAGE`, `NeighborLoader`, fan-out [15, 10], batches of "
+        f"1,024 seeds, {loop['batches']} batches) over the {r['rows'][0]['n']:,}-node store: "
+        f"{loop['store_s']:.1f} s/epoch from `(fs, gs)`, {loop['memory_s']:.1f} s/epoch on the "
+        f"same graph in memory ({loop['store_s'] / loop['memory_s']:.2f}x); batches "
+        f"{'equal, every one' if loop['equal'] else 'NOT EQUAL'} (node ids, edges, features).",
+    ]
+    return [Block(Path("recipes/on_disk_graph/README.md"), "store", "\n".join(lines))]
