@@ -33,6 +33,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``store``: a ``.npy`` folder prepared by streaming at two sizes (peak memory, throughput
   against a plain copy), and a plain PyG loop over the store's ``(FeatureStore, GraphStore)``
   against the graph in memory (``store`` in on_disk_graph's README; a few minutes).
+- ``store-large``: a heterogeneous graph shaped like MAG240M, its paper features larger than
+  memory, written as ``.npy``, prepared by streaming and trained from the store (``store_large``
+  in on_disk_graph's README; most of an hour, 60 GiB of disk; run at full size only when named).
 
 Every block ends with a stamp: this command, the commit, the machine, the threads.
 """
@@ -62,7 +65,7 @@ SECTIONS = (
     "graphs",
     "store",
 )
-EXTRA_SECTIONS = ("ondisk-large",)  # run only when named
+EXTRA_SECTIONS = ("ondisk-large", "store-large")  # run only when named
 
 
 def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[block_io.Block], str]:
@@ -90,6 +93,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "speed": "speed_defaults",
         "graphs": "many_graphs",
         "store": "store_prepare",
+        "store-large": "store_large",
     }[name]
     threads = {
         "gat": "1 torch thread per measurement",
@@ -103,6 +107,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "speed": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
         "store": f"{torch.get_num_threads()} torch threads, one process at a time",
+        "store-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
     }[name]
     return __import__(module).blocks(tiny), threads
 

@@ -1,0 +1,239 @@
+"""A heterogeneous graph shaped like OGB-LSC MAG240M, its paper features larger than memory.
+
+Written by ``python benchmarks/figures.py store-large`` (on_disk_graph's ``store_large`` block;
+run only when named: about 50 GiB of disk, most of an hour). MAG240M has 244M papers (768
+float16 features, 175 GB), 122M authors, 26k institutions; papers cite papers (5.3 per paper),
+authors write papers (3.2 per author) and are affiliated with institutions (0.36 per author).
+Here the same shape at a twelfth of the counts, 20M papers, so that the paper features alone
+(29 GiB) exceed this machine's memory:
+
+- the graph is written as a ``.npy`` folder chunk by chunk: papers in 153 classes, each a
+  centroid in noise that the features alone resolve about half the time; citations and
+  authorship homophilous; the reverse of every relation. Authors get 32 float16 features from
+  their field (MAG240M's have none; its baselines average their papers'), institutions none
+  (the model learns an embedding per institution);
+- ``gnnscale prepare --dataset npy`` streams it into a store: the CSC of each of the six edge
+  types built out of core, the paper features used where they lie (float16, C-order);
+- ``gnnscale fit`` of the hetero recipe from the store (``dataset: prepared``, target
+  ``paper``) for a bounded number of batches, cold page cache, while a sampler records every
+  process's private memory; test accuracy on a few thousand test papers, beside the nearest
+  class centroid of the training papers' features (the features alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+from blocks import REPO, Block
+from on_disk_large import PrivateMemory
+
+from gnnscale.measure import read_metrics
+
+SHAPES = {  # papers, authors, institutions, batches trained
+    "full": {"papers": 20_000_000, "authors": 10_000_000, "institutions": 2_200, "batches": 100},
+    "tiny": {"papers": 20_000, "authors": 10_000, "institutions": 50, "batches": 5},
+}
+CLASSES, PAPER_FEATURES, AUTHOR_FEATURES = 153, 768, 32
+CITES, WRITES, AFFILIATED, HOMOPHILY = 5, 3, 1, 0.7
+# Nearest-centroid error between two classes is Q(sqrt(768 / 2) / noise): at 8, about 0.7% a
+# pair, so the features alone place a paper in its class about half the time of 153.
+PAPER_NOISE = 8.0
+CHUNK = 1 << 18
+
+
+def _same_class(rng: np.random.Generator, classes: np.ndarray, n: int) -> np.ndarray:
+    """A random paper of each given class (paper ``i`` has class ``i % CLASSES``)."""
+    per_class = (n - classes + CLASSES - 1) // CLASSES
+    return classes + CLASSES * (rng.random(classes.size) * per_class).astype(np.int64)
+
+
+def _edges(folder: Path, name: str, num_edges: int) -> np.ndarray:
+    path = folder / "edges" / name
+    path.mkdir(parents=True)
+    return np.lib.format.open_memmap(path / "edge_index.npy", "w+", np.int64, (2, num_edges))
+
+
+def write_graph(folder: Path, shape: dict[str, int], seed: int = 0) -> None:
+    """The MAG240M-shaped graph as a ``.npy`` folder (gnnscale.stores.npy's layout)."""
+    rng = np.random.default_rng(seed)
+    n_p, n_a, n_i = shape["papers"], shape["authors"], shape["institutions"]
+    for t in ("paper", "author"):
+        (folder / "nodes" / t).mkdir(parents=True)
+    centroids = rng.standard_normal((CLASSES, PAPER_FEATURES), dtype=np.float32)
+    author_centroids = rng.standard_normal((CLASSES, AUTHOR_FEATURES), dtype=np.float32)
+    x = np.lib.format.open_memmap(
+        folder / "nodes" / "paper" / "x.npy", "w+", np.float16, (n_p, PAPER_FEATURES)
+    )
+    cites = _edges(folder, "paper__cites__paper", n_p * CITES)
+    cited = _edges(folder, "paper__rev_cites__paper", n_p * CITES)
+    for a in range(0, n_p, CHUNK):
+        b = min(a + CHUNK, n_p)
+        classes = np.arange(a, b) % CLASSES
+        noise = rng.standard_normal((b - a, PAPER_FEATURES), dtype=np.float32)
+        x[a:b] = centroids[classes] + PAPER_NOISE * noise
+        dst = np.repeat(np.arange(a, b), CITES)
+        same = _same_class(rng, dst % CLASSES, n_p)
+        src = np.where(rng.random(dst.size) < HOMOPHILY, same, rng.integers(0, n_p, dst.size))
+        cites[:, a * CITES : b * CITES] = src, dst
+        cited[:, a * CITES : b * CITES] = dst, src
+    np.save(folder / "nodes" / "paper" / "y.npy", np.arange(n_p) % CLASSES)
+    ax = np.lib.format.open_memmap(
+        folder / "nodes" / "author" / "x.npy", "w+", np.float16, (n_a, AUTHOR_FEATURES)
+    )
+    writes = _edges(folder, "author__writes__paper", n_a * WRITES)
+    written = _edges(folder, "paper__rev_writes__author", n_a * WRITES)
+    affiliated = _edges(folder, "author__affiliated_with__institution", n_a * AFFILIATED)
+    members = _edges(folder, "institution__rev_affiliated_with__author", n_a * AFFILIATED)
+    for a in range(0, n_a, CHUNK):
+        b = min(a + CHUNK, n_a)
+        classes = np.arange(a, b) % CLASSES  # an author's field
+        noise = rng.standard_normal((b - a, AUTHOR_FEATURES), dtype=np.float32)
+        ax[a:b] = author_centroids[classes] + 3.0 * noise
+        src = np.repeat(np.arange(a, b), WRITES)
+        same = _same_class(rng, src % CLASSES, n_p)
+        dst = np.where(rng.random(src.size) < HOMOPHILY, same, rng.integers(0, n_p, src.size))
+        writes[:, a * WRITES : b * WRITES] = src, dst
+        written[:, a * WRITES : b * WRITES] = dst, src
+        inst = rng.integers(0, n_i, b - a)
+        affiliated[:, a:b] = np.arange(a, b), inst
+        members[:, a:b] = inst, np.arange(a, b)
+    for array in (x, ax, cites, cited, writes, written, affiliated, members):
+        array.flush()
+    perm = rng.permutation(n_p)  # MAG240M labels 0.6% of its papers: train 1%, 0.1% each
+    train, val, test = np.split(
+        perm[: n_p // 100 + n_p // 500], [n_p // 100, n_p // 100 + n_p // 1000]
+    )
+    for name, part in (("train", train), ("val", val), ("test", test)):
+        np.save(folder / "nodes" / "paper" / f"{name}.npy", np.sort(part))
+    (folder / "num_nodes.json").write_text(json.dumps({"institution": n_i}))
+
+
+def features_alone(folder: Path) -> float:
+    """Test accuracy of the nearest class centroid of the training papers' features."""
+    x = np.load(folder / "nodes" / "paper" / "x.npy", mmap_mode="r")
+    y = np.load(folder / "nodes" / "paper" / "y.npy", mmap_mode="r")
+    train = np.load(folder / "nodes" / "paper" / "train.npy")
+    test = np.load(folder / "nodes" / "paper" / "test.npy")
+    sums = np.zeros((CLASSES, PAPER_FEATURES))
+    np.add.at(sums, y[train], x[train].astype(np.float64))
+    centroids = sums / np.maximum(np.bincount(y[train], minlength=CLASSES), 1)[:, None]
+    xt = x[test].astype(np.float64)
+    distance = (xt**2).sum(1)[:, None] - 2 * xt @ centroids.T + (centroids**2).sum(1)[None]
+    return float((distance.argmin(1) == y[test]).mean())
+
+
+def _evict(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def measure(size: str, workdir: Path) -> dict:
+    """Write, prepare, train; every figure of the block."""
+    shape = SHAPES[size]
+    inputs, store = workdir / "inputs", workdir / "store"
+    start = time.perf_counter()
+    write_graph(inputs, shape)
+    r: dict = {"write_s": time.perf_counter() - start}
+    r["x_gib"] = (inputs / "nodes" / "paper" / "x.npy").stat().st_size / 2**30
+    r["inputs_gib"] = sum(p.stat().st_size for p in inputs.rglob("*") if p.is_file()) / 2**30
+    _evict(inputs)
+    cli = [sys.executable, "-m", "gnnscale.cli"]
+    start = time.perf_counter()
+    prepare = subprocess.Popen(
+        [*cli, "prepare", "--dataset=npy", f"--root={inputs}", f"--out={store}"]
+    )
+    sampler = PrivateMemory(prepare.pid, 0.2)
+    sampler.start()
+    if prepare.wait() != 0:
+        raise RuntimeError("gnnscale prepare failed")
+    r["prepare_s"] = time.perf_counter() - start
+    r["prepare_private_mb"] = max(sampler.peaks.values(), default=0.0)
+    r["store_gib"] = sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) / 2**30
+    _evict(inputs)
+    _evict(store)
+    config = REPO / "recipes" / "hetero_node_classification" / "config.yaml"
+    fit = [
+        *cli,
+        "fit",
+        f"--config={config}",
+        "--data.dataset=prepared",
+        f"--data.root={store}",
+        "--data.target_type=paper",
+        "--data.num_neighbors=[10,5]",
+        "--data.verify=size",
+        "--data.batch_size=1024",
+        "--data.eval.batch_size=1024",
+        "--trainer.max_epochs=1",
+        f"--trainer.limit_train_batches={shape['batches']}",
+        "--trainer.limit_val_batches=2",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.logger.init_args.save_dir={workdir / 'runs'}",
+        f"--trainer.default_root_dir={workdir}",
+    ]
+    start = time.perf_counter()
+    run = subprocess.Popen(fit)
+    sampler = PrivateMemory(run.pid, 0.5)
+    sampler.start()
+    if run.wait() != 0:
+        raise RuntimeError("gnnscale fit failed")
+    r["fit_s"] = time.perf_counter() - start
+    peaks = sorted(sampler.peaks.values(), reverse=True)
+    r["private_mb"], r["private_mb_second"] = (peaks + [0.0, 0.0])[:2]
+    metrics = read_metrics(workdir / "runs")
+    r["epoch_s"] = metrics["perf/epoch_s"][0]
+    r["batch_s"] = r["epoch_s"] / shape["batches"]
+    r["test_acc"] = metrics["test/acc"][-1]
+    r["test_papers"] = len(np.load(inputs / "nodes" / "paper" / "test.npy"))
+    r["bar"] = features_alone(inputs)
+    r["ram_gib"] = psutil.virtual_memory().total / 2**30
+    return r
+
+
+def blocks(tiny: bool) -> list[Block]:
+    """on_disk_graph README's ``store_large`` block (``tiny``: a check of the pipeline)."""
+    size = "tiny" if tiny else "full"
+    base = Path(os.environ.get("GNNSCALE_LARGE_DIR", tempfile.gettempdir()))
+    if not tiny and shutil.disk_usage(base).free < 60 * 2**30:
+        raise RuntimeError(f"{base} has under 60 GiB free; set GNNSCALE_LARGE_DIR to a larger disk")
+    with tempfile.TemporaryDirectory(dir=base, prefix="gnnscale-store-large-") as workdir:
+        r = measure(size, Path(workdir))
+    s = SHAPES[size]
+    text = "\n".join(
+        [
+            "| figure | value |",
+            "|---|---:|",
+            f"| papers / authors / institutions | {s['papers']:,} / {s['authors']:,} / "
+            f"{s['institutions']:,} |",
+            f"| paper features (768 float16) / this machine's memory | {r['x_gib']:.1f} / "
+            f"{r['ram_gib']:.1f} GiB |",
+            f"| `.npy` inputs written (features, six edge types, labels, splits) | "
+            f"{r['inputs_gib']:.1f} GiB in {r['write_s']:,.0f} s |",
+            f"| `gnnscale prepare --dataset npy` (features used in place) | "
+            f"{r['prepare_s']:,.0f} s, {r['store_gib']:.1f} GiB written, peak private memory "
+            f"{r['prepare_private_mb']:,.0f} MiB |",
+            f"| `gnnscale fit`, whole run ({s['batches']} batches of 1,024 papers, cold) | "
+            f"{r['fit_s']:,.0f} s |",
+            f"| s/batch (cold page cache) | {r['batch_s']:.2f} |",
+            f"| peak private memory, trainer / loader worker | {r['private_mb']:,.0f} / "
+            f"{r['private_mb_second']:,.0f} MiB |",
+            f"| test accuracy ({r['test_papers']:,} papers) / features alone | "
+            f"{r['test_acc']:.3f} / {r['bar']:.3f} |",
+        ]
+    )
+    if tiny:
+        text += "\n\n**Tiny settings: a check of the pipeline, not figures.**"
+    return [Block(Path("recipes/on_disk_graph/README.md"), "store_large", text)]
