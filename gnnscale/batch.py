@@ -22,7 +22,7 @@ from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Data
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
 
@@ -136,7 +136,7 @@ class LinkEval:
     """One evaluation step: every node's embedding, then a ranking of candidates per source.
 
     Args:
-        graph: The graph evaluation passes messages on.
+        num_nodes: Nodes of each type embedded (the target's two).
         target: The supervised relation ``(src, rel, dst)``.
         loaders: Per node type (the target's two), batches that embed each of its nodes.
         positives: ``(2, P)`` true edges to find (global ids); under DDP, this rank's share.
@@ -150,7 +150,7 @@ class LinkEval:
         batch_size: Sources ranked per chunk.
     """
 
-    graph: HeteroData
+    num_nodes: dict[str, int]
     target: EdgeType
     loaders: dict[str, NeighborLoader]
     positives: Tensor

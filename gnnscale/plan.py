@@ -116,7 +116,9 @@ class MemoryPlan:
 
 def _batch_nodes(batch: Any) -> int:
     """Nodes of a batch; a link evaluation step embeds every node of its graph."""
-    return int((batch.graph if isinstance(batch, LinkEval) else batch).num_nodes)
+    if isinstance(batch, LinkEval):
+        return sum(batch.num_nodes.values())
+    return int(batch.num_nodes)
 
 
 class _Probe(L.Callback):

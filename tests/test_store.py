@@ -18,8 +18,12 @@ from gnnscale import (
     GraphSAGE,
     HeteroNeighborDataModule,
     HeteroSAGE,
+    LinkDataModule,
+    LinkPredictor,
     NeighborDataModule,
     SyntheticGraph,
+    SyntheticRecommender,
+    make_recommender_graph,
     make_synthetic_graph,
     stores,
 )
@@ -37,6 +41,10 @@ RELATIONS = {  # (src, rel, dst): edges; "inst" has no features and no labels
     ("author", "affiliated_with", "inst"): 300,
 }
 COUNTS = {"paper": 400, "author": 300, "inst": 20}
+LINK_TINY = SyntheticRecommender(
+    num_users=600, num_items=300, num_categories=20, num_communities=5, interactions_per_user=12
+)
+RATES, REV_RATES = ("user", "rates", "item"), ("item", "rev_rates", "user")
 
 
 def by_destination(edge_index):
@@ -408,3 +416,88 @@ def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp
     assert acc > bar + 0.3, (acc, bar)
     with pytest.raises(ConfigError, match="'user' has no labels"):
         HeteroNeighborDataModule("prepared", tmp_path / "store", target_type="user").prepare_data()
+
+
+def _link_store(tmp_path, cfg):
+    """The generated recommender graph, saved as .npy and prepared; and the graph itself."""
+    data = make_recommender_graph(cfg)
+    for store in data.node_stores:
+        store.pop("community", None)
+    folder = stores.save_npy(data, tmp_path / "npy")
+    return stores.prepare_npy(folder, tmp_path / "store"), data
+
+
+@requires_sampler
+def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
+    """The parts RandomLinkSplit gives, streamed: validation and test edges (and their
+    reverses) never reach a training batch, supervision edges are not passed messages on, each
+    stage's graph holds what it should, and the split is written once."""
+    out, data = _link_store(tmp_path, LINK_TINY)
+    dm = LinkDataModule("prepared", out, edge_type=list(RATES), batch_size=64, verify="size")
+    dm.prepare_data()
+    edges = _link_keys(data[RATES].edge_index)
+    val_index, val_label = dm._labels("val")
+    test_index, test_label = dm._labels("test")
+    val_pos = _link_keys(val_index[:, val_label == 1])
+    test_pos = _link_keys(test_index[:, test_label == 1])
+    train_index, _ = dm._labels("train")
+    supervised = _link_keys(train_index)
+    messages = {s: _link_keys(_stage_edges(dm, s, RATES)) for s in ("train", "val", "test")}
+    reverses = {s: _link_keys(_stage_edges(dm, s, REV_RATES).flip(0)) for s in messages}
+    assert messages == reverses  # each stage's reverse relation is its relation, reversed
+    n = data[RATES].num_edges
+    assert 0.03 * n < len(val_pos) < 0.07 * n and 0.08 * n < len(test_pos) < 0.12 * n
+    assert not (messages["train"] | supervised) & (val_pos | test_pos)
+    assert not messages["train"] & supervised  # disjoint_train_ratio 0.3
+    assert messages["val"] == messages["train"] | supervised
+    assert messages["test"] == messages["val"] | val_pos
+    assert messages["test"] | test_pos == edges  # every edge in one part
+    assert int((val_label == 0).sum()) == len(val_pos)  # as many random pairs
+    seen = set()
+    for batch in dm.train_dataloader():
+        src, _, dst = RATES
+        local = batch[RATES].edge_index
+        seen |= _link_keys(torch.stack([batch[src].n_id[local[0]], batch[dst].n_id[local[1]]]))
+    assert len(seen) > 500 and not seen & (val_pos | test_pos | supervised)
+    # Written once: another DataModule on the same folder and settings reuses it.
+    mtime = dm.split_folder.stat().st_mtime_ns
+    again = LinkDataModule("prepared", out, edge_type=list(RATES), verify="size")
+    assert again.split_folder == dm.split_folder and dm.split_folder.stat().st_mtime_ns == mtime
+
+
+@requires_sampler
+def test_links_trained_from_a_store_rank_well_above_popularity(tmp_path):
+    cfg = SyntheticRecommender(num_users=2000, num_items=800, num_categories=40, num_communities=8)
+    out, _ = _link_store(tmp_path, cfg)
+    torch.manual_seed(0)
+    dm = LinkDataModule("prepared", out, edge_type=list(RATES), batch_size=256)
+    model = LinkPredictor(
+        optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
+        embedding_optimizer=lambda p: torch.optim.SparseAdam(p, lr=0.01),
+    )
+    trainer = L.Trainer(
+        max_epochs=4,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    (result,) = trainer.test(model, dm, verbose=False)
+    recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
+    assert recall > 1.5 * popular, (recall, popular)
+    assert result["test/auc"] > 0.8
+
+
+def _link_keys(index):
+    return set((index[0] * 100_000 + index[1]).tolist())
+
+
+def _stage_edges(dm, stage, edge_type):
+    """A stage's message-passing edges of ``edge_type`` in global ids, from its graph store."""
+    _, gs = dm._stage(stage)
+    row, colptr = gs.get_edge_index(edge_type, "csc")
+    return torch.stack(
+        [row, torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())]
+    )

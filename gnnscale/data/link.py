@@ -17,6 +17,11 @@ rank ranks its share of the sources; the metrics are reduced from counts across 
 
 A homogeneous graph (``dataset: Cora``...) becomes one node type ``node`` and one edge type
 ``node__to__node``, so one code path serves both.
+
+A prepared heterogeneous folder (``dataset: prepared``) trains in place: its relation is split
+once into a folder beside it by streaming (``gnnscale.stores.link_split``: the same parts as
+``RandomLinkSplit``, another draw), and PyG's loaders sample each stage's graph through a
+``(FeatureStore, GraphStore)`` pair whose target relation (and reverse) is that stage's.
 """
 
 from __future__ import annotations
@@ -48,9 +53,20 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.data.sources import DATASETS, check_root, load_dataset, log_backend_once
 from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
-from gnnscale.memory import MemoryProfile, proportional_batches, store_tensors, tensor_mb
+from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
+from gnnscale.stores import link_split
+from gnnscale.stores.mapped import (
+    MappedFeatureStore,
+    MappedGraphStore,
+    stores_of,
+)
+from gnnscale.stores.mapped import (
+    edge_type as parse_edge_type,
+)
+from gnnscale.stores.prepared import PreparedGraph
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
+STAGES = ("train", "val", "test")
 
 
 @dataclass(frozen=True)
@@ -139,7 +155,9 @@ class LinkDataModule(HeteroGraphData):
     Args:
         dataset: ``synthetic`` (the generated recommender graph: users, items, categories), or
             a homogeneous dataset of ``gnnscale.DATASETS`` (``Cora``...), whose edges become
-            ``node__to__node``.
+            ``node__to__node``; ``prepared``: the heterogeneous folder ``root`` written by
+            ``gnnscale prepare``, trained in place (its split streamed once into
+            ``<root>.link_split-<key>`` beside it; ``edge_type`` required).
         root: Folder of the dataset files.
         edge_type: The relation to predict, ``[src, rel, dst]``; default: ``user rates item``
             on ``synthetic``, ``node to node`` on a homogeneous graph.
@@ -157,6 +175,8 @@ class LinkDataModule(HeteroGraphData):
         split: Validation and test fractions, and supervision edges kept out of message passing.
         loader: DataLoader workers and memory pinning.
         eval: Ranking cut-off, candidates and batch size of validation and test.
+        verify: ``dataset: prepared`` only: ``full`` checks every block's checksum when the
+            folder is opened; ``size`` only the files' sizes.
     """
 
     def __init__(
@@ -174,9 +194,10 @@ class LinkDataModule(HeteroGraphData):
         split: LinkSplit = LinkSplit(),  # noqa: B008
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008
         eval: LinkEvalArgs = LinkEvalArgs(),  # noqa: B008
+        verify: Literal["full", "size"] = "full",
     ) -> None:
         super().__init__()
-        check_dataset(dataset, [d for d in DATASETS if d != "prepared"])
+        check_dataset(dataset, DATASETS)
         if batch_size < 1 or num_negatives < 0 or num_hard_negatives < 0:
             raise ConfigError(
                 "--data.batch_size must be >= 1 and --data.num_negatives, "
@@ -190,8 +211,16 @@ class LinkDataModule(HeteroGraphData):
             )
         if edge_type is not None and len(edge_type) != 3:
             raise ConfigError(f"--data.edge_type must be [src, relation, dst] (got {edge_type})")
+        if dataset == "prepared":
+            if edge_type is None:
+                raise ConfigError("--data.dataset prepared needs --data.edge_type [src, rel, dst]")
+            if neighbors == "pinsage":
+                raise ConfigError(
+                    "--data.neighbors pinsage walks the training graph in memory; with "
+                    "--data.dataset prepared use --data.neighbors uniform"
+                )
         check_root(dataset, Path(root))
-        self.dataset, self.root = dataset, Path(root)
+        self.dataset, self.root, self.verify = dataset, Path(root), verify
         self._edge_type = edge_type
         self._num_neighbors = num_neighbors
         self.batch_size = batch_size
@@ -208,8 +237,81 @@ class LinkDataModule(HeteroGraphData):
     # -- the graph and its splits -------------------------------------------------------------
 
     @cached_property
+    def prepared(self) -> PreparedGraph:
+        """The mapped folder of ``dataset: prepared``; refuses a homogeneous one."""
+        graph = PreparedGraph(self.root, self.verify)
+        if not isinstance(graph.manifest["num_nodes"], dict):
+            raise ConfigError(
+                f"{self.root} holds a homogeneous graph: prepare it in the heterogeneous layout "
+                "(one node type, one edge type) to predict its links"
+            )
+        return graph
+
+    @property
+    def _types(self) -> tuple[list[str], list[EdgeType]]:
+        """The whole graph's node and edge types."""
+        if self.dataset != "prepared":
+            return self.data.node_types, self.data.edge_types
+        manifest = self.prepared.manifest
+        return list(manifest["num_nodes"]), [parse_edge_type(k) for k in manifest["num_edges"]]
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Nodes per type."""
+        if self.dataset != "prepared":
+            return super().num_nodes
+        return dict(self.prepared.manifest["num_nodes"])
+
+    @property
+    def feature_dims(self) -> dict[str, int]:
+        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
+        if self.dataset != "prepared":
+            return super().feature_dims
+        dims = self.prepared.manifest["num_features"]
+        return {t: int(dims.get(t, 0)) for t in self._types[0]}
+
+    @cached_property
+    def split_folder(self) -> Path:
+        """The streamed split of ``dataset: prepared``, written once beside the folder."""
+        fractions = (
+            self.split.val_fraction,
+            self.split.test_fraction,
+            self.split.disjoint_train_ratio,
+        )
+        graph = self.prepared
+        out = self.root.parent / f"{self.root.name}.link_split-{edge_key(self.target)}"
+        return link_split.write_split(
+            graph, self.target, self._reverse.get(self.target), fractions, out
+        )
+
+    def _stage(self, stage: str) -> tuple[MappedFeatureStore, MappedGraphStore]:
+        """``dataset: prepared``: the pair a stage samples, its target relation the stage's."""
+        fs, gs = stores_of(self.prepared)
+        split = PreparedGraph(self.split_folder, "size")
+        csc = dict(gs.csc_by_type)
+        for t in (self.target, self._reverse.get(self.target)):
+            if t is not None:
+                key, (_, _, size) = edge_key(t), csc[t]
+                csc[t] = (
+                    split.tensor(f"{stage}/{key}/row"),
+                    split.tensor(f"{stage}/{key}/colptr"),
+                    size,
+                )
+        return fs, MappedGraphStore(csc)
+
+    def _labels(self, stage: str) -> tuple[Tensor, Tensor]:
+        """A stage's supervision pairs and their labels (1: an edge)."""
+        if self.dataset == "prepared":
+            split = PreparedGraph(self.split_folder, "size")
+            return split.tensor(f"{stage}/label_index"), split.tensor(f"{stage}/label")
+        store = self.splits[STAGES.index(stage)][self.target]
+        return store.edge_label_index, store.edge_label
+
+    @cached_property
     def data(self) -> HeteroData:
         """The whole graph, heterogeneous (one node and edge type if the dataset is not)."""
+        if self.dataset == "prepared":
+            raise RuntimeError("a prepared graph is read through its stores, never loaded whole")
         if self.dataset == "synthetic":
             data = make_recommender_graph(self.synthetic)
             for store in data.node_stores:  # the planted answer is not an input
@@ -222,14 +324,15 @@ class LinkDataModule(HeteroGraphData):
         """The relation to predict."""
         if self._edge_type is not None:
             target = tuple(self._edge_type)
+            node_types, edge_types = self._types
             for node_type in (target[0], target[2]):
-                if node_type not in self.data.node_types:
+                if node_type not in node_types:
                     raise ConfigError(
                         f"--data.edge_type names node type {node_type!r}, which {self.dataset} "
-                        f"does not have; its node types are {', '.join(self.data.node_types)}"
+                        f"does not have; its node types are {', '.join(node_types)}"
                     )
-            if target not in self.data.edge_types:
-                known = ", ".join(edge_key(t) for t in self.data.edge_types)
+            if target not in edge_types:
+                known = ", ".join(edge_key(t) for t in edge_types)
                 raise ConfigError(
                     f"--data.edge_type {edge_key(target)} is not an edge type of "
                     f"{self.dataset}; choose one of {known}"
@@ -246,10 +349,11 @@ class LinkDataModule(HeteroGraphData):
     @property
     def _reverse(self) -> dict[EdgeType, EdgeType]:
         """The reverse relation ``ToUndirected`` added, per relation."""
+        edge_types = self._types[1]
         return {
             t: (t[2], f"rev_{t[1]}", t[0])
-            for t in self.data.edge_types
-            if (t[2], f"rev_{t[1]}", t[0]) in self.data.edge_types
+            for t in edge_types
+            if (t[2], f"rev_{t[1]}", t[0]) in edge_types
         }
 
     @cached_property
@@ -285,22 +389,41 @@ class LinkDataModule(HeteroGraphData):
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """Node and edge types of the graphs the model sees (PyG's ``metadata()``)."""
+        if self.dataset == "prepared":
+            return self._types
         return self.splits[0].metadata()
 
     # -- loaders ------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
-        """Download (if needed) and load the dataset."""
-        _ = self.data
+        """Download (if needed) and load the dataset; a prepared one's split, written once."""
+        if self.dataset == "prepared":
+            if self.undirected:
+                raise ConfigError(
+                    f"--data.edge_type {edge_key(self.target)} has no reverse relation "
+                    f"({self.target[2]}__rev_{self.target[1]}__{self.target[0]}): from a prepared "
+                    "folder, links are predicted on a relation stored with its reverse"
+                )
+            _ = self.split_folder
+        else:
+            _ = self.data
 
     def setup(self, stage: str) -> None:
         """Split, check the fan-outs against the model."""
         log_backend_once()
         self._configure_from_trainer()
 
-    def _known(self, *graphs: HeteroData) -> Tensor:
-        """Sorted keys of the target edges (message passing and supervision) of ``graphs``."""
-        target, num_dst = self.target, self.data[self.target[2]].num_nodes
+    def _known(self, *stages: str) -> Tensor:
+        """Sorted keys of the target edges (message passing and supervision) of ``stages``."""
+        target, num_dst = self.target, self.num_nodes[self.target[2]]
+        if self.dataset == "prepared":  # the edges of the last stage's graph and its own
+            index, label = self._labels(stages[-1])
+            _, gs = self._stage(stages[-1])
+            row, colptr = gs.get_edge_index(target, "csc")
+            dst = torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())
+            edges = torch.cat([torch.stack([row, dst]), index[:, label == 1]], 1)
+            return torch.unique(pair_keys(edges, num_dst))
+        graphs = [self.splits[STAGES.index(s)] for s in stages]
         parts = []
         for g in graphs:
             parts.append(g[target].edge_index)
@@ -315,6 +438,16 @@ class LinkDataModule(HeteroGraphData):
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
+        if self.dataset == "prepared":
+            mapped = self.prepared.nbytes + PreparedGraph(self.split_folder, "size").nbytes
+            return MemoryProfile(
+                graph_mb=0.0,
+                mapped_mb=mapped / MiB,
+                eval_mode="ranking",
+                smaller_batches=proportional_batches(self.batch_size),
+                eval_fix="rank a sample of the destinations (--data.eval.candidates) or embed "
+                "and rank fewer at a time (a lower --data.eval.batch_size)",
+            )
         return MemoryProfile(  # the graph and its three splits, which share features
             graph_mb=tensor_mb(*store_tensors(self.data, *self.splits)),
             eval_mode="ranking",
@@ -325,18 +458,18 @@ class LinkDataModule(HeteroGraphData):
 
     def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of supervision edges with negatives and sampled neighbourhoods."""
-        train = self.splits[0]
-        target, store = self.target, self.splits[0][self.target]
+        target = self.target
+        label_index, label = self._labels("train")
         transform = None
         if self.num_hard_negatives:
             transform = HardNegatives(
-                target, self._known(train), self.data[target[2]].num_nodes, self.num_hard_negatives
+                target, self._known("train"), self.num_nodes[target[2]], self.num_hard_negatives
             )
         loader = LinkNeighborLoader(
-            train,
+            self._source("train"),  # type: ignore[arg-type]
             num_neighbors=self.fanout(),  # type: ignore[arg-type]
-            edge_label_index=(target, store.edge_label_index),
-            edge_label=store.edge_label,
+            edge_label_index=(target, label_index),
+            edge_label=label,
             neg_sampling=NegativeSampling("binary", self.num_negatives)
             if self.num_negatives
             else None,
@@ -346,12 +479,17 @@ class LinkDataModule(HeteroGraphData):
         )
         return resumable(self.trainer, loader, shuffle=True, transform=transform)
 
+    def _source(self, stage: str) -> Any:
+        """What a stage's loaders sample: its graph, or (prepared) its store pair."""
+        if self.dataset == "prepared":
+            return self._stage(stage)
+        return self.splits[STAGES.index(stage)]
+
     def _eval(self, stage: Literal["val", "test"]) -> Any:
-        train, val, test = self.splits
-        graph = val if stage == "val" else test
+        graph = self._source(stage)
         target = self.target
         src_type, _, dst_type = target
-        store = graph[target]
+        label_index, label = self._labels(stage)
         fanout = self.fanout()
         if self.eval.num_neighbors is not None:
             fanout = {t: list(self.eval.num_neighbors) for t in fanout}
@@ -365,7 +503,7 @@ class LinkDataModule(HeteroGraphData):
             )
             for t in dict.fromkeys((src_type, dst_type))
         }
-        positives = store.edge_label_index[:, store.edge_label == 1]
+        positives = label_index[:, label == 1]
         if self.undirected:
             positives = torch.cat([positives, positives.flip(0)], 1)
         # Under DDP each rank ranks its share of the sources (id modulo the ranks) and scores its
@@ -375,9 +513,9 @@ class LinkDataModule(HeteroGraphData):
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
         positives = positives[:, positives[0] % world == rank]
-        label_index, label = store.edge_label_index[:, rank::world], store.edge_label[rank::world]
-        known = self._known(train) if stage == "val" else self._known(train, val)
-        num_dst = self.data[dst_type].num_nodes
+        label_index, label = label_index[:, rank::world], label[rank::world]
+        known = self._known("train") if stage == "val" else self._known("train", "val")
+        num_dst = self.num_nodes[dst_type]
         popularity = torch.bincount(known % num_dst, minlength=num_dst).float()
         candidates = None
         if self.eval.candidates is not None and self.eval.candidates < num_dst:
@@ -385,7 +523,7 @@ class LinkDataModule(HeteroGraphData):
             candidates = torch.randperm(num_dst, generator=gen)[: self.eval.candidates]
         return single(
             LinkEval(
-                graph,
+                {t: self.num_nodes[t] for t in loaders},
                 target,
                 loaders,
                 positives,

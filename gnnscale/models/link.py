@@ -144,7 +144,7 @@ class LinkPredictor(HeteroGNN):
         """Every node's embedding of the target's two types, one sampled batch at a time."""
         out = {}
         for t, loader in evaluation.loaders.items():
-            h = torch.empty(evaluation.graph[t].num_nodes, self.hparams["hidden_channels"])
+            h = torch.empty(evaluation.num_nodes[t], self.hparams["hidden_channels"])
             for batch in loader:
                 batch = batch.to(self.device)
                 size = batch[t].batch_size

@@ -1,0 +1,188 @@
+"""A link-prediction split of a prepared folder's relation, streamed into a folder of its own.
+
+``LinkDataModule`` splits a graph in memory with PyG's ``RandomLinkSplit``. A prepared graph may
+not fit, so here the split is streamed: each edge of the supervised relation, in its CSC order,
+draws its part from a seeded generator, a chunk at a time (:func:`parts`), and the split folder
+holds what each stage reads, in the prepared format (``gnnscale.stores.prepared``):
+
+- ``train/``, ``val/``, ``test/``: the relation's CSC (and its reverse relation's) as that stage
+  passes messages on: training edges less the supervision-only ones; all training edges;
+  training and validation edges. Other edge types are the prepared folder's own.
+- ``<stage>/label_index`` ``(2, L)`` and ``<stage>/label`` ``(L,)``: the stage's supervision
+  pairs; for validation and test, their true edges then as many uniform random pairs (labels 0),
+  as ``RandomLinkSplit(neg_sampling_ratio=1.0)`` gives them.
+
+The parts mirror ``RandomLinkSplit``'s: a fraction of the edges for validation, one for test,
+and of the rest, ``disjoint_train_ratio`` supervise training without being passed messages on.
+The draw is not ``RandomLinkSplit``'s (it cannot be, without the whole edge list in memory); it
+is the same in every process and every run of the same folder and settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gnnscale.stores.prepared import FileWriter, PreparedGraph, prepare
+from gnnscale.stores.streaming import Edges, write_csc
+
+__all__ = ["STAGES", "parts", "write_split"]
+
+STAGES = ("train", "val", "test")
+# Each edge's part: passed messages on and supervising training (when no training edge is kept
+# out of message passing), supervising training only, validation, test.
+TRAIN, TRAIN_SUPERVISION, VAL, TEST = 0, 1, 2, 3
+MESSAGES = {
+    "train": (TRAIN,),
+    "val": (TRAIN, TRAIN_SUPERVISION),
+    "test": (TRAIN, TRAIN_SUPERVISION, VAL),
+}
+
+
+def _key(edge_type: tuple[str, str, str]) -> str:
+    return "__".join(edge_type)
+
+
+def parts(
+    num_edges: int, fractions: tuple[float, float, float], seed: int, chunk: int
+) -> Iterator[np.ndarray]:
+    """Each edge's part, in chunks of ``chunk`` edges (the same draw for the same arguments).
+
+    Args:
+        num_edges: Edges of the relation.
+        fractions: Validation, test, and the training edges' supervision-only fraction.
+        seed: The draw's seed.
+        chunk: Edges per chunk (each chunk has a seed of its own, so any chunk can be redrawn).
+    """
+    val, test, disjoint = fractions
+    for index, a in enumerate(range(0, num_edges, chunk)):
+        rng = np.random.default_rng([seed, index])
+        u, v = rng.random(min(chunk, num_edges - a)), None
+        part = np.full(u.size, TRAIN, dtype=np.uint8)
+        part[u < val + test] = TEST
+        part[u < val] = VAL
+        if disjoint:
+            v = rng.random(u.size)
+            part[(u >= val + test) & (v < disjoint)] = TRAIN_SUPERVISION
+        yield part
+
+
+def _relation(
+    graph: PreparedGraph, key: str, chunk: int
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The relation's edges ``(src, dst)`` in CSC order, a chunk at a time."""
+    colptr, row = graph.tensor(f"{key}/colptr"), graph.tensor(f"{key}/row")
+    num_dst = colptr.numel() - 1
+    for a in range(0, row.numel(), chunk):
+        b = min(a + chunk, row.numel())
+        # Each edge's destination: the last column whose start is at or before it.
+        dst = torch.searchsorted(colptr, torch.arange(a, b), right=True) - 1
+        yield row[a:b].numpy(), dst.clamp_(max=num_dst - 1).numpy()
+
+
+def write_split(
+    graph: PreparedGraph,
+    target: tuple[str, str, str],
+    reverse: tuple[str, str, str] | None,
+    fractions: tuple[float, float, float],
+    out: Path,
+    seed: int = 0,
+    chunk_edges: int = 1 << 22,
+) -> Path:
+    """Split ``target`` of ``graph`` into ``out`` (atomically; kept if already written).
+
+    Args:
+        graph: The prepared (heterogeneous) folder.
+        target: The supervised relation.
+        reverse: Its reverse relation, whose edges are the target's reversed (rebuilt from the
+            split target edges); ``None`` if the graph has none.
+        fractions: Validation, test, and the training edges' supervision-only fraction.
+        out: The split folder.
+        seed: The draw's seed.
+        chunk_edges: Edges per chunk.
+    """
+    key = _key(target)
+    num_nodes = graph.manifest["num_nodes"]
+    n_src, n_dst = num_nodes[target[0]], num_nodes[target[2]]
+    num_edges = int(graph.manifest["num_edges"][key])
+    disjoint = fractions[2] > 0
+
+    def chosen(codes: tuple[int, ...], swap: bool = False) -> Edges:
+        def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            edges = _relation(graph, key, size)
+            for (src, dst), part in zip(
+                edges, parts(num_edges, fractions, seed, size), strict=True
+            ):
+                keep = np.isin(part, codes)
+                yield (dst[keep], src[keep]) if swap else (src[keep], dst[keep])
+
+        count = sum(
+            int(np.isin(p, codes).sum()) for p in parts(num_edges, fractions, seed, chunk_edges)
+        )
+        return Edges(f"{graph.folder}/{key}", count, lambda size: chunks(chunk_edges))
+
+    def labels(folder: Path, stage: str, codes: tuple[int, ...], negatives: bool) -> dict[str, Any]:
+        positives = chosen(codes)
+        index, label = (
+            FileWriter(folder / "label_index.bin", "int64"),
+            FileWriter(folder / "label.bin", "float32"),
+        )
+        count = positives.num_edges
+        for row in (0, 1):
+            for pair in positives.chunks(chunk_edges):
+                index.write(torch.from_numpy(np.ascontiguousarray(pair[row])))
+            if negatives:  # as many uniform pairs, drawn by rows so that each row's are its own
+                rng = np.random.default_rng([seed, 1 + STAGES.index(stage), row])
+                high = n_src if row == 0 else n_dst
+                for a in range(0, count, chunk_edges):
+                    index.write(
+                        torch.from_numpy(rng.integers(0, high, min(chunk_edges, count - a)))
+                    )
+        label.write(torch.ones(count))
+        if negatives:
+            label.write(torch.zeros(count))
+        entries = {"label_index": index.close(), "label": label.close()}
+        entries["label_index"]["shape"] = [2, entries["label"]["shape"][0]]
+        return entries
+
+    def fill(folder: Path) -> dict[str, Any]:
+        files: dict[str, Any] = {}
+        for stage in STAGES:
+            messages = chosen(MESSAGES[stage])
+            (folder / stage).mkdir()
+            for name, e in write_csc(
+                messages, n_src, n_dst, folder / stage / key, chunk_edges
+            ).items():
+                files[f"{stage}/{key}/{name}"] = e
+            if reverse is not None:
+                back = chosen(MESSAGES[stage], swap=True)
+                rkey = _key(reverse)
+                for name, e in write_csc(
+                    back, n_dst, n_src, folder / stage / rkey, chunk_edges
+                ).items():
+                    files[f"{stage}/{rkey}/{name}"] = e
+            supervised = {
+                "train": (TRAIN_SUPERVISION,) if disjoint else (TRAIN,),
+                "val": (VAL,),
+                "test": (TEST,),
+            }
+            for name, e in labels(
+                folder / stage, stage, supervised[stage], stage != "train"
+            ).items():
+                files[f"{stage}/{name}"] = e
+        return {"num_nodes": num_nodes, "num_edges": {}, "files": files}
+
+    source = {
+        "graph": graph.manifest["key"],
+        "target": list(target),
+        "reverse": reverse,
+        "fractions": list(fractions),
+        "seed": seed,
+        "chunk_edges": chunk_edges,
+    }
+    size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges
+    return prepare(out, source, fill, size)
