@@ -14,6 +14,8 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader
 
 from gnnscale import stores
+from gnnscale.cli import prepare_main
+from gnnscale.errors import ConfigError
 from gnnscale.stores.ogb import prepare_ogb
 from gnnscale.stores.prepared import PreparedGraph, PreparedGraphError
 from gnnscale.testing import requires_sampler
@@ -288,6 +290,17 @@ def test_ogbs_own_loader_reads_these_layouts_as_the_store_holds_them(tmp_path, m
     for key, theirs_key in SPLITS.items():
         index = paper[f"{key}_mask"].nonzero().view(-1)
         assert torch.equal(index, split[theirs_key]["paper"].sort().values), key
+
+
+def test_the_cli_streams_the_download_and_says_where_it_belongs(tmp_path):
+    data = csv_download(tmp_path / "data", "ogbn-arxiv", _graph(2))
+    args = ["--dataset=ogbn-arxiv", f"--root={tmp_path / 'data'}"]
+    out = prepare_main([*args, f"--out={tmp_path / 'store'}"])
+    _same_graph(out, data)
+    with pytest.raises(ConfigError, match="ogbn-arxiv is read as it is: drop --preprocess"):
+        prepare_main([*args, f"--out={tmp_path / 'other'}", "--stream=true"])
+    with pytest.raises(PreparedGraphError, match=r"ogbn_mag/raw is missing; download \S+mag\.zip"):
+        prepare_main(["--dataset=ogbn-mag", f"--root={tmp_path}", f"--out={tmp_path / 'mag'}"])
 
 
 def _truncate(path):
