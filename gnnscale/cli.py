@@ -51,6 +51,7 @@ from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded
 from gnnscale.stores.npy import prepare_npy
+from gnnscale.stores.ogb import OGB, prepare_ogb
 from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
 
 __all__ = [
@@ -499,20 +500,28 @@ def prepare(
         out: Folder to create (atomically: it appears complete or not at all).
         dataset: Dataset to load and write, as ``--data.dataset`` of ``gnnscale fit``; or
             ``npy``: the folder of ``.npy`` arrays at ``root`` (layout in
-            ``gnnscale.stores.npy``; homogeneous or heterogeneous), read chunk by chunk.
+            ``gnnscale.stores.npy``; homogeneous or heterogeneous), read chunk by chunk; or
+            ``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M``, ``ogbn-mag``: OGB's
+            download unpacked in ``root/ogbn_<name>/``, read chunk by chunk as it unpacks
+            (``gnnscale.stores.ogb``).
         root: Folder of the dataset's files.
         synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
         preprocess: Preprocessing applied before writing, as ``--data.preprocess``.
         feature_dtype: Dtype of the stored features: ``float32``, ``bfloat16``, ``float16``;
-            default: as stored for ``npy`` (a C-order ``x.npy`` is then used where it lies),
-            else ``float32``.
+            default: as stored for ``npy`` (a C-order ``x.npy`` is then used where it lies) and
+            OGB's downloads (float32, papers100M's as its ``data.npz`` holds them), else
+            ``float32``.
         stream: Generate the synthetic graph chunk by chunk (memory of one chunk, any size; a
             different draw from the in-memory generator) instead of loading it whole.
         chunk_nodes: Nodes per written (or generated) chunk.
     """
-    if dataset == "npy":
+    if dataset == "npy" or dataset in OGB:
         if preprocess != Preprocess() or stream:
-            raise ConfigError("--dataset npy is read as it is: drop --preprocess and --stream")
+            raise ConfigError(
+                f"--dataset {dataset} is read as it is: drop --preprocess and --stream"
+            )
+        if dataset in OGB:
+            return prepare_ogb(dataset, root, out, feature_dtype)
         return prepare_npy(root, out, feature_dtype)
     feature_dtype = feature_dtype or "float32"
     if stream:

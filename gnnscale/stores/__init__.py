@@ -2,7 +2,8 @@
 
 - ``prepared``: one large graph written once and memory-mapped by every process; ``open``
   (``mapped``) gives it as PyG's ``(FeatureStore, GraphStore)`` pair; ``streaming`` writes it
-  from inputs read chunk by chunk (``npy``: a folder of ``.npy`` arrays);
+  from inputs read chunk by chunk (``npy``: a folder of ``.npy`` arrays; ``ogb``: OGB's
+  node-property downloads as they unpack);
 - ``graphs``: many small graphs in an LMDB or SQLite store, read one graph at a time;
 - ``cache``: folders of derived data (partitions, normalisations) built once, checked on reuse;
 - ``atomic``: what their writers share: the lock, the partial folder beside the target, the
@@ -11,5 +12,6 @@
 
 from gnnscale.stores.mapped import open  # noqa: A004 (a store, as the builtin opens a file)
 from gnnscale.stores.npy import prepare_npy, save_npy
+from gnnscale.stores.ogb import prepare_ogb
 
-__all__ = ["open", "prepare_npy", "save_npy"]
+__all__ = ["open", "prepare_npy", "prepare_ogb", "save_npy"]
