@@ -501,3 +501,31 @@ def _stage_edges(dm, stage, edge_type):
     return torch.stack(
         [row, torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())]
     )
+
+
+def test_a_parquet_edge_list_prepares_the_store_its_npy_twin_does(tmp_path, homogeneous):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, _ = homogeneous
+    edges = np.load(folder / "edge_index.npy")
+    twin = tmp_path / "parquet"
+    twin.mkdir()
+    for name in ("x.npy", "y.npy", "train.npy", "val.npy", "test.npy"):
+        (twin / name).write_bytes((folder / name).read_bytes())
+    table = pa.table({"dst": edges[1], "src": edges[0], "weight": np.ones(edges.shape[1])})
+    pq.write_table(table, twin / "edges.parquet", row_group_size=700)  # batches across groups
+    npy = PreparedGraph(stores.prepare_npy(folder, tmp_path / "npy_store", chunk_bytes=4096))
+    parquet = PreparedGraph(stores.prepare_npy(twin, tmp_path / "pq_store", chunk_bytes=4096))
+    for a, b in zip(npy.csc, parquet.csc, strict=True):
+        assert torch.equal(a, b)
+    pq.write_table(pa.table({"source": edges[0], "dst": edges[1]}), twin / "edges.parquet")
+    with pytest.raises(
+        PreparedGraphError, match=r"edges\.parquet needs integer columns src and dst"
+    ):
+        stores.prepare_npy(twin, tmp_path / "bad")
+    src = pa.array([*edges[0, :-1].tolist(), None])
+    pq.write_table(pa.table({"src": src, "dst": edges[1]}), twin / "edges.parquet")
+    with pytest.raises(PreparedGraphError, match=r"column src must be integers without nulls"):
+        stores.prepare_npy(twin, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()

@@ -5,12 +5,13 @@ Homogeneous::
     x.npy            float (num_nodes, num_features)  node features
     y.npy            int   (num_nodes,)               labels (optional)
     edge_index.npy   int   (2, num_edges)             row 0 sources, row 1 destinations
+                     (or edges.parquet: integer columns src, dst; read a row batch at a time)
     train.npy, val.npy, test.npy                      node indices of each split (optional)
 
 Heterogeneous: the same files per node type and per edge type::
 
     nodes/<type>/x.npy, y.npy, train.npy, val.npy, test.npy   each optional
-    edges/<src>__<rel>__<dst>/edge_index.npy                  indices into src's and dst's nodes
+    edges/<src>__<rel>__<dst>/edge_index.npy (or edges.parquet) indices into src's and dst's nodes
     num_nodes.json    {"<type>": count} for node types with neither x.npy nor y.npy
 
 Every array is memory-mapped (``numpy.load(mmap_mode="r")``) and read a chunk at a time, so an
@@ -69,6 +70,55 @@ def _edges(path: Path) -> Edges:
     return Edges(str(path), int(m.shape[1]), chunks)
 
 
+def _parquet_edges(path: Path) -> Edges:
+    """An edge list in Parquet: integer columns ``src`` and ``dst``, read a batch at a time."""
+    import pyarrow.parquet as pq
+
+    try:
+        file = pq.ParquetFile(path)
+    except (OSError, ValueError) as err:  # pyarrow's errors derive from these
+        raise PreparedGraphError(f"{path} is not a readable Parquet file ({err})") from None
+    names = set(file.schema_arrow.names)
+    if not {"src", "dst"} <= names:
+        raise PreparedGraphError(
+            f"{path} needs integer columns src and dst (sources, destinations); it has "
+            f"{', '.join(sorted(names))}"
+        )
+
+    def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        first = 0
+        for batch in pq.ParquetFile(path).iter_batches(size, columns=["src", "dst"]):
+            pair = []
+            for name in ("src", "dst"):
+                column = batch.column(name)
+                if column.null_count or not _is_integer(column.type):
+                    raise PreparedGraphError(
+                        f"{path}: column {name} must be integers without nulls (rows from "
+                        f"{first:,} hold {column.type}, {column.null_count} null)"
+                    )
+                pair.append(column.to_numpy().astype(np.int64, copy=False))
+            first += batch.num_rows
+            yield pair[0], pair[1]
+
+    return Edges(str(path), int(file.metadata.num_rows), chunks)
+
+
+def _is_integer(kind: Any) -> bool:
+    """Whether a pyarrow type is an integer type."""
+    import pyarrow.types
+
+    return bool(pyarrow.types.is_integer(kind))
+
+
+def _edge_file(folder: Path) -> Edges | None:
+    """``folder``'s ``edge_index.npy`` or ``edges.parquet``; ``None`` if it has neither."""
+    if (folder / "edge_index.npy").is_file():
+        return _edges(folder / "edge_index.npy")
+    if (folder / "edges.parquet").is_file():
+        return _parquet_edges(folder / "edges.parquet")
+    return None
+
+
 def _node_inputs(folder: Path, count: int | None) -> NodeInputs:
     x = _array(folder / "x.npy") if (folder / "x.npy").is_file() else None
     y = _array(folder / "y.npy") if (folder / "y.npy").is_file() else None
@@ -88,12 +138,13 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
     if not root.is_dir():
         raise PreparedGraphError(f"--root {root} is not a folder of .npy arrays")
     if not (root / "nodes").is_dir() and not (root / "edges").is_dir():
-        if not (root / "edge_index.npy").is_file():
+        found = _edge_file(root)
+        if found is None:
             raise PreparedGraphError(
                 f"{root} has no edge_index.npy (homogeneous) and no edges/ folder "
                 "(heterogeneous): see docs/stores.md for the layout"
             )
-        return {None: _node_inputs(root, None)}, {None: _edges(root / "edge_index.npy")}
+        return {None: _node_inputs(root, None)}, {None: found}
     counts: dict[str, int] = {}
     if (root / "num_nodes.json").is_file():
         try:
@@ -115,9 +166,10 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
             raise PreparedGraphError(
                 f"{folder}: an edge type's folder is named <src>__<rel>__<dst>"
             )
-        if not (folder / "edge_index.npy").is_file():
-            raise PreparedGraphError(f"{folder / 'edge_index.npy'} is missing")
-        edges[tuple(parts)] = _edges(folder / "edge_index.npy")
+        found = _edge_file(folder)
+        if found is None:
+            raise PreparedGraphError(f"{folder / 'edge_index.npy'} is missing (or edges.parquet)")
+        edges[tuple(parts)] = found
     if not edges:
         raise PreparedGraphError(f"{root / 'edges'} holds no <src>__<rel>__<dst> folder")
     return nodes, edges
