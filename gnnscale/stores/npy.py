@@ -14,9 +14,11 @@ Heterogeneous: the same files per node type and per edge type::
     edges/<src>__<rel>__<dst>/edge_index.npy (or edges.parquet) indices into src's and dst's nodes
     num_nodes.json    {"<type>": count} for node types with neither x.npy nor y.npy
 
-Every array is memory-mapped (``numpy.load(mmap_mode="r")``) and read a chunk at a time, so an
-input larger than memory prepares in the memory of a chunk; a C-order ``x.npy`` whose dtype is
-the one stored is used where it lies, not copied (:mod:`gnnscale.stores.streaming`).
+Every array is opened with ``numpy.load(mmap_mode="r")`` (its header and shape) and read a chunk
+at a time with plain reads (its pages stay in the page cache, out of the process's resident
+memory), so an input larger than memory prepares in the memory of a chunk; a C-order ``x.npy``
+whose dtype is the one stored is used where it lies, not copied
+(:mod:`gnnscale.stores.streaming`).
 """
 
 from __future__ import annotations
@@ -43,14 +45,35 @@ def _load(path: Path) -> np.ndarray:
         ) from None
 
 
+def _reader(path: Path, m: np.ndarray) -> Any:
+    """``read(first, count)``: elements of ``m`` in C order, read from its file, not mapped.
+
+    The pages stay in the page cache, out of the process's resident memory. ``None`` when the
+    array is not a C-order file that ``numpy.load`` mapped.
+    """
+    if not (isinstance(m, np.memmap) and m.flags.c_contiguous):
+        return None
+    offset, dtype = int(m.offset), m.dtype  # type: ignore[attr-defined]
+
+    def read(first: int, count: int) -> np.ndarray:
+        return np.fromfile(path, dtype, count, offset=offset + first * dtype.itemsize)
+
+    return read
+
+
 def _array(path: Path) -> Array:
     m = _load(path)
+    read, per_row = _reader(path, m), int(np.prod(m.shape[1:], dtype=np.int64))
 
     def chunks(rows: int) -> Iterator[np.ndarray]:
         for a in range(0, m.shape[0], rows):
-            yield np.array(m[a : a + rows])
+            b = min(a + rows, m.shape[0])
+            if read is None:
+                yield np.array(m[a:b])
+            else:
+                yield read(a * per_row, (b - a) * per_row).reshape(b - a, *m.shape[1:])
 
-    mappable = isinstance(m, np.memmap) and m.flags.c_contiguous and m.dtype.isnative
+    mappable = read is not None and m.dtype.isnative
     in_place = (path, int(m.offset)) if mappable and m.ndim == 2 else None  # type: ignore[attr-defined]
     return Array(str(path), tuple(m.shape), m.dtype, chunks, in_place)
 
@@ -62,12 +85,18 @@ def _edges(path: Path) -> Edges:
             f"{path} must be an integer array of shape (2, num_edges) (sources, destinations); "
             f"it is {m.dtype} of shape {m.shape}"
         )
+    read, num_edges = _reader(path, m), int(m.shape[1])
 
     def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        for a in range(0, m.shape[1], size):
-            yield np.array(m[0, a : a + size], np.int64), np.array(m[1, a : a + size], np.int64)
+        for a in range(0, num_edges, size):
+            b = min(a + size, num_edges)
+            if read is None:
+                yield np.array(m[0, a:b], np.int64), np.array(m[1, a:b], np.int64)
+            else:
+                src, dst = read(a, b - a), read(num_edges + a, b - a)
+                yield src.astype(np.int64, copy=False), dst.astype(np.int64, copy=False)
 
-    return Edges(str(path), int(m.shape[1]), chunks)
+    return Edges(str(path), num_edges, chunks)
 
 
 def _parquet_edges(path: Path) -> Edges:
