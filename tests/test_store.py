@@ -529,3 +529,13 @@ def test_a_parquet_edge_list_prepares_the_store_its_npy_twin_does(tmp_path, homo
     with pytest.raises(PreparedGraphError, match=r"column src must be integers without nulls"):
         stores.prepare_npy(twin, tmp_path / "bad")
     assert not (tmp_path / "bad").exists()
+
+
+def test_links_from_a_store_need_a_relation_and_uniform_neighbours(tmp_path, homogeneous):
+    out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
+    with pytest.raises(ConfigError, match=r"prepared needs --data\.edge_type"):
+        LinkDataModule("prepared", out)
+    with pytest.raises(ConfigError, match="--data.neighbors pinsage walks the training graph"):
+        LinkDataModule("prepared", out, edge_type=list(RATES), neighbors="pinsage")
+    with pytest.raises(ConfigError, match="holds a homogeneous graph: prepare it"):
+        LinkDataModule("prepared", out, edge_type=["node", "to", "node"]).prepare_data()
