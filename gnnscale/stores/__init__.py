@@ -2,8 +2,9 @@
 
 - ``prepared``: one large graph written once and memory-mapped by every process; ``open``
   (``mapped``) gives it as PyG's ``(FeatureStore, GraphStore)`` pair; ``streaming`` writes it
-  from inputs read chunk by chunk (``npy``: a folder of ``.npy`` arrays; ``ogb``: OGB's
-  node-property downloads as they unpack);
+  from inputs read chunk by chunk (``npy``: a folder of ``.npy`` arrays or Parquet edge lists;
+  ``ogb``: OGB's node-property downloads as they unpack); ``link_split`` streams a relation's
+  link-prediction split into a folder of its own;
 - ``graphs``: many small graphs in an LMDB or SQLite store, read one graph at a time;
 - ``cache``: folders of derived data (partitions, normalisations) built once, checked on reuse;
 - ``atomic``: what their writers share: the lock, the partial folder beside the target, the
