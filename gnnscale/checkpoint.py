@@ -8,11 +8,17 @@ model it is loaded into. With a 2M x 64 embedding table and its SparseAdam momen
 each save raised the sparse_embeddings recipe's peak from 3.2 to 4.5 GiB. Lightning has merged
 streaming saves to local disk (Lightning-AI/pytorch-lightning#21823, PR #21824); no release
 carries it yet (2.6.6 does not). Remove this module once the oldest supported Lightning does.
+
+Damage is found before a checkpoint is used (:func:`damage`): ``torch.save`` writes a CRC-32 of
+every record of its zip archive, and ``torch.load`` never checks them, so a flipped byte in a
+weight loaded silently and showed up later as a NaN loss. Checking every record of a 768 MiB
+checkpoint takes about 0.3 s from the page cache.
 """
 
 from __future__ import annotations
 
 import os
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,9 +28,9 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.types import _PATH
 
-from gnnscale.errors import NO_ROOM, GnnscaleError, cause
+from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, cause
 
-__all__ = ["StreamingCheckpointIO"]
+__all__ = ["StreamingCheckpointIO", "damage", "newest_whole", "refuse_damaged"]
 
 
 class StreamingCheckpointIO(TorchCheckpointIO):
@@ -77,6 +83,7 @@ class StreamingCheckpointIO(TorchCheckpointIO):
         local = _local(path)
         if local is None or not local.is_file():
             return super().load_checkpoint(path, map_location, weights_only)
+        refuse_damaged(local)
         return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
 
 
@@ -84,3 +91,53 @@ def _local(path: _PATH) -> Path | None:
     """``path`` on the local filesystem (``file://`` stripped), or ``None`` if it is remote."""
     fs, stripped = fsspec.core.url_to_fs(str(path))
     return Path(stripped) if "file" in fs.protocol else None
+
+
+_WHOLE: set[tuple[str, int, int]] = set()  # (path, size, mtime) found whole: checked once
+
+
+def damage(path: Path) -> str | None:
+    """What is wrong with the checkpoint at ``path``; ``None`` when every record's CRC-32 holds.
+
+    A file saved with ``torch.serialization.set_crc32_options(False)`` has nothing to check.
+    """
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key in _WHOLE:
+        return None
+    try:
+        with zipfile.ZipFile(path) as archive:
+            records = archive.infolist()
+            checked = any(r.CRC for r in records)
+            bad = archive.testzip() if checked else None
+    except (zipfile.BadZipFile, EOFError, OSError) as err:  # truncated, or not torch.save's
+        return f"not a whole checkpoint: {err}"
+    if bad is not None:
+        return f"its record {bad} fails its CRC-32 check"
+    _WHOLE.add(key)
+    return None
+
+
+def newest_whole(folder: Path, besides: Path) -> Path | None:
+    """The newest undamaged ``.ckpt`` in ``folder`` other than ``besides``, if any."""
+    found = [p for p in folder.glob("*.ckpt") if p.is_file() and p != besides]
+    for path in sorted(found, key=lambda p: p.stat().st_mtime_ns, reverse=True):
+        if damage(path) is None:
+            return path
+    return None
+
+
+def refuse_damaged(path: Path) -> None:
+    """Refuse a damaged ``path`` in one line, naming the newest whole checkpoint beside it."""
+    problem = damage(path)
+    if problem is None:
+        return
+    other = newest_whole(path.parent, path)
+    if other is None:
+        raise ConfigError(
+            f"the checkpoint {path} is damaged ({problem}); no whole checkpoint lies beside it"
+        )
+    raise ConfigError(
+        f"the checkpoint {path} is damaged ({problem}); the newest whole one beside it is "
+        f"{other} (--ckpt_path={other})"
+    )

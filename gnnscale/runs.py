@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 
+from gnnscale import checkpoint
 from gnnscale.errors import ConfigError
 
 __all__ = ["KEY", "SavedSettings", "check", "resolve_last", "settings"]
@@ -78,6 +79,7 @@ class SavedSettings(L.Callback):
 def _load(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"--ckpt_path {path} does not exist; give a saved .ckpt file or `last`")
+    checkpoint.refuse_damaged(path)  # every record against its CRC-32
     try:  # memory-mapped: only what is read below comes from disk
         loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception as err:  # a truncated or damaged file
@@ -155,6 +157,13 @@ def resolve_last(config: Any, wanted: dict[str, Any], subcommand: str) -> Path:
     refusals = []
     for run in runs:
         path = run / "checkpoints" / "last.ckpt"
+        if (problem := checkpoint.damage(path)) is not None:
+            whole = checkpoint.newest_whole(path.parent, path)
+            if whole is None:
+                refusals.append(f"{path} is damaged ({problem}), with no whole one beside it")
+                continue
+            rank_zero_info(f"gnnscale: {path} is damaged ({problem}); taking {whole} instead")
+            path = whole
         try:
             check(path, wanted, subcommand)
         except ConfigError as err:

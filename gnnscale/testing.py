@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import struct
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ __all__ = [
     "TINY_ARGS",
     "centroid_accuracy",
     "cli_args",
+    "damage_a_weight",
     "requires_cuda",
     "requires_sampler",
     "requires_torch_sparse",
@@ -117,3 +120,15 @@ class KillAtStep(L.Callback):
         if trainer.global_step >= self.step and not self.sent:
             self.sent = True
             os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+def damage_a_weight(path: Path) -> str:
+    """Flip one byte inside the first tensor record of a ``torch.save`` file; return its name."""
+    with zipfile.ZipFile(path) as archive:
+        record = next(r for r in archive.infolist() if "/data/" in r.filename and r.file_size)
+    data = bytearray(path.read_bytes())
+    header = record.header_offset  # a zip local header: 30 bytes, then its name and extra field
+    name_len, extra_len = struct.unpack("<HH", data[header + 26 : header + 30])
+    data[header + 30 + name_len + extra_len + record.file_size // 2] ^= 0x40
+    path.write_bytes(data)
+    return record.filename

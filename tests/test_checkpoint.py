@@ -5,9 +5,10 @@ import pytest
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from gnnscale.checkpoint import StreamingCheckpointIO
+from gnnscale.checkpoint import StreamingCheckpointIO, damage
 from gnnscale.cli import main
-from gnnscale.testing import cli_args
+from gnnscale.errors import ConfigError
+from gnnscale.testing import cli_args, damage_a_weight
 
 # Saves (or saves and loads back) a 768 MiB checkpoint in a fresh process and prints how far that
 # raised the process's peak resident memory above the live tensors, in MiB.
@@ -77,3 +78,31 @@ def test_fit_streams_checkpoints_unless_told_otherwise(tmp_path, plugin, expecte
     assert type(cli.trainer.strategy.checkpoint_io) is expected
     (ckpt,) = (tmp_path / "runs").rglob("*.ckpt")  # saved, and loaded back for the test
     assert cli.trainer.checkpoint_callback.best_model_path == str(ckpt)
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_whole_one_beside_it(tmp_path):
+    io = StreamingCheckpointIO()
+    older, last = tmp_path / "epoch=0.ckpt", tmp_path / "last.ckpt"
+    io.save_checkpoint({"step": 1, "w": torch.ones(1000)}, older)
+    io.save_checkpoint({"step": 2, "w": torch.ones(1000)}, last)
+    assert damage(last) is None and io.load_checkpoint(last)["step"] == 2
+
+    record = damage_a_weight(last)
+    loaded = torch.load(last, weights_only=True)["w"]  # torch alone loads it, damaged
+    assert not torch.equal(loaded, torch.ones(1000))
+    assert damage(last) == f"its record {record} fails its CRC-32 check"
+    whole = rf"the newest whole one beside it is {older} \(--ckpt_path={older}\)"
+    with pytest.raises(ConfigError, match=rf"checkpoint {last} is damaged \(.*\); {whole}"):
+        io.load_checkpoint(last)
+
+    older.write_bytes(older.read_bytes()[:-100])  # truncated: its zip directory is gone
+    assert damage(older).startswith("not a whole checkpoint")
+    with pytest.raises(ConfigError, match="no whole checkpoint lies beside it"):
+        io.load_checkpoint(last)
+
+    torch.serialization.set_crc32_options(False)  # saved without checksums: nothing to check
+    try:
+        io.save_checkpoint({"w": torch.ones(10)}, tmp_path / "unchecked.ckpt")
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert damage(tmp_path / "unchecked.ckpt") is None

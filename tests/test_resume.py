@@ -18,7 +18,13 @@ from gnnscale.cli import main
 from gnnscale.data.args import LoaderArgs
 from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
-from gnnscale.testing import TINY, cli_args, requires_sampler, requires_torch_sparse
+from gnnscale.testing import (
+    TINY,
+    cli_args,
+    damage_a_weight,
+    requires_sampler,
+    requires_torch_sparse,
+)
 
 # Each recipe as shipped (workers, precision, accumulation of 2), on the tiny graph, with 13
 # training batches per epoch: 7 optimizer steps, so step 10 (a saved last.ckpt) is mid-epoch 1.
@@ -208,7 +214,7 @@ def test_evaluating_last_reads_the_newest_matching_run_and_writes_beside_it(tmp_
     ("damage", "message"),
     [
         ("missing", r"--ckpt_path .*missing.ckpt does not exist; give a saved .ckpt file"),
-        ("truncated", r"--ckpt_path .*last.ckpt cannot be read \(.*\); it is damaged"),
+        ("truncated", r"checkpoint .*last.ckpt is damaged \(not a whole checkpoint: .*\); the new"),
     ],
 )
 def test_a_missing_or_damaged_checkpoint_is_named_in_one_line(tmp_path, damage, message):
@@ -219,6 +225,21 @@ def test_a_missing_or_damaged_checkpoint_is_named_in_one_line(tmp_path, damage, 
     path = last if damage == "truncated" else last.parent / "missing.ckpt"
     with pytest.raises(ConfigError, match=message):
         _planetoid(tmp_path, "fit", f"--ckpt_path={path}")
+
+
+def test_a_damaged_last_checkpoint_is_refused_or_passed_over_for_the_whole_one(tmp_path, caplog):
+    _planetoid(tmp_path, "fit", "--trainer.max_epochs=2")
+    folder = tmp_path / "runs" / "planetoid" / "version_0" / "checkpoints"
+    (best,) = (p for p in folder.glob("*.ckpt") if p.name != "last.ckpt")
+    damage_a_weight(folder / "last.ckpt")
+    before = _files(tmp_path / "runs")
+    with pytest.raises(ConfigError, match=rf"last.ckpt is damaged .*--ckpt_path={best}\)"):
+        _planetoid(tmp_path, "fit", f"--ckpt_path={folder / 'last.ckpt'}")
+    assert _files(tmp_path / "runs") == before
+    # `last` resumes from the whole checkpoint beside the damaged one, and says so.
+    cli = _planetoid(tmp_path, "fit", "--ckpt_path=last", "--trainer.max_epochs=3")
+    assert "last.ckpt is damaged (its record" in caplog.text and f"taking {best}" in caplog.text
+    assert cli.trainer.ckpt_path == str(best) and cli.trainer.global_step == 3
 
 
 @pytest.mark.slow
