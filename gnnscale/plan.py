@@ -89,6 +89,8 @@ class MemoryPlan:
             touched, and an epoch touches nearly all of them. Part of ``peak_mb``.
         peak_mb: ``growth_mb + mapped_mb + max(base_mb + train_mb, resident_mb + max(eval_mb,
             checkpoint_mb))``.
+        private_mb: ``peak_mb`` without ``mapped_mb``: the process's own memory, which the
+            kernel cannot drop; a budget is checked against it.
         batches: The sampled training batches.
         batches_per_epoch: Training batches in one epoch.
         eval_mode: How evaluation runs (``layerwise``, ``sampled`` or ``full`` for node
@@ -112,6 +114,11 @@ class MemoryPlan:
     eval_mode: str
     suggestions: list[str] = field(default_factory=list)
     cuda_peak_mb: float | None = None
+
+    @property
+    def private_mb(self) -> float:
+        """The expected peak without the mapped files' pages."""
+        return self.peak_mb - self.mapped_mb
 
 
 def _batch_nodes(batch: Any) -> int:
@@ -398,7 +405,7 @@ def plan(
     if probe.cuda_mb is not None:  # layer-wise inference keeps its whole-graph buffers on the host
         before, peak = probe.cuda_mb
         result.cuda_peak_mb = before + (peak - before) * scale
-    if budget_gb is not None and result.peak_mb > budget_gb * 1024:
+    if budget_gb is not None and result.private_mb > budget_gb * 1024:
         result.suggestions = _suggest(profile, result, budget_gb * 1024)
     return result
 
@@ -444,9 +451,15 @@ def format_plan(result: MemoryPlan) -> str:
         f"  checkpoint save+load {result.checkpoint_mb:10,.0f} MiB  (above resident)",
         f"  retained over run    {result.growth_mb:10,.0f} MiB  (growth per batch x batches, "
         "at most one step)",
-        f"  mapped graph files   {result.mapped_mb:10,.0f} MiB  (page cache, shared by processes)",
-        f"  expected peak        {result.peak_mb:10,.0f} MiB",
+        f"  mapped graph files   {result.mapped_mb:10,.0f} MiB  (page cache the files want, shared "
+        "by processes)",
+        f"  expected peak        {result.peak_mb:10,.0f} MiB  (resident, mapped pages included)",
     ]
+    if result.mapped_mb:  # the kernel may drop mapped pages: a store larger than memory trains
+        lines.append(
+            f"  private peak         {result.private_mb:10,.0f} MiB  (the process's own; the "
+            "budget applies to it)"
+        )
     if result.cuda_peak_mb is not None:
         lines.append(f"  expected CUDA peak   {result.cuda_peak_mb:10,.0f} MiB  (allocated)")
     lines.append("  sampled batches (nodes / edges / features MiB / saved activations MiB):")

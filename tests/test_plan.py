@@ -2,16 +2,19 @@ import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 
 import lightning as L
+import numpy as np
 import pytest
+import torch
 from registry import recipe
 
-from gnnscale import GraphSAGE
+from gnnscale import GraphSAGE, HeteroNeighborDataModule, stores
 from gnnscale.cli import Trainer, main
 from gnnscale.data.graphs import AtomGraphs, prepare_graphs
 from gnnscale.errors import ConfigError
-from gnnscale.plan import _suggest
+from gnnscale.plan import _suggest, format_plan
 from gnnscale.testing import TINY_ARGS, requires_sampler
 
 NEIGHBOR = ["--config", str(recipe("neighbor_sage").config)]
@@ -359,3 +362,32 @@ def test_plan_predicts_link_and_graph_peaks_within_25_percent(tmp_path, name):
     assert planned - base > 0.3 * measured, "the test should make the step matter"
     print(f"{name}: planned {planned:,.0f} MiB, measured {measured:,.0f} MiB")  # shown with -rA
     assert abs(planned / measured - 1) <= 0.25, (planned, measured)
+
+
+@requires_sampler
+def test_plan_of_a_prepared_store_reports_private_memory_apart_from_the_mapped_files(tmp_path):
+    """The hetero recipe planned on its graph prepared to a store: the store's files are page
+    cache the kernel may drop, so the report gives the private peak on its own line."""
+    from test_hetero import TINY as RECOMMENDER
+
+    memory = HeteroNeighborDataModule(synthetic=RECOMMENDER)
+    items = memory.data["item"]
+    items.x = torch.randn(items.num_nodes, 4096)  # 16 MB of mapped features, above the noise
+    folder = stores.save_npy(memory.data, tmp_path / "npy")
+    store = stores.prepare_npy(folder, tmp_path / "store")
+    in_place = np.load(folder / "nodes" / "item" / "x.npy", mmap_mode="r").nbytes  # not copied
+    files_mb = (sum(p.stat().st_size for p in store.rglob("*.bin")) + in_place) / 2**20
+    config = ["--config", str(recipe("hetero_node_classification").config)]
+    config += ["--trainer.accelerator=cpu", "--data.init_args.dataset=prepared"]
+    config += [f"--data.init_args.root={store}", "--data.init_args.batch_size=128"]
+    config += ["--data.init_args.loader.num_workers=0", "--num_batches=3"]
+    config += ["--data.init_args.loader.persistent_workers=false"]
+
+    plan = main(["plan", *config]).trainer.memory_plan
+    text = format_plan(plan)
+    assert plan.graph_mb == 0 and files_mb > 15
+    assert plan.mapped_mb == pytest.approx(files_mb, rel=0.05)
+    assert plan.private_mb == pytest.approx(plan.peak_mb - plan.mapped_mb)
+    assert _mib("private peak", text) == pytest.approx(plan.private_mb, abs=1)
+    assert _mib("mapped graph files", text) == pytest.approx(plan.mapped_mb, abs=1)
+    assert "private peak" not in format_plan(replace(plan, mapped_mb=0.0))  # nothing mapped
