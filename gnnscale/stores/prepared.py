@@ -128,12 +128,15 @@ class _Writer:
 def file_entry(path: Path, dtype: str, shape: list[int]) -> dict[str, Any]:
     """The manifest entry of a file written in place (not appended): read once to checksum it."""
     crcs, size = [], path.stat().st_size
+    buffer = memoryview(bytearray(1 << 20))  # one 1 MiB buffer, reused: the memory of a read
     with path.open("rb") as f:
         for start in range(0, size, BLOCK_BYTES):
             crc, left = 0, min(BLOCK_BYTES, size - start)
-            while left:  # 4 MiB reads: the memory of a read, not of a block
-                piece = f.read(min(left, 4 << 20))
-                crc, left = zlib.crc32(piece, crc), left - len(piece)
+            while left:
+                read = f.readinto(buffer[: min(left, len(buffer))])
+                if not read:
+                    raise EOFError(f"{path} ended while it was checksummed")
+                crc, left = zlib.crc32(buffer[:read], crc), left - read
             crcs.append(crc)
     return {"dtype": dtype, "shape": shape, "bytes": size, "crc32": crcs}
 
