@@ -11,6 +11,7 @@ import sys
 import time
 
 import lightning as L
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -151,6 +152,26 @@ def test_corrupted_file_is_refused_naming_it(tiny_prepared):
     with pytest.raises(PreparedGraphError, match=r"x\.bin is corrupted: bytes 0 to"):
         PreparedGraph(tiny_prepared)
     PreparedGraph(tiny_prepared, verify="size")  # the cheap check cannot see it; full is default
+
+
+@pytest.mark.parametrize(
+    ("entry", "value", "problem"),
+    [
+        (0, 3, "it starts at 3, not 0"),
+        (100, 10**12, "entry 101 is smaller than the one before it"),  # was a segfault
+        (100, -1, "entry 100 is smaller than the one before it"),  # trained on wrong edges
+        (-1, 10**9, "it ends at 1,000,000,000 where row has"),
+    ],
+)
+def test_a_damaged_colptr_is_refused_even_when_only_sizes_are_checked(
+    tiny_prepared, entry, value, problem
+):
+    colptr = np.memmap(tiny_prepared / "colptr.bin", dtype=np.int64, mode="r+")
+    colptr[entry] = value
+    colptr.flush()
+    del colptr
+    with pytest.raises(PreparedGraphError, match=rf"colptr\.bin is damaged \({problem}"):
+        PreparedGraph(tiny_prepared, verify="size")
 
 
 def test_truncated_file_is_refused_naming_it(tiny_prepared):

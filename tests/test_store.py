@@ -189,6 +189,18 @@ def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(tmp_path
     assert manifest["num_classes"] == {"paper": int(data["paper"].y.max()) + 1}
 
 
+def test_each_edge_types_colptr_is_range_checked(tmp_path, heterogeneous):
+    out = stores.prepare_npy(heterogeneous[0], tmp_path / "store")
+    (src, rel, dst), _ = next(iter(RELATIONS.items()))
+    path = out / f"{src}__{rel}__{dst}" / "colptr.bin"
+    colptr = np.memmap(path, dtype=np.int64, mode="r+")
+    colptr[-1] += 1  # one edge more than its row holds
+    colptr.flush()
+    del colptr
+    with pytest.raises(PreparedGraphError, match=rf"{path} is damaged \(it ends at"):
+        stores.open(out, verify="size")
+
+
 def test_features_already_in_the_stored_layout_are_used_where_they_lie(tmp_path, homogeneous):
     folder, data = homogeneous
     in_place = stores.prepare_npy(folder, tmp_path / "in_place")
