@@ -84,6 +84,18 @@ def test_per_edge_type_fanouts_are_respected():
         assert torch.equal(got[nodes], want), edge_type
 
 
+@pytest.mark.parametrize(
+    ("eval_args", "flag"),
+    [
+        (EvalArgs(mode="layerwise"), "mode 'layerwise'"),
+        (EvalArgs(mode="sampled", val_mode="full"), "val_mode 'full'"),
+    ],
+)
+def test_evaluation_that_is_not_sampled_is_refused(eval_args, flag):
+    with pytest.raises(ConfigError, match=rf"--data.eval.{flag}: heterogeneous graphs are eval"):
+        HeteroNeighborDataModule(synthetic=TINY, eval=eval_args)
+
+
 def test_refusals_name_the_type():
     with pytest.raises(ConfigError, match="target_type 'paper' is not a node type.*user, item"):
         _ = _dm(target_type="paper").data

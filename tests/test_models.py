@@ -21,6 +21,7 @@ from gnnscale import (
     SAINTDataModule,
     make_synthetic_graph,
 )
+from gnnscale.batch import LayerwiseBatch
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
@@ -127,6 +128,31 @@ def test_sampled_evaluation_agrees_with_exact(tmp_path):
     dm.eval = EvalArgs(mode="sampled", num_neighbors=[25, 25])
     sampled = trainer.test(model, dm, verbose=False)[0]["test/acc"]
     assert abs(exact - sampled) < 0.03
+
+
+@requires_sampler
+def test_sampled_validation_leaves_the_test_exact(tmp_path):
+    """``eval.val_mode=sampled``: each epoch's validation samples (the training fan-out), the
+    test stays layer-wise; the estimate is near the exact validation accuracy."""
+    L.seed_everything(0)
+    dm = NeighborDataModule(
+        root=tmp_path,
+        num_neighbors=[10, 10],
+        batch_size=128,
+        synthetic=TINY,
+        eval=EvalArgs(val_mode="sampled"),
+    )
+    model = GraphSAGE(32, 5, hidden_channels=64, optimizer=partial(torch.optim.Adam, lr=0.01))
+    trainer = _trainer(tmp_path, 3, enable_checkpointing=False)
+    trainer.fit(model, dm)
+    assert not isinstance(next(iter(dm.val_dataloader())), LayerwiseBatch)
+    assert isinstance(next(iter(dm.test_dataloader())), LayerwiseBatch)
+    sampled = trainer.validate(model, dm, verbose=False)[0]["val/acc"]
+    test = trainer.test(model, dm, verbose=False)[0]["test/acc"]
+    dm.eval = EvalArgs()  # exact everywhere
+    exact = trainer.validate(model, dm, verbose=False)[0]["val/acc"]
+    assert trainer.test(model, dm, verbose=False)[0]["test/acc"] == test
+    assert abs(sampled - exact) < 0.03, (sampled, exact)
 
 
 # Mean of seeds 0-2 measured here (recipes/planetoid): GATv2 0.822 (0.832, 0.817, 0.817), and

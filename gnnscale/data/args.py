@@ -73,11 +73,21 @@ class EvalArgs:
         batch_size: Nodes per evaluation batch.
         num_neighbors: Fan-out per layer for ``sampled`` mode; defaults to the training fan-out
             (neighbour sampling) or full neighbourhoods (other samplers).
+        val_mode: How the validation at every epoch's end computes its outputs; none: as
+            ``mode``. ``sampled`` costs about a forward pass per batch of validation nodes,
+            where layer-wise inference computes every node of the graph at every epoch; test
+            and predict still run as ``mode`` says, so the reported test metric stays exact.
     """
 
     mode: Literal["layerwise", "sampled", "full"] = "layerwise"
     batch_size: int = 4096
     num_neighbors: list[int] | None = None
+    val_mode: Literal["layerwise", "sampled", "full"] | None = None
+
+    @property
+    def validation(self) -> str:
+        """How validation runs: ``val_mode``, else ``mode``."""
+        return self.val_mode or self.mode
 
     def __post_init__(self) -> None:
         """Refuse non-positive sizes."""

@@ -208,6 +208,11 @@ class HeteroNeighborDataModule(HeteroGraphData):
                 f"--data.eval.mode {eval.mode!r}: heterogeneous graphs are evaluated on sampled "
                 "neighbourhoods; use --data.eval.mode=sampled"
             )
+        if eval.validation != "sampled":
+            raise ConfigError(
+                f"--data.eval.val_mode {eval.val_mode!r}: heterogeneous graphs are evaluated on "
+                "sampled neighbourhoods; use --data.eval.val_mode=sampled or drop it"
+            )
         self.dataset, self.root, self.verify = dataset, Path(root), verify
         self.target_type = target_type or _LABELLED.get(dataset, "")
         if dataset == "prepared":

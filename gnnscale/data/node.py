@@ -92,6 +92,11 @@ class NodeDataModule(L.LightningDataModule):
                     f"--data.eval.mode {eval.mode!r} holds every node's activations in memory; "
                     "with --data.dataset prepared use --data.eval.mode=sampled"
                 )
+            if eval.validation != "sampled":
+                raise ConfigError(
+                    f"--data.eval.val_mode {eval.val_mode!r} holds every node's activations in "
+                    "memory; with --data.dataset prepared use --data.eval.val_mode=sampled"
+                )
         check_root(dataset, Path(root))  # after the checks of the settings alone
         self.dataset = dataset
         self.root = Path(root)
@@ -240,10 +245,10 @@ class NodeDataModule(L.LightningDataModule):
             **kwargs,
         )
 
-    def _eval_loader(self, mask_key: str | None) -> Any:
+    def _eval_loader(self, mask_key: str | None, mode: str) -> Any:
         data = self.data
         mask = None if mask_key is None else data[mask_key]
-        if self.eval.mode == "sampled":
+        if mode == "sampled":
             fanout = self._eval_fanout()
             return rank_share(
                 self.trainer,
@@ -257,7 +262,7 @@ class NodeDataModule(L.LightningDataModule):
                     transform=self._hop_layout(len(fanout)),
                 ),
             )
-        if self.eval.mode == "full":
+        if mode == "full":
             data = copy.copy(data)
             data.eval_mask = mask
             return single(data)
@@ -272,12 +277,14 @@ class NodeDataModule(L.LightningDataModule):
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
-        layerwise = None
-        if self.eval.mode == "layerwise":  # its whole-graph buffers are computed, not measured
-            layerwise = next(iter(self._eval_loader("val_mask")))
+        layerwise, modes = None, {self.eval.validation, self.eval.mode}
+        if "layerwise" in modes:  # its whole-graph buffers are computed, not measured
+            layerwise = next(iter(self._eval_loader("test_mask", "layerwise")))
         return MemoryProfile(
             graph_mb=tensor_mb(*[v for _, v in self.data("x", "edge_index", "y")]),
-            eval_mode=self.eval.mode,
+            eval_mode=self.eval.mode
+            if len(modes) == 1
+            else f"{self.eval.validation} validation, {self.eval.mode} test",
             smaller_batches=self._smaller_batches,
             mapped_mb=self.prepared.nbytes / MiB if self.dataset == "prepared" else 0.0,
             layerwise=layerwise,
@@ -291,16 +298,16 @@ class NodeDataModule(L.LightningDataModule):
         return None
 
     def val_dataloader(self) -> Any:
-        """Validation nodes, evaluated as ``eval.mode`` says."""
-        return self._eval_loader("val_mask")
+        """Validation nodes, evaluated as ``eval.val_mode`` (else ``eval.mode``) says."""
+        return self._eval_loader("val_mask", self.eval.validation)
 
     def test_dataloader(self) -> Any:
         """Test nodes, evaluated as ``eval.mode`` says."""
-        return self._eval_loader("test_mask")
+        return self._eval_loader("test_mask", self.eval.mode)
 
     def predict_dataloader(self) -> Any:
         """All nodes, evaluated as ``eval.mode`` says."""
-        return self._eval_loader(None)
+        return self._eval_loader(None, self.eval.mode)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Attach the per-node loss weights to training batches (on the CPU, before transfer).

@@ -103,6 +103,12 @@ class EmbeddingSAGE(NodeClassifier):
                 "full evaluation feed node features, which it does not use (got "
                 f"{datamodule.eval.mode!r})"
             )
+        if datamodule.eval.validation != "sampled":
+            raise ConfigError(
+                "--data.init_args.eval.val_mode must be 'sampled' (or unset) for EmbeddingSAGE: "
+                "layer-wise and full evaluation feed node features, which it does not use (got "
+                f"{datamodule.eval.val_mode!r})"
+            )
         if self.embedding is None:
             self._make_table(datamodule.data.num_nodes)
 
