@@ -28,7 +28,8 @@ class ThroughputMonitor(L.Callback):
     each batch (``num_loss_nodes``: seed nodes for neighbour sampling, labelled pairs for link
     prediction, graphs for graph-level batches) and whole epochs, whose median is robust to a
     noisy machine. An epoch's time runs from its start to the end of its last training batch, so
-    it includes sampling and data loading but not validation. Logs ``perf/epoch_s``,
+    it includes sampling and data loading but not validation, which is timed on its own (from
+    its start to its end, the sanity check left out). Logs ``perf/epoch_s``, ``perf/val_s``,
     ``perf/nodes_per_s``, ``perf/peak_rss_mb`` and, on a GPU, ``perf/peak_cuda_mb``, and prints
     one summary block at the end of ``fit``.
 
@@ -40,7 +41,8 @@ class ThroughputMonitor(L.Callback):
         self.warmup_epochs = warmup_epochs
         self.epoch_s: list[float] = []
         self.nodes_per_s: list[float] = []
-        self._nodes, self._start, self._end = 0, 0.0, 0.0
+        self.val_s: list[float] = []
+        self._nodes, self._start, self._end, self._val_start = 0, 0.0, 0.0, 0.0
         self._whole = False  # a run resumed mid-epoch starts with part of one: not timed
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -72,6 +74,20 @@ class ThroughputMonitor(L.Callback):
             self.nodes_per_s.append(metrics["perf/nodes_per_s"])
         self._peak = metrics
 
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Start the validation clock."""
+        self._val_start = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log how long validation took (not the sanity check's)."""
+        if trainer.sanity_checking or trainer.state.fn != "fit":  # not `gnnscale validate`
+            return
+        if pl_module.device.type == "cuda":
+            torch.cuda.synchronize(pl_module.device)
+        seconds = time.perf_counter() - self._val_start
+        pl_module.log("perf/val_s", seconds)
+        self.val_s.append(seconds)
+
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Print the summary block."""
         if not self.epoch_s:
@@ -80,6 +96,7 @@ class ThroughputMonitor(L.Callback):
             f"median s/epoch     {statistics.median(self.epoch_s):.3f}"
             f"  (over {len(self.epoch_s)} epochs after {self.warmup_epochs} warm-up)",
             f"median nodes/s     {statistics.median(self.nodes_per_s):,.0f}",
+            *([f"median val s       {statistics.median(self.val_s):.3f}"] if self.val_s else []),
             f"peak RSS           {self._peak['perf/peak_rss_mb']:,.0f} MiB",
         ]
         if "perf/peak_cuda_mb" in self._peak:

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger
 
 from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE
+from gnnscale.callbacks import ThroughputMonitor
 from gnnscale.cli import main
 from gnnscale.measure import peak_rss_mb
 from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
@@ -123,3 +124,23 @@ def test_peak_rss_of_a_child_process_is_its_own():
     assert peak_rss_mb() > 2048
     assert float(done.stdout) < 1024  # the interpreter, torch and Lightning, not the ballast
     del ballast
+
+
+def test_throughput_monitor_times_each_validation_of_a_fit_apart_from_training(tmp_path):
+    monitor = ThroughputMonitor()
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        logger=CSVLogger(tmp_path / "runs"),
+        callbacks=[monitor],
+        num_sanity_val_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model, dm = GraphSAGE(TINY.num_features, 5), FullBatchDataModule(root=tmp_path, synthetic=TINY)
+    trainer.fit(model, dm)
+    trainer.validate(model, dm, verbose=False)  # not a fit's validation: not counted
+    logged = [float(r["perf/val_s"]) for r in _rows(tmp_path / "runs", "perf/val_s")]
+    assert len(logged) == len(monitor.val_s) == 3  # one an epoch; the sanity check left out
+    assert logged == pytest.approx(monitor.val_s) and all(s > 0 for s in logged)
