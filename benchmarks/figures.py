@@ -12,6 +12,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   the gather bandwidth, and its top operators (``roofline`` in benchmarks/README.md).
 - ``allocator``: s/epoch and peak memory of two recipes under each glibc mmap threshold, the
   default marked (``allocator`` in benchmarks/README.md).
+- ``validation``: per-epoch validation of the sampler recipes, sampled (as shipped) against
+  exact: its seconds, its share of a whole fit, the accuracy it reports (``validation`` in
+  benchmarks/README.md).
 - ``workers``: s/epoch and peak memory of the sampler recipes with 0, 1 and 2 loader workers,
   the shipped setting marked (``workers`` in benchmarks/README.md).
 - ``speed``: each of GraphSAGE's CPU speed tricks switched off in turn on the three sampler
@@ -55,6 +58,7 @@ SECTIONS = (
     "recipes",
     "roofline",
     "allocator",
+    "validation",
     "workers",
     "speed",
     "compare",
@@ -90,6 +94,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "roofline": "roofline",
         "allocator": "allocator",
         "workers": "workers",
+        "validation": "validation",
         "speed": "speed_defaults",
         "graphs": "many_graphs",
         "store": "store_prepare",
@@ -104,6 +109,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "roofline": f"{torch.get_num_threads()} torch threads, one process",
         "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "workers": f"{torch.get_num_threads()} torch threads per process (torch's default)",
+        "validation": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "speed": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
         "store": f"{torch.get_num_threads()} torch threads, one process at a time",

@@ -1,4 +1,4 @@
-"""Every recipe as shipped: test accuracy, s/epoch, peak memory, and ``gnnscale plan`` against it.
+"""Every recipe as shipped: test accuracy, s/epoch, a whole fit's time, peak memory, the plan.
 
 For each recipe of ``benchmarks/registry.py`` and each of its variants, ``fit`` runs in a fresh
 process exactly as the recipe's README says (``train.py`` where it has one); the figures come
@@ -15,7 +15,8 @@ import shutil
 import statistics
 import subprocess
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from blocks import Block
@@ -94,8 +95,12 @@ class Result:
     """What one ``fit`` (and, for the shipped variant, one ``plan``) measured."""
 
     acc: float  # the task's metric (METRIC)
-    epoch_s: float
+    epoch_s: float  # training alone: sampling, loading and steps
+    val_s: float | None  # one validation (none: the recipe does not validate)
+    fit_s: float  # the whole `fit` command: start-up, data, every epoch, the test
     peak_mb: float
+    save_dir: Path  # the run's logs and checkpoints
+    val_runs: list[float] = field(default_factory=list)  # every validation's seconds
     plan: dict[str, float] | None = None
     baseline: float | None = None  # link recipes: the popularity baseline's recall@20
 
@@ -127,16 +132,22 @@ def measure(
     if with_plan:
         report = run(entry.argv("plan", *args), workdir)
         plan = {key: number(label, report) for key, label in PLAN_PARTS.items()}
+    start = time.perf_counter()
     out = run(entry.argv("fit", "--trainer.enable_progress_bar=false", *args), workdir)
+    fit_s = time.perf_counter() - start
     metrics: dict[str, list[float]] = {}  # a DDP fit logs its final test as a second version
     for path in sorted(save_dir.rglob("metrics.csv")):
         for key, values in read_metrics(path).items():
             metrics.setdefault(key, []).extend(values)
-    epoch_s = metrics["perf/epoch_s"]
+    epoch_s, val_s = metrics["perf/epoch_s"], metrics.get("perf/val_s")
     return Result(
         acc=metrics[METRIC[entry.task]][-1],
         baseline=metrics["test/recall@20_popularity"][-1] if entry.task == "link" else None,
         epoch_s=statistics.median(epoch_s[1:] or epoch_s),  # the first epoch is warm-up
+        val_s=statistics.median(val_s) if val_s else None,
+        val_runs=val_s or [],
+        fit_s=fit_s,
+        save_dir=save_dir,
         peak_mb=number("PEAK_RSS_MB", out),
         plan=plan,
     )
@@ -146,6 +157,14 @@ def _fmt(values: list[float], digits: int) -> str:
     if len(values) == 1:
         return f"{values[0]:.{digits}f}"
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def _times(results: list[Result]) -> str:
+    """Training s/epoch, validation s/epoch and the whole fit's seconds: table cells."""
+    epoch_s = statistics.median(r.epoch_s for r in results)
+    vals = [r.val_s for r in results if r.val_s is not None]
+    val = f"{statistics.median(vals):.2f}" if vals else "–"
+    return f"{epoch_s:.2f} | {val} | {statistics.median(r.fit_s for r in results):,.0f}"
 
 
 def _args_note(args: tuple[str, ...]) -> str:
@@ -171,8 +190,9 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
         for entry in [e for e in RECIPES if e.name in names]:
             base = [*entry.figure_args, *(entry.tiny if tiny else ())]
             lines = [
-                f"| variant | {HEADER[entry.task]} | s/epoch | peak RSS (MiB) |",
-                "|---|---:|---:|---:|",
+                f"| variant | {HEADER[entry.task]} | s/epoch, training | s, one validation | "
+                "whole fit (s) | peak RSS (MiB) |",
+                "|---|---:|---:|---:|---:|---:|",
             ]
             shipped: tuple[list[Result], str] | None = None
             for i, (label, variant) in enumerate(entry.variants):
@@ -186,10 +206,10 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
                 if entry.task == "link":  # a ranking: recall@20, and the popularity baseline's
                     popular = _fmt([r.baseline for r in results if r.baseline is not None], 3)
                     acc = f"recall@20 {acc} ({popular})"
-                epoch_s = f"{statistics.median(r.epoch_s for r in results):.2f}"
+                times = _times(results)
                 peak = statistics.median(r.peak_mb for r in results)
-                lines.append(f"| {label} | {acc} | {epoch_s} | {peak:,.0f} |")
-                print(f"{entry.name:22s} {label:36s} acc {acc} s/epoch {epoch_s} peak {peak:,.0f}")
+                lines.append(f"| {label} | {acc} | {times} | {peak:,.0f} |")
+                print(f"{entry.name:22s} {label:36s} acc {acc} s {times} peak {peak:,.0f}")
                 if i == 0:
                     shipped = (results, acc)
             assert shipped is not None
@@ -199,33 +219,37 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             planned = results[0].plan["planned_mb"]
             plan_cells = f"{planned:,.0f} | {planned / peak:.2f}"
             print(f"{entry.name:22s} planned peak {planned:,.0f} MiB, measured {peak:,.0f}")
-            epoch_s = statistics.median(r.epoch_s for r in results)
             link = f"[{entry.name}](recipes/{entry.name})"
             settings = _args_note(entry.figure_args) or "as shipped"
             rows.append(
-                f"| {link} | {entry.technique} | {settings} | {acc} | {epoch_s:.2f} | "
+                f"| {link} | {entry.technique} | {settings} | {acc} | {_times(results)} | "
                 f"{peak:,.0f} | {plan_cells} |"
             )
             note = f"Runs: `{' '.join(['fit', '--config', f'recipes/{entry.name}/config.yaml'])}`"
             note += f" with {_args_note(base)}" if base else ", as shipped"
             note += (
-                f"; {seeds} seed(s). s/epoch: median after one warm-up epoch. Peak RSS: the "
-                "whole run's (data, sampler, training, evaluation, checkpoints)"
+                f"; {seeds} seed(s). s/epoch, training: median after one warm-up epoch "
+                "(sampling, loading, steps; no validation). One validation: the median of the "
+                "validations run after each epoch. Whole fit: the `fit` command's wall time "
+                "(start-up, data, every epoch and validation, checkpoints, the final test). Peak "
+                "RSS: the whole run's (data, sampler, training, evaluation, checkpoints)"
             )
             note += ", largest process (a DDP rank)." if entry.processes > 1 else "."
             out.append(Block(entry.folder / "README.md", "results", "\n".join([*lines, "", note])))
         table = [
-            "| recipe | technique | settings | test metric (acc unless named) | s/epoch | "
-            "peak RSS (MiB) | "
+            "| recipe | technique | settings | test metric (acc unless named) | s/epoch, "
+            "training | s, one validation | whole fit (s) | peak RSS (MiB) | "
             "planned peak (MiB) | planned / measured |",
-            "|---|---|---|---:|---:|---:|---:|---:|",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
         ]
         text = "\n".join(table) + (
             "\n\nEach recipe's `fit` runs in a fresh process, as its README says; `gnnscale plan` "
             "runs on the same config in another fresh process just before it. Peak RSS: the "
             "largest process's `VmHWM` over the whole run (a training rank for DDP, not the "
-            "launcher). s/epoch: median after one warm-up epoch."
+            "launcher). s/epoch, training: median after one warm-up epoch, sampling and loading "
+            "included, validation not; one validation: the median of those run after each "
+            "epoch; whole fit: the `fit` command's wall time, from start-up to the final test."
         )
         if tiny:
             text += " **Tiny settings: a check of the pipeline, not figures.**"
