@@ -465,3 +465,27 @@ def test_a_dataset_that_cannot_be_downloaded_is_one_line(tmp_path, monkeypatch):
     message = rf"--data.dataset Cora: its files are not in {raw} and downloading them failed \("
     with pytest.raises(ConfigError, match=message + r".*Name or service not known"):
         load_dataset("Cora", tmp_path)
+
+
+@requires_sampler
+def test_sampled_evaluation_draws_the_same_neighbourhoods_every_time(tmp_path):
+    """Each evaluation batch is sampled under its own seed: the same batches at every epoch,
+    with or without workers, and the model's random stream is not moved."""
+
+    def draws(workers: int) -> list[list[int]]:
+        dm = NeighborDataModule(
+            root=tmp_path,
+            batch_size=64,
+            num_neighbors=[4, 2],
+            synthetic=TINY,
+            eval=EvalArgs(mode="sampled", batch_size=100),
+            loader=LoaderArgs(num_workers=workers),
+        )
+        dm.setup("fit")
+        state = torch.get_rng_state()
+        batches = [b.n_id.tolist() for b in dm.val_dataloader()]
+        assert torch.equal(torch.get_rng_state(), state)
+        return batches
+
+    first = draws(0)
+    assert len(first) > 1 and first == draws(0) == draws(2)

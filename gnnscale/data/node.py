@@ -39,7 +39,7 @@ from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_share, resumable, single
-from gnnscale.data.resume import ResumableLoader
+from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import (
     DATASETS,
     check_root,
@@ -250,18 +250,19 @@ class NodeDataModule(L.LightningDataModule):
         mask = None if mask_key is None else data[mask_key]
         if mode == "sampled":
             fanout = self._eval_fanout()
-            return rank_share(
-                self.trainer,
-                mask,
-                data.num_nodes,
-                lambda seeds: self._neighbor_loader(
+
+            def sampled(seeds: Tensor | None) -> DataLoader:
+                loader = self._neighbor_loader(
                     data,
                     fanout,
                     input_nodes=seeds,
                     batch_size=self.eval.batch_size,
                     transform=self._hop_layout(len(fanout)),
-                ),
-            )
+                )
+                loader.collate_fn = SeededSampling(loader.collate_fn)  # the same draw each time
+                return loader
+
+            return rank_share(self.trainer, mask, data.num_nodes, sampled)
         if mode == "full":
             data = copy.copy(data)
             data.eval_mask = mask

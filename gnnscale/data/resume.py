@@ -29,12 +29,30 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torch_geometric.loader import LinkLoader, NodeLoader
 
-__all__ = ["ResumableLoader"]
+__all__ = ["ResumableLoader", "SeededSampling"]
 
 
 def _seed(*key: int) -> int:
     """A seed for ``key`` (numpy's SeedSequence: nearby keys give unrelated streams)."""
     return int(np.random.SeedSequence(list(key)).generate_state(1)[0])
+
+
+class SeededSampling:
+    """A loader's ``collate_fn``, each batch sampled under a seed of its position in the loader.
+
+    For evaluation loaders, whose batches keep their order: sampled evaluation becomes a
+    function of the weights alone, with the same neighbourhoods at every epoch, in a resumed
+    run and with any number of workers, and the model's random stream is left as it was.
+    """
+
+    def __init__(self, collate: Callable[[Any], Any], seed: int = 0) -> None:
+        self.collate, self.seed = collate, seed
+
+    def __call__(self, index: Any) -> Any:
+        """Sample the batch of dataset positions ``index`` under its own seed."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(_seed(self.seed, int(index[0])))
+            return self.collate(index)
 
 
 class _SeededBatches(Dataset):
