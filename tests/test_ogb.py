@@ -369,10 +369,14 @@ def test_a_damaged_download_is_refused_naming_its_file_and_leaves_nothing(tmp_pa
 # A fresh process whose private memory (RLIMIT_DATA) is capped a few MiB above its start, as in
 # test_store.py. A first prepare of a tiny download starts the threads the code uses (pyarrow's
 # CSV readers, tqdm's monitor, torch's pool) before the cap: each thread's stack counts as private
-# memory, a fixed cost that the cap would otherwise measure instead of the chunks.
+# memory, a fixed cost that the cap would otherwise measure instead of the chunks. pyarrow's
+# pool of reader threads is held to one, started then: under load it started another under the
+# cap ("Failed to launch worker thread").
 _BOUNDED = """
 import resource, sys
+import pyarrow
 from gnnscale.stores.ogb import prepare_ogb
+pyarrow.set_io_thread_count(1)  # else a busy machine may start another reader thread under the cap
 prepare_ogb("ogbn-papers100M", sys.argv[1] + "/tiny", sys.argv[2] + ".tiny")
 def cap(mib):
     private = next(l for l in open("/proc/self/status") if l.startswith("VmData"))
