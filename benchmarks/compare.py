@@ -257,7 +257,11 @@ def comparison_rows() -> list[Row]:
                     sampler,
                     "gnnscale",
                     shipped + ", 4 layers",
-                    {"model": {"num_layers": 4}},
+                    # the sampled validation's fan-out: one entry per layer
+                    {
+                        "model": {"num_layers": 4},
+                        "data": {"eval": {"num_neighbors": [15, 10, 10, 10]}},
+                    },
                     ref=ref,
                 )
             )

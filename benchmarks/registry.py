@@ -141,7 +141,17 @@ RECIPES: tuple[Recipe, ...] = (
         "cluster_gcn",
         "Cluster-GCN (METIS parts, ClusterLoader)",
         tiny=(*_TINY_SAGE, "--data.init_args.num_parts=20"),
-        variants=(("2 layers", ()), ("4 layers", ("--model.init_args.num_layers=4",))),
+        variants=(
+            ("2 layers", ()),
+            # the sampled validation's fan-out: one entry per layer
+            (
+                "4 layers",
+                (
+                    "--model.init_args.num_layers=4",
+                    "--data.init_args.eval.num_neighbors=[15,10,10,10]",
+                ),
+            ),
+        ),
     ),
     Recipe(
         "graphsaint",
