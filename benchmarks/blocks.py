@@ -48,7 +48,8 @@ def _git(*args: str) -> str:
 
 def dirty() -> bool:
     """Whether tracked code the figures depend on differs from the checked-out commit."""
-    code = ["gnnscale", "recipes", "benchmarks", ":(exclude)*.md"]  # blocks are written to *.md
+    # Blocks are written to *.md, compare's JSON and plots to benchmarks/results: outputs.
+    code = ["gnnscale", "recipes", "benchmarks", ":(exclude)*.md", ":(exclude)benchmarks/results"]
     return bool(_git("status", "--porcelain", "--untracked-files=no", "--", *code))
 
 
