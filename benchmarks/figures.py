@@ -36,6 +36,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``store``: a ``.npy`` folder prepared by streaming at two sizes (peak memory, throughput
   against a plain copy), and a plain PyG loop over the store's ``(FeatureStore, GraphStore)``
   against the graph in memory (``store`` in on_disk_graph's README; a few minutes).
+- ``store-tasks``: the hetero and link recipes from a folder prepared by ``gnnscale prepare
+  --dataset recommender`` against the same graph in memory, one process and two ranks
+  (``from_disk`` in each recipe's README; about 15 minutes).
 - ``store-large``: a heterogeneous graph shaped like MAG240M, its paper features larger than
   memory, written as ``.npy``, prepared by streaming and trained from the store (``store_large``
   in on_disk_graph's README; most of an hour, 60 GiB of disk; run at full size only when named).
@@ -68,6 +71,7 @@ SECTIONS = (
     "ondisk",
     "graphs",
     "store",
+    "store-tasks",
 )
 EXTRA_SECTIONS = ("ondisk-large", "store-large")  # run only when named
 
@@ -98,6 +102,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "speed": "speed_defaults",
         "graphs": "many_graphs",
         "store": "store_prepare",
+        "store-tasks": "store_tasks",
         "store-large": "store_large",
     }[name]
     threads = {
@@ -113,6 +118,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "speed": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
         "store": f"{torch.get_num_threads()} torch threads, one process at a time",
+        "store-tasks": "1 process with torch's default threads, or 2 ranks with 1 thread each",
         "store-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
     }[name]
     return __import__(module).blocks(tiny), threads

@@ -99,17 +99,29 @@ def evict(folder: Path) -> None:
             os.close(fd)
 
 
-def fit(workdir: Path, name: str, data: list[str], ddp: bool = False) -> dict:
-    """One ``gnnscale fit`` of the recipe in a fresh process (or ``torchrun``); its figures."""
+def fit(
+    workdir: Path,
+    name: str,
+    data: list[str],
+    ddp: bool = False,
+    config: Path = RECIPE.folder / "config.yaml",
+    flags: tuple[str, ...] = tuple(FIT),
+) -> dict:
+    """One ``gnnscale fit`` of a recipe in a fresh process (or ``torchrun``); its figures.
+
+    ``config`` and ``flags`` default to this recipe's; the figures include every metric logged.
+    """
     save_dir = workdir / "runs" / name
-    cli = ["-m", "gnnscale.cli", "fit", "--config", str(RECIPE.folder / "config.yaml"), *FIT]
+    cli = ["-m", "gnnscale.cli", "fit", "--config", str(config), *flags]
     cli += [f"--trainer.logger.init_args.save_dir={save_dir}", *data, *(DDP if ddp else [])]
     start = time.perf_counter()
     with TreeMemory(ddp) as memory:
         out = run([sys.executable, *(TORCHRUN if ddp else []), *cli], workdir)
     runs = sorted(save_dir.rglob("metrics.csv"))  # a DDP fit logs its test as a second version
-    epoch_s = [s for p in runs for s in read_metrics(p).get("perf/epoch_s", [])]
+    metrics = [read_metrics(p) for p in runs]
+    epoch_s = [s for m in metrics for s in m.get("perf/epoch_s", [])]
     return {
+        "metrics": {k: v for m in metrics for k, v in m.items()},
         "run_s": time.perf_counter() - start,
         "epoch_s": statistics.median(epoch_s[1:] or epoch_s),  # the first epoch is warm-up
         "private_mb": sorted(memory.private_mb.values()),

@@ -41,16 +41,16 @@ from torch.multiprocessing import ProcessExitedException
 from gnnscale import runs
 from gnnscale.batch import BatchRequest, ConfiguresBatches
 from gnnscale.checkpoint import StreamingCheckpointIO
-from gnnscale.data.args import Preprocess
+from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.graphs import prepare_graphs
 from gnnscale.data.node import NeighborDataModule
-from gnnscale.data.synthetic import SyntheticGraph
+from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded
-from gnnscale.stores.npy import prepare_npy
+from gnnscale.stores.npy import prepare_data, prepare_npy
 from gnnscale.stores.ogb import OGB, prepare_ogb
 from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
 
@@ -487,6 +487,8 @@ def prepare(
     root: Path = Path("data"),
     synthetic: SyntheticGraph = SyntheticGraph(),  # noqa: B008 (frozen dataclass)
     preprocess: Preprocess = Preprocess(),  # noqa: B008
+    recommender: SyntheticRecommender = SyntheticRecommender(),  # noqa: B008
+    split: NodeSplit = NodeSplit(),  # noqa: B008
     feature_dtype: FeatureDtype | None = None,
     stream: bool = False,
     chunk_nodes: int = 1 << 20,
@@ -503,10 +505,17 @@ def prepare(
             ``gnnscale.stores.npy``; homogeneous or heterogeneous), read chunk by chunk; or
             ``ogbn-arxiv``, ``ogbn-products``, ``ogbn-papers100M``, ``ogbn-mag``: OGB's
             download unpacked in ``root/ogbn_<name>/``, read chunk by chunk as it unpacks
-            (``gnnscale.stores.ogb``).
+            (``gnnscale.stores.ogb``); or ``recommender``: the generated heterogeneous graph
+            that ``HeteroNeighborDataModule`` and ``LinkDataModule`` draw for ``--data.dataset
+            synthetic`` (users, items, categories; items labelled by community and split), for
+            either to train from the folder.
         root: Folder of the dataset's files.
         synthetic: Size and difficulty of the generated graph (``dataset: synthetic``).
         preprocess: Preprocessing applied before writing, as ``--data.preprocess``.
+        recommender: Size and structure of the generated recommender graph (``dataset:
+            recommender``), as ``--data.synthetic`` of the hetero and link DataModules.
+        split: How its items are split (``dataset: recommender``), as ``--data.split`` of
+            ``HeteroNeighborDataModule``.
         feature_dtype: Dtype of the stored features: ``float32``, ``bfloat16``, ``float16``;
             default: as stored for ``npy`` (a C-order ``x.npy`` is then used where it lies) and
             OGB's downloads (float32, papers100M's as its ``data.npz`` holds them), else
@@ -515,11 +524,15 @@ def prepare(
             different draw from the in-memory generator) instead of loading it whole.
         chunk_nodes: Nodes per written (or generated) chunk.
     """
-    if dataset == "npy" or dataset in OGB:
+    if dataset == "npy" or dataset in OGB or dataset == "recommender":
         if preprocess != Preprocess() or stream:
             raise ConfigError(
                 f"--dataset {dataset} is read as it is: drop --preprocess and --stream"
             )
+        if dataset == "recommender":
+            data = make_item_class_graph(recommender, split.train_fraction, split.val_fraction)
+            made = {"dataset": dataset, "recommender": asdict(recommender), "split": asdict(split)}
+            return prepare_data(data, out, made, feature_dtype)
         if dataset in OGB:
             return prepare_ogb(dataset, root, out, feature_dtype)
         return prepare_npy(root, out, feature_dtype)
@@ -548,7 +561,16 @@ def _function_main(function: Callable[..., Path], command: str, args: list[str] 
 
 def prepare_main(args: list[str] | None = None) -> Path:
     """``gnnscale prepare``: one graph to a folder (``gnnscale.stores.prepared``)."""
-    return _function_main(prepare, "gnnscale prepare", args)
+    given = sys.argv[2:] if args is None else args
+    try:
+        return _function_main(prepare, "gnnscale prepare", args)
+    except ConfigError as err:  # the generators' checks name fit's flags: name prepare's
+        said = " ".join(given)
+        for i, arg in enumerate(given[:-1]):
+            if arg == "--config" and Path(given[i + 1]).is_file():
+                said += Path(given[i + 1]).read_text()
+        flag = "--recommender." if "recommender" in said else "--synthetic."
+        raise type(err)(str(err).replace("--data.synthetic.", flag)) from None
 
 
 def prepare_graphs_main(args: list[str] | None = None) -> Path:

@@ -21,6 +21,7 @@ from gnnscale import (
     LinkDataModule,
     LinkPredictor,
     NeighborDataModule,
+    NodeSplit,
     SyntheticGraph,
     SyntheticRecommender,
     make_recommender_graph,
@@ -428,6 +429,42 @@ def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp
     assert acc > bar + 0.3, (acc, bar)
     with pytest.raises(ConfigError, match="'user' has no labels"):
         HeteroNeighborDataModule("prepared", tmp_path / "store", target_type="user").prepare_data()
+
+
+def test_the_recipes_recommender_graph_prepares_to_the_graph_they_draw_in_memory(tmp_path):
+    """``gnnscale prepare --dataset recommender`` writes what the hetero and link DataModules
+    draw for ``dataset: synthetic`` with the same settings: every type's features, labels and
+    split masks, every relation's edges (each destination's sources in the graph's order)."""
+    sizes = {k: getattr(LINK_TINY, k) for k in ("num_users", "num_items", "num_categories")}
+    flags = [f"--recommender.{k}={v}" for k, v in sizes.items()]
+    flags += ["--recommender.num_communities=5", "--split.train_fraction=0.5"]
+    out = prepare_main(["--dataset=recommender", f"--out={tmp_path / 'store'}", *flags])
+    memory = HeteroNeighborDataModule(
+        synthetic=SyntheticRecommender(**sizes, num_communities=5),
+        split=NodeSplit(train_fraction=0.5),
+    ).data
+    disk = PreparedGraph(out)
+    manifest = disk.manifest
+    assert manifest["num_nodes"] == {t: memory[t].num_nodes for t in memory.node_types}
+    assert manifest["num_classes"] == {"item": 5}
+    files = manifest["files"]
+    for node_type in memory.node_types:
+        for key in ("x", "y", "train_mask", "val_mask", "test_mask"):
+            assert (key in memory[node_type]) == (f"{node_type}/{key}" in files), (node_type, key)
+            if key in memory[node_type]:
+                assert torch.equal(disk.tensor(f"{node_type}/{key}"), memory[node_type][key])
+    assert int(memory["item"].train_mask.sum()) == LINK_TINY.num_items // 2
+    for edge_type in memory.edge_types:
+        name = "__".join(edge_type)
+        colptr, row = disk.tensor(f"{name}/colptr"), disk.tensor(f"{name}/row")
+        dst = torch.arange(len(colptr) - 1).repeat_interleave(colptr.diff())
+        assert torch.equal(torch.stack([row, dst]), by_destination(memory[edge_type].edge_index))
+    again = prepare_main(["--dataset=recommender", f"--out={out}", *flags])  # kept, not redone
+    assert again == out and PreparedGraph(out).manifest["key"] == manifest["key"]
+    with pytest.raises(ConfigError, match=r"--recommender\.num_categories must be between"):
+        prepare_main(["--dataset=recommender", f"--out={tmp_path / 'bad'}", *flags[:2],
+                      "--recommender.num_categories=2"])  # fmt: skip
+    assert not (tmp_path / "bad").exists()
 
 
 def _link_store(tmp_path, cfg):

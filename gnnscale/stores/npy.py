@@ -33,7 +33,7 @@ import numpy as np
 from gnnscale.stores.prepared import PreparedGraphError
 from gnnscale.stores.streaming import SPLITS, Array, Edges, NodeInputs, write
 
-__all__ = ["prepare_npy", "read_npy", "save_npy"]
+__all__ = ["prepare_data", "prepare_npy", "read_data", "read_npy", "save_npy"]
 
 
 def _load(path: Path) -> np.ndarray:
@@ -260,3 +260,53 @@ def save_npy(data: Any, folder: Path) -> Path:
     if counts:
         (folder / "num_nodes.json").write_text(json.dumps(counts))
     return folder
+
+
+def _held(where: str, a: np.ndarray) -> Array:
+    """An array in memory as a streamed input (its chunks are views)."""
+    return Array(
+        where, a.shape, a.dtype, lambda rows: (a[i : i + rows] for i in range(0, len(a), rows))
+    )
+
+
+def read_data(data: Any) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]]:
+    """The inputs of an in-memory ``Data`` or ``HeteroData`` (what :func:`save_npy` would write)."""
+    from torch_geometric.data import HeteroData
+
+    hetero = isinstance(data, HeteroData)
+    nodes: dict[str | None, NodeInputs] = {}
+    for node_type in data.node_types if hetero else [None]:
+        store = data[node_type] if hetero else data
+        name = f"node type {node_type}" if hetero else "the graph"
+        x, y = (_held(f"{name}'s {k}", store[k].numpy()) if k in store else None for k in "xy")
+        splits = {
+            s: _held(f"{name}'s {s}_mask", store[f"{s}_mask"].nonzero().view(-1).numpy())
+            for s in SPLITS
+            if f"{s}_mask" in store
+        }
+        nodes[node_type] = NodeInputs(int(store.num_nodes), x, y, splits or None)
+    edges: dict[Any, Edges] = {}
+    for edge_type in data.edge_types if hetero else [None]:
+        index = (data[edge_type] if hetero else data).edge_index.numpy()
+
+        def chunks(size: int, index: np.ndarray = index) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            for a in range(0, index.shape[1], size):
+                yield index[0, a : a + size], index[1, a : a + size]
+
+        name = "the graph's edges" if edge_type is None else "__".join(edge_type)
+        edges[edge_type] = Edges(name, index.shape[1], chunks)
+    return nodes, edges
+
+
+def prepare_data(
+    data: Any, out: Path, source: dict[str, Any], feature_dtype: str | None = None
+) -> Path:
+    """Write an in-memory ``Data`` or ``HeteroData`` as a prepared folder (the streamed writer's).
+
+    Args:
+        data: The graph (node ``x``, ``y`` and split masks where it has them).
+        out: The prepared folder to create (atomically).
+        source: What the graph was made from (recorded, and hashed into the folder's key).
+        feature_dtype: Dtype of the stored features; ``None`` keeps the graph's.
+    """
+    return write(out, source, *read_data(data), feature_dtype)
