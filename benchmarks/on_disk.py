@@ -89,14 +89,19 @@ class TreeMemory:
         self._thread.join()
 
 
+def evict_file(path: Path) -> None:
+    """Drop a file from the page cache (its clean pages that no process maps; no root)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def evict(folder: Path) -> None:
-    """Drop the folder's files from the page cache (clean pages no process maps; no root)."""
+    """Drop the folder's files from the page cache."""
     for path in folder.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        evict_file(path)
 
 
 def fit(

@@ -1,4 +1,4 @@
-"""Streaming prepare of a .npy folder at two sizes, and PyG's own loop over the store.
+"""Streaming prepare (a .npy folder, OGB's layout) at two sizes, and PyG's own loop over it.
 
 Written by ``python benchmarks/figures.py store`` (on_disk_graph's ``store`` block):
 
@@ -9,7 +9,10 @@ Written by ``python benchmarks/figures.py store`` (on_disk_graph's ``store`` blo
   sampler records the process's peak resident memory, and separately its private part
   (``RssAnon``; the rest are pages of the mapped files, which the kernel writes back and drops).
   Throughput is input bytes per second, against a plain sequential copy of the same files
-  (evicted first too).
+  (evicted first too). The same graph is also written as OGB's ogbn-papers100M download
+  unpacks (``raw/data.npz`` with float16 features and ``raw/node-label.npz``, both deflated as
+  OGB saves them; ``split/time/*.csv.gz``) and prepared by ``--dataset ogbn-papers100M``, which
+  inflates each member as a stream.
 - **A plain PyG loop**: one epoch of PyG's ``GraphSAGE`` over ``NeighborLoader((fs, gs))`` on
   the smaller store, against the same loop on the graph in memory (its edges ordered as the
   store's, ``is_sorted=True``); the two epochs' batches are checked equal, batch by batch.
@@ -30,7 +33,7 @@ import numpy as np
 import psutil
 import torch
 from blocks import Block
-from on_disk import evict
+from on_disk import evict_file
 
 from gnnscale.measure import anon_mb
 
@@ -66,6 +69,34 @@ def write_inputs(folder: Path, n: int, seed: int = 0) -> int:
     return sum(p.stat().st_size for p in folder.iterdir())
 
 
+def write_ogb(inputs: Path, root: Path) -> int:
+    """The ``.npy`` folder ``inputs`` as OGB's ogbn-papers100M download unpacks; its bytes.
+
+    Under ``root``: ``raw/data.npz`` (float16 features) and ``raw/node-label.npz``, deflated
+    (``numpy.savez_compressed``, as OGB saves them), and ``split/time/*.csv.gz``.
+    """
+    folder = root / "ogbn_papers100M"
+    (folder / "raw").mkdir(parents=True)
+    (folder / "split" / "time").mkdir(parents=True)
+    edges = np.load(inputs / "edge_index.npy", mmap_mode="r")  # written from the mapping
+    x = np.load(inputs / "x.npy", mmap_mode="r").astype(np.float16)
+    n, m = len(x), edges.shape[1]
+    np.savez_compressed(
+        folder / "raw" / "data.npz",
+        edge_index=edges,
+        node_feat=x,
+        num_nodes_list=np.array([n]),
+        num_edges_list=np.array([m]),
+    )
+    del x
+    y = np.load(inputs / "y.npy").astype(np.float64)[:, None]
+    np.savez_compressed(folder / "raw" / "node-label.npz", node_label=y)
+    for ours, theirs in (("train", "train"), ("val", "valid"), ("test", "test")):
+        split = np.load(inputs / f"{ours}.npy")
+        np.savetxt(folder / "split" / "time" / f"{theirs}.csv.gz", split[:, None], fmt="%d")
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
 class Peaks(threading.Thread):
     """Samples one process: its peak resident and private (``RssAnon``) memory, MiB."""
 
@@ -85,11 +116,20 @@ class Peaks(threading.Thread):
             pass
 
 
-def prepare(inputs: Path, out: Path) -> dict[str, float]:
-    """Prepare ``inputs`` into ``out`` in a fresh process, its pages evicted first."""
-    evict(inputs)
-    cli = [sys.executable, "-m", "gnnscale.cli", "prepare", "--dataset=npy", f"--root={inputs}"]
-    cli += [f"--out={out}", "--feature_dtype=bfloat16"]
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def prepare(inputs: Path, out: Path, dataset: str = "npy") -> dict[str, float]:
+    """Prepare ``inputs`` into ``out`` in a fresh process, its pages evicted first.
+
+    ``npy``: cast to bfloat16 (every feature row copied); OGB's layout: its float16 kept.
+    """
+    for path in _files(inputs):
+        evict_file(path)
+    cli = [sys.executable, "-m", "gnnscale.cli", "prepare", f"--dataset={dataset}"]
+    cli += [f"--root={inputs}", f"--out={out}"]
+    cli += ["--feature_dtype=bfloat16"] if dataset == "npy" else []
     start = time.perf_counter()
     process = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     peaks = Peaks(process.pid)
@@ -103,11 +143,12 @@ def prepare(inputs: Path, out: Path) -> dict[str, float]:
 
 def copy(inputs: Path, out: Path) -> float:
     """Seconds to copy the input files sequentially (evicted first), flushed to disk."""
-    evict(inputs)
+    for path in _files(inputs):
+        evict_file(path)
     out.mkdir()
     start = time.perf_counter()
-    for path in sorted(inputs.iterdir()):
-        shutil.copyfile(path, out / path.name)
+    for i, path in enumerate(_files(inputs)):
+        shutil.copyfile(path, out / f"{i}-{path.name}")
     subprocess.run(["sync"], check=True)
     return time.perf_counter() - start
 
@@ -166,16 +207,21 @@ def measure(size: str, workdir: Path) -> dict:
     """Both graphs prepared and copied; the plain loop on the smaller one."""
     rows = []
     for i, n in enumerate(SIZES[size]):
-        inputs = workdir / f"inputs{i}"
-        nbytes = write_inputs(inputs, n, seed=i)
-        copy_s = copy(inputs, workdir / f"copy{i}")
-        shutil.rmtree(workdir / f"copy{i}")
-        prepared = prepare(inputs, workdir / f"store{i}")
-        rows.append({"n": n, "input_gib": nbytes / 2**30, "copy_s": copy_s, **prepared})
+        inputs, ogb = workdir / f"inputs{i}", workdir / f"ogb{i}"
+        sizes = {"npy": write_inputs(inputs, n, seed=i), "ogbn-papers100M": write_ogb(inputs, ogb)}
+        for dataset, folder in (("npy", inputs), ("ogbn-papers100M", ogb)):
+            copy_s = copy(folder, workdir / "copy")
+            shutil.rmtree(workdir / "copy")
+            out = workdir / f"store{i}-{dataset}"
+            prepared = prepare(folder, out, dataset)
+            row = {"n": n, "dataset": dataset, "input_gib": sizes[dataset] / 2**30}
+            rows.append(row | {"copy_s": copy_s, **prepared})
+            if i or dataset != "npy":
+                shutil.rmtree(out)
+        shutil.rmtree(ogb)
         if i:
-            shutil.rmtree(workdir / f"store{i}")
             shutil.rmtree(inputs)
-    return {"rows": rows, "loop": pyg_loop(workdir / "inputs0", workdir / "store0")}
+    return {"rows": rows, "loop": pyg_loop(workdir / "inputs0", workdir / "store0-npy")}
 
 
 def blocks(tiny: bool) -> list[Block]:
@@ -185,14 +231,16 @@ def blocks(tiny: bool) -> list[Block]:
     with tempfile.TemporaryDirectory(dir=base) as workdir:
         r = measure(size, Path(workdir))
     lines = [
-        "| input (.npy folder) | prepare | peak resident / private memory | throughput "
+        "| input | prepare | peak resident / private memory | throughput "
         "(prepare / sequential copy) |",
         "|---|---:|---:|---:|",
     ]
+    kinds = {"npy": ".npy folder", "ogbn-papers100M": "OGB papers100M layout (deflated .npz)"}
     for row in r["rows"]:
         gib = row["input_gib"]
         lines.append(
-            f"| {row['n']:,} nodes, {gib:.2f} GiB | {row['s']:.0f} s | {row['rss_mb']:,.0f} / "
+            f"| {kinds[row['dataset']]}, {row['n']:,} nodes, {gib:.2f} GiB | {row['s']:.0f} s | "
+            f"{row['rss_mb']:,.0f} / "
             f"{row['private_mb']:,.0f} MiB | {gib / row['s'] * 1024:,.0f} / "
             f"{gib / row['copy_s'] * 1024:,.0f} MiB/s ({row['copy_s'] / row['s']:.2f}x) |"
         )

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -588,3 +589,75 @@ def test_links_from_a_store_need_a_relation_and_uniform_neighbours(tmp_path, hom
         LinkDataModule("prepared", out, edge_type=list(RATES), neighbors="pinsage")
     with pytest.raises(ConfigError, match="holds a homogeneous graph: prepare it"):
         LinkDataModule("prepared", out, edge_type=["node", "to", "node"]).prepare_data()
+
+
+SHARED_STORE_DDP = """
+import json, os, sys
+from pathlib import Path
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from gnnscale import LinkDataModule, LinkPredictor
+
+store, out, RATES = sys.argv[1], Path(sys.argv[2]), ("user", "rates", "item")
+
+class Record(L.Callback):
+    # The positive supervision edges this rank trains on (weight > 0), in global ids.
+    def on_train_batch_start(self, trainer, module, batch, idx):
+        s = batch[RATES]
+        pos = s.edge_label_index[:, (s.edge_label == 1) & (s.loss_weight > 0)]
+        seen = torch.stack([batch["user"].n_id[pos[0]], batch["item"].n_id[pos[1]]]).T.tolist()
+        path = out / f"rank{trainer.global_rank}-epoch{trainer.current_epoch}.json"
+        old = json.loads(path.read_text()) if path.exists() else []
+        path.write_text(json.dumps(old + seen))
+
+L.seed_everything(0)
+dm = LinkDataModule("prepared", store, edge_type=list(RATES), batch_size=64, verify="size")
+model = LinkPredictor(hidden_channels=16)
+trainer = L.Trainer(
+    accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
+    enable_progress_bar=False, enable_model_summary=False,
+    callbacks=[Record(), ModelCheckpoint(dirpath=out / "ckpt")],
+)
+trainer.fit(model, dm)
+(result,) = trainer.test(model, dm, ckpt_path="best", verbose=False)
+if trainer.global_rank == 0:
+    (out / "result.json").write_text(json.dumps(result))
+torch.distributed.barrier()
+torch.distributed.destroy_process_group()
+"""
+
+
+@requires_sampler
+@pytest.mark.slow
+def test_two_torchrun_ranks_train_links_from_one_store_as_one_process_would(tmp_path):
+    """Two ranks (torchrun: each opens the folder itself) share one prepared store and the split
+    streamed beside it, written once by whichever rank comes first: between them they train
+    every supervision edge once per epoch, disjointly, and test as one process does."""
+    store, _ = _link_store(tmp_path, LINK_TINY)
+    script = tmp_path / "train.py"
+    script.write_text(SHARED_STORE_DDP)
+    port = str(29000 + os.getpid() % 400)
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+         f"--master_port={port}", str(script), str(store), str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    dm = LinkDataModule("prepared", store, edge_type=list(RATES), batch_size=64, verify="size")
+    index, label = dm._labels("train")
+    train = sorted(map(tuple, index[:, label == 1].T.tolist()))
+    assert len(list(tmp_path.glob(f"{store.name}.link_split-*"))) == 1  # one split, shared
+    for epoch in range(2):
+        ranks = [json.loads((tmp_path / f"rank{r}-epoch{epoch}.json").read_text()) for r in (0, 1)]
+        shares = [set(map(tuple, rank)) for rank in ranks]
+        assert shares[0] and shares[1] and not shares[0] & shares[1]
+        assert sorted(tuple(e) for rank in ranks for e in rank) == train
+    (ckpt,) = (tmp_path / "ckpt").glob("*.ckpt")
+    model = LinkPredictor.load_from_checkpoint(ckpt)
+    quiet = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False}
+    (single,) = L.Trainer(accelerator="cpu", devices=1, **quiet).test(model, dm, verbose=False)
+    ddp = json.loads((tmp_path / "result.json").read_text())
+    assert ddp.keys() == single.keys()
+    for key, value in single.items():
+        assert ddp[key] == pytest.approx(value, rel=1e-6), key
