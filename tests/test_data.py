@@ -24,6 +24,7 @@ from gnnscale import (
 )
 from gnnscale.batch import BatchRequest
 from gnnscale.data.loaders import RankShare
+from gnnscale.errors import ConfigError
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
@@ -455,7 +456,6 @@ def test_a_dataset_that_cannot_be_downloaded_is_one_line(tmp_path, monkeypatch):
     import torch_geometric.io
 
     from gnnscale.data.sources import load_dataset
-    from gnnscale.errors import ConfigError
 
     def offline(*args, **kwargs):  # what fsspec's HTTP client meets without a network
         raise socket.gaierror(-2, "Name or service not known")
@@ -489,3 +489,32 @@ def test_sampled_evaluation_draws_the_same_neighbourhoods_every_time(tmp_path):
 
     first = draws(0)
     assert len(first) > 1 and first == draws(0) == draws(2)
+
+
+@requires_sampler
+def test_validation_on_a_fixed_subset_of_its_nodes(tmp_path):
+    """``eval.val_nodes``: the same random subset of the validation nodes every time, in any
+    DataModule; the test scores its whole split; more than there are means all of them."""
+
+    def seeds(val_nodes, split="val"):
+        dm = NeighborDataModule(
+            root=tmp_path,
+            num_neighbors=[4, 2],
+            synthetic=TINY,
+            eval=EvalArgs(mode="sampled", batch_size=50, val_nodes=val_nodes),
+        )
+        dm.setup("fit")
+        loader = dm.val_dataloader() if split == "val" else dm.test_dataloader()
+        found = torch.cat([b.n_id[: b.batch_size] for b in loader])
+        return dm, found
+
+    dm, subset = seeds(60)
+    val = dm.data.val_mask.nonzero().view(-1)
+    assert len(subset) == 60 and len(set(subset.tolist())) == 60
+    assert bool(dm.data.val_mask[subset].all())
+    assert torch.equal(seeds(60)[1], subset)  # drawn once: the same subset every time
+    assert not torch.equal(subset.sort().values, val[:60])  # a random subset, not the first
+    assert sorted(seeds(None)[1].tolist()) == sorted(seeds(10**6)[1].tolist()) == val.tolist()
+    assert len(seeds(60, "test")[1]) == int(dm.data.test_mask.sum())
+    with pytest.raises(ConfigError, match=r"--data.eval.val_nodes must be >= 1"):
+        EvalArgs(val_nodes=0)

@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import torch
+from torch import Tensor
+
 from gnnscale.errors import ConfigError
 
 
@@ -77,12 +80,16 @@ class EvalArgs:
             ``mode``. ``sampled`` costs about a forward pass per batch of validation nodes,
             where layer-wise inference computes every node of the graph at every epoch; test
             and predict still run as ``mode`` says, so the reported test metric stays exact.
+        val_nodes: Validate on this many of the validation nodes, a random subset drawn once
+            (seed 0: the same every epoch, every run, every rank count); none: all of them.
+            Sampled validation costs in proportion to the nodes it scores; the test is unchanged.
     """
 
     mode: Literal["layerwise", "sampled", "full"] = "layerwise"
     batch_size: int = 4096
     num_neighbors: list[int] | None = None
     val_mode: Literal["layerwise", "sampled", "full"] | None = None
+    val_nodes: int | None = None
 
     @property
     def validation(self) -> str:
@@ -93,6 +100,21 @@ class EvalArgs:
         """Refuse non-positive sizes."""
         if self.batch_size < 1:
             raise ConfigError(f"--data.eval.batch_size must be >= 1 (got {self.batch_size})")
+        if self.val_nodes is not None and self.val_nodes < 1:
+            raise ConfigError(
+                f"--data.eval.val_nodes must be >= 1, or null for every validation node "
+                f"(got {self.val_nodes})"
+            )
+
+    def validated(self, mask: Tensor) -> Tensor:
+        """The validation ``mask`` cut to ``val_nodes`` of its nodes (drawn once, seed 0)."""
+        nodes = mask.nonzero().view(-1)
+        if self.val_nodes is None or self.val_nodes >= nodes.numel():
+            return mask
+        order = torch.randperm(nodes.numel(), generator=torch.Generator().manual_seed(0))
+        kept = torch.zeros(mask.numel(), dtype=torch.bool)
+        kept[nodes[order[: self.val_nodes]]] = True
+        return kept
 
 
 def check_positive(**values: int | float) -> None:

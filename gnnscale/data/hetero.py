@@ -349,6 +349,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
 
     def _eval_loader(self, split: str) -> Any:
         mask = self._mask(split)
+        mask = self.eval.validated(mask) if split == "val_mask" else mask
         return rank_share(
             self.trainer,
             mask,

@@ -248,6 +248,8 @@ class NodeDataModule(L.LightningDataModule):
     def _eval_loader(self, mask_key: str | None, mode: str) -> Any:
         data = self.data
         mask = None if mask_key is None else data[mask_key]
+        if mask is not None and mask_key == "val_mask":
+            mask = self.eval.validated(mask)
         if mode == "sampled":
             fanout = self._eval_fanout()
 
