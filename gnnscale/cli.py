@@ -572,7 +572,12 @@ def run() -> None:
     except GnnscaleError as err:
         if os.environ.get("GNNSCALE_DEBUG"):
             raise
-        print(f"gnnscale: error: {err}", file=sys.stderr)
+        message = str(err)
+        if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            # Re-raised from a DataLoader worker: torch's message is the worker's traceback,
+            # whose last line is "module.ErrorClass: the message".
+            message = message.rstrip().rsplit("\n", 1)[-1].partition(": ")[2]
+        print(f"gnnscale: error: {message}", file=sys.stderr)
         sys.exit(2)
 
 
