@@ -49,7 +49,7 @@ from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
-from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded
+from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded, launched_by
 from gnnscale.stores.npy import prepare_data, prepare_npy
 from gnnscale.stores.ogb import OGB, prepare_ogb
 from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
@@ -462,6 +462,8 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
         run: ``False`` only builds the model, DataModule and Trainer from ``args`` (given
             without a subcommand), as the benchmarks do.
     """
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: stop if its agent is killed
+        launched_by(os.getppid())
     _steady_cpu_memory()
     _quiet()
     return GnnscaleCLI(
@@ -594,7 +596,12 @@ def run() -> None:
     except GnnscaleError as err:
         if os.environ.get("GNNSCALE_DEBUG"):
             raise
-        print(f"gnnscale: error: {err}", file=sys.stderr)
+        message = str(err)
+        if message.startswith("Caught ") and "\nOriginal Traceback" in message:
+            # Re-raised from a DataLoader worker: torch's message is the worker's traceback,
+            # whose last line is "module.ErrorClass: the message".
+            message = message.rstrip().rsplit("\n", 1)[-1].partition(": ")[2]
+        print(f"gnnscale: error: {message}", file=sys.stderr)
         sys.exit(2)
 
 

@@ -12,12 +12,22 @@ saves; before the next batch, once Lightning has logged that batch's metrics, th
 resume and exit with :data:`PREEMPTED_EXIT`. A process that launched forked ranks passes the
 signal on to them (:func:`forwarded`). A signal during validation takes effect after the next
 training batch; one after the last training batch lets the run finish.
+
+A launching process killed outright (SIGKILL, the OOM killer) can pass nothing on. torchrun's
+agent starts its ranks in sessions of their own and asks nothing for them: they would wait in a
+collective for ranks that never come. torch's forked ranks ask for a SIGINT, which stops them
+unsaved. So each rank asks the kernel for a SIGTERM when its launcher dies
+(:func:`die_with_parent`, Linux): torchrun's as the command starts (``gnnscale.cli``), and every
+rank again as training starts (a forked rank's SIGINT replaced); they then stop as on a SIGTERM.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -30,9 +40,49 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.utilities import rank_zero_info
 
-__all__ = ["PREEMPTED_EXIT", "Preemption", "forwarded"]
+__all__ = ["PREEMPTED_EXIT", "Preemption", "die_with_parent", "forwarded", "launched_by"]
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a process the signal ended
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+# The process that launched this rank: torchrun's agent, or the process that forked it (which
+# set it while forwarded() launched its ranks: forked ranks inherit it). None: not a rank.
+_launcher: int | None = None
+
+
+def die_with_parent(parent: int | None = None) -> bool:
+    """Ask the kernel to send this process SIGTERM when its parent exits (Linux ``prctl``).
+
+    Args:
+        parent: The parent's pid, if known before this call (a forked rank's launcher); else
+            the parent now. If it is no longer the parent once asked (it died first, which the
+            kernel would not report), SIGTERM is sent now.
+
+    Returns:
+        Whether the request was made (``False`` off Linux, or without ``prctl``).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    parent = os.getppid() if parent is None else parent
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    if prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+def launched_by(parent: int) -> None:
+    """Note that this process is a rank that ``parent`` launched, and die with it from now on.
+
+    Args:
+        parent: The launching process's pid (torchrun's agent); the rank's parent.
+    """
+    global _launcher
+    _launcher = parent
+    die_with_parent(parent)
 
 
 class Preemption(L.Callback):
@@ -52,8 +102,13 @@ class Preemption(L.Callback):
         self.requested = True
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Take SIGTERM over from Lightning's handler (and its broadcast inside the handler)."""
+        """Take SIGTERM over from Lightning's handler (and its broadcast inside the handler).
+
+        A rank also asks for a SIGTERM when its launcher dies, replacing torch's SIGINT.
+        """
         self.previous = signal.signal(signal.SIGTERM, self._note)
+        if _launcher is not None and _launcher != os.getpid():
+            die_with_parent(_launcher)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Give SIGTERM back."""
@@ -97,13 +152,17 @@ def forwarded(trainer: L.Trainer) -> Iterator[None]:
 
     Lightning's multiprocessing launcher leaves this process with the default action (die at
     once), which orphans the ranks; passed on, each rank saves and exits, and so does this one.
+    Ranks forked meanwhile know this process as their launcher (see :func:`die_with_parent`).
     """
+    global _launcher
     launcher = trainer.strategy.launcher
     if not isinstance(launcher, _MultiProcessingLauncher):
         yield
         return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: launcher.kill(signum))
+    _launcher = os.getpid()
     try:
         yield
     finally:
+        _launcher = None
         signal.signal(signal.SIGTERM, previous)

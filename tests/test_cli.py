@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+import torch
 from registry import recipe
 
 import gnnscale.cli
@@ -17,6 +18,7 @@ from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
 from gnnscale.errors import ConfigError, TrainingDiverged
 from gnnscale.measure import read_metrics
+from gnnscale.stores.prepared import PreparedGraphError
 from gnnscale.testing import (
     TINY,
     centroid_accuracy,
@@ -194,6 +196,22 @@ def test_refused_input_is_one_line_without_traceback(tmp_path, config, bad, mess
     env["GNNSCALE_DEBUG"] = "1"
     debug = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
     assert debug.returncode != 0 and "Traceback" in debug.stderr and message in debug.stderr
+
+
+def test_a_refusal_from_a_loader_worker_is_one_line_too(monkeypatch, capsys):
+    """torch re-raises a worker's exception with the worker's traceback as its message."""
+
+    def sample(_):
+        raise PreparedGraphError("row.bin holds a damaged neighbour id")
+
+    loader = torch.utils.data.DataLoader(range(4), num_workers=1, collate_fn=sample)
+    monkeypatch.setattr(gnnscale.cli, "main", lambda: next(iter(loader)))
+    monkeypatch.setattr(sys, "argv", ["gnnscale", "fit"])
+    monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as done:
+        gnnscale.cli.run()
+    assert done.value.code == 2
+    assert capsys.readouterr().err == "gnnscale: error: row.bin holds a damaged neighbour id\n"
 
 
 def test_an_error_once_the_trainer_started_leaves_no_run_folder(tmp_path, monkeypatch):

@@ -359,3 +359,22 @@ def test_ddp_on_two_processes_trains_and_tests_every_item_once(tmp_path):
     assert sorted(tested) == result["test_mask"] == sorted(sum(seeds("test", 1, 0), []))
     assert result["ddp"]["test/acc"] == pytest.approx(result["single"]["test/acc"], abs=1e-6)
     assert result["single"]["test/acc"] > 0.6  # trained: features alone reach about 0.4
+
+
+def _same_batches(first, second):
+    assert len(first) == len(second) > 1
+    for a, b in zip(first, second, strict=True):
+        for t in a.node_types:
+            assert torch.equal(a[t].n_id, b[t].n_id), t
+        for t in a.edge_types:
+            assert torch.equal(a[t].edge_index, b[t].edge_index), t
+
+
+@requires_sampler
+def test_two_validation_passes_sample_the_same_batches():
+    """Sampled validation is a function of the weights alone: the same neighbourhoods at every
+    epoch, whatever the global random stream did in between (``SeededSampling``)."""
+    dm = _dm(eval=EvalArgs(mode="sampled", num_neighbors=[2, 2], batch_size=64))
+    first = list(dm.val_dataloader())
+    torch.rand(10)  # training moves the global stream between validations
+    _same_batches(first, list(dm.val_dataloader()))

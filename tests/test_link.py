@@ -8,6 +8,7 @@ import torch
 
 from gnnscale import LinkDataModule, LinkPredictor, SyntheticRecommender, make_recommender_graph
 from gnnscale.batch import BatchRequest, LinkEval
+from gnnscale.data.link import LinkEvalArgs
 from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
 from gnnscale.testing import requires_sampler
@@ -330,3 +331,24 @@ def test_ddp_on_two_processes_trains_every_edge_once_and_evaluates_as_one(tmp_pa
     recall = result["ddp"]["test/recall@20"]
     mean_of_means = sum(accum / total for accum, total in shares) / 2
     assert abs(mean_of_means - recall) > 1e-4, (mean_of_means, recall)
+
+
+@requires_sampler
+def test_two_evaluations_embed_with_the_same_neighbourhoods():
+    """The embedding loaders of ranking evaluation sample under a seed of each batch's position:
+    validation is a function of the weights alone (``SeededSampling``)."""
+    dm = _dm(num_neighbors=[2, 2], eval=LinkEvalArgs(batch_size=128))
+    passes = []
+    for _ in range(2):
+        (ev,) = dm.val_dataloader()
+        passes.append({t: list(loader) for t, loader in ev.loaders.items()})
+        torch.rand(10)  # training moves the global stream between validations
+    first, second = passes
+    assert first.keys() == second.keys() == {"user", "item"}
+    for node_type in first:
+        assert len(first[node_type]) == len(second[node_type]) > 1
+        for a, b in zip(first[node_type], second[node_type], strict=True):
+            for t in a.node_types:
+                assert torch.equal(a[t].n_id, b[t].n_id), (node_type, t)
+            for t in a.edge_types:
+                assert torch.equal(a[t].edge_index, b[t].edge_index), (node_type, t)

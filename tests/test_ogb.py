@@ -1,5 +1,6 @@
 """OGB's node-property downloads (their raw layouts, written here small) prepared by streaming."""
 
+import errno
 import gzip
 import json
 import subprocess
@@ -315,6 +316,7 @@ def _truncate(path):
             "truncated_csv",
             r"ogbn_arxiv/raw/node-feat\.csv\.gz cannot be read \(.+\); the download is",
         ),
+        ("not_gzip", r"num-node-list\.csv\.gz cannot be read \(Not a gzipped file"),
         ("truncated_npz", r"raw/data\.npz is not a readable \.npz archive"),
         ("corrupt_npz", r"raw/data\.npz \(node_feat\) cannot be read \((Bad CRC|Error -3)"),
         (
@@ -340,6 +342,8 @@ def test_a_damaged_download_is_refused_naming_its_file_and_leaves_nothing(tmp_pa
     folder = tmp_path / name.replace("-", "_")
     if damage == "truncated_csv":
         _truncate(folder / "raw" / "node-feat.csv.gz")
+    elif damage == "not_gzip":  # gzip's BadGzipFile: an OSError without an errno
+        (folder / "raw" / "num-node-list.csv.gz").write_text("300\n")
     elif damage == "truncated_npz":
         _truncate(folder / "raw" / "data.npz")
     elif damage == "corrupt_npz":  # a byte changed inside the deflated features
@@ -364,6 +368,47 @@ def test_a_damaged_download_is_refused_naming_its_file_and_leaves_nothing(tmp_pa
         prepare_ogb(name, tmp_path, tmp_path / "store", chunk_bytes=4096)
     assert not (tmp_path / "store").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".store.partial")] == []
+
+
+def _failing(error):
+    def fail(*args, **kwargs):
+        raise error
+
+    return fail
+
+
+@pytest.mark.parametrize(
+    ("reader", "error"),
+    [
+        ("open_csv", "thread"),  # pyarrow's UnknownError, seen under a memory cap
+        ("open_csv", "arrow_memory"),
+        ("open_csv", "io"),
+        ("gzip", "permission"),
+    ],
+)
+def test_an_error_that_is_not_about_the_data_is_not_blamed_on_the_download(
+    tmp_path, monkeypatch, reader, error
+):
+    """Only bytes that do not parse or decompress are a damaged download; the rest is raised
+    as it is (it said "the download is damaged: unpack OGB's zip again" for any of these)."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.csv
+
+    raised = {
+        "thread": pa.ArrowException("Unknown error: Failed to launch worker thread: Resource"),
+        "arrow_memory": pa.ArrowMemoryError("malloc of size 65536 failed"),
+        "io": OSError(errno.EIO, "Input/output error"),
+        "permission": PermissionError(errno.EACCES, "Permission denied"),
+    }[error]
+    csv_download(tmp_path, "ogbn-arxiv", _graph(0))
+    if reader == "open_csv":
+        monkeypatch.setattr(pyarrow.csv, "open_csv", _failing(raised))
+    else:
+        monkeypatch.setattr(gzip, "open", _failing(raised))
+    with pytest.raises(type(raised)) as caught:
+        prepare_ogb("ogbn-arxiv", tmp_path, tmp_path / "store", chunk_bytes=4096)
+    assert caught.value is raised
+    assert not (tmp_path / "store").exists()
 
 
 # A fresh process whose private memory (RLIMIT_DATA) is capped a few MiB above its start, as in

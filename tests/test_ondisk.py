@@ -16,8 +16,16 @@ import psutil
 import pytest
 import torch
 from registry import REPO
+from torch_geometric.loader import NeighborLoader
 
-from gnnscale import GraphSAGE, NeighborDataModule, SyntheticGraph, make_synthetic_graph
+from gnnscale import (
+    GraphSAGE,
+    NeighborDataModule,
+    SyntheticGraph,
+    make_synthetic_graph,
+    stores,
+)
+from gnnscale.batch import BatchRequest
 from gnnscale.cli import main
 from gnnscale.data.args import EvalArgs
 from gnnscale.data.subgraph import ClusterDataModule
@@ -172,6 +180,31 @@ def test_a_damaged_colptr_is_refused_even_when_only_sizes_are_checked(
     del colptr
     with pytest.raises(PreparedGraphError, match=rf"colptr\.bin is damaged \({problem}"):
         PreparedGraph(tiny_prepared, verify="size")
+
+
+@requires_sampler
+@pytest.mark.parametrize("bad", [10**9, -1])
+def test_a_damaged_row_is_refused_when_a_batch_gathers_it(tiny_prepared, bad):
+    """A neighbour id out of range in ``row.bin`` (its sizes are right: ``verify: size`` opens
+    it) is one error naming the file, from PyG's loader on the store and from the DataModule.
+    One hop: an id sampled before the last hop is expanded by the sampler before any check."""
+    row = np.memmap(tiny_prepared / "row.bin", dtype=np.int64, mode="r+")
+    row[5] = bad  # an in-neighbour of node 0
+    row.flush()
+    del row
+    message = rf"holds node {bad:,}, outside 0..2,999 .*{tiny_prepared / 'row.bin'} holds a damaged"
+    fs, gs = stores.open(tiny_prepared, verify="size")
+    loader = NeighborLoader((fs, gs), num_neighbors=[-1], input_nodes=torch.arange(10))
+    with pytest.raises(PreparedGraphError, match=message):
+        next(iter(loader))
+    dm = NeighborDataModule(
+        "prepared", tiny_prepared, [-1], 16, eval=EvalArgs(mode="sampled"), verify="size"
+    )
+    dm.configure_batches(BatchRequest(num_layers=1))
+    dm.setup("fit")
+    with pytest.raises(PreparedGraphError, match=message):
+        for _ in dm.predict_dataloader():  # every node, in order: node 0 first
+            pass
 
 
 def test_truncated_file_is_refused_naming_it(tiny_prepared):

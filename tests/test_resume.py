@@ -1,5 +1,6 @@
 """A run killed mid-epoch resumes with ``--ckpt_path last`` and ends exactly as an unkilled one."""
 
+import contextlib
 import csv
 import os
 import signal
@@ -240,6 +241,84 @@ def test_a_damaged_last_checkpoint_is_refused_or_passed_over_for_the_whole_one(t
     cli = _planetoid(tmp_path, "fit", "--ckpt_path=last", "--trainer.max_epochs=3")
     assert "last.ckpt is damaged (its record" in caplog.text and f"taking {best}" in caplog.text
     assert cli.trainer.ckpt_path == str(best) and cli.trainer.global_step == 3
+
+
+_ORPHANED = """
+import os, sys, time
+from gnnscale.preemption import die_with_parent
+if os.fork() == 0:
+    die_with_parent(os.getppid())
+    print("child", os.getpid(), flush=True)
+    time.sleep(60)
+    os._exit(0)
+time.sleep(60)
+"""
+
+
+def test_a_process_that_asked_dies_with_its_parent_or_at_once_if_it_is_gone():
+    """Linux only: PR_SET_PDEATHSIG; a parent that died before the request is caught too."""
+    if not sys.platform.startswith("linux"):
+        pytest.skip("prctl(PR_SET_PDEATHSIG) is Linux's")
+    parent = subprocess.Popen([sys.executable, "-c", _ORPHANED], stdout=subprocess.PIPE, text=True)
+    try:
+        child = psutil.Process(int(parent.stdout.readline().split()[1]))
+        parent.kill()  # SIGKILL: nothing is passed on
+        parent.wait(timeout=10)
+        child.wait(timeout=10)  # the kernel's SIGTERM ended it
+    finally:
+        parent.kill()
+    # Asked with a parent that is not (any more) the parent: SIGTERM at once.
+    gone = "from gnnscale.preemption import die_with_parent; die_with_parent(1); input()"
+    done = subprocess.run([sys.executable, "-c", gone], stdin=subprocess.PIPE, timeout=60)
+    assert done.returncode == -signal.SIGTERM
+
+
+@pytest.mark.slow
+@requires_sampler
+@pytest.mark.parametrize("launcher", ["fork", "torchrun"])
+def test_sigkill_to_the_launcher_of_ddp_ranks_stops_every_rank_saved(tmp_path, launcher):
+    """A SIGKILL cannot be passed on. torchrun's ranks (sessions of their own) waited in gloo
+    for ranks that were gone; Lightning's forked ranks died of torch's SIGINT, unsaved. Each
+    rank asks the kernel for a SIGTERM when its launcher dies, and stops on it as on a
+    pre-emption: saved, within seconds."""
+    fit = ["fit", "--config", str(recipe("multi_gpu_ddp").config), *cli_args(tmp_path)]
+    fit += ["--trainer.accelerator=cpu", "--data.batch_size=24", "--trainer.max_epochs=1000"]
+    argv = [sys.executable, "-m"]
+    if launcher == "torchrun":  # the agent starts both ranks; Lightning launches none
+        port = str(29400 + os.getpid() % 500 + 7)
+        argv += ["torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "-m"]
+        fit += ["--trainer.strategy=ddp"]
+    argv += ["gnnscale.cli", *fit]
+    log = (tmp_path / "stderr").open("wb")  # not a pipe: with its reader gone, ranks would block
+    job = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log)
+    last = tmp_path / "runs" / "multi_gpu_ddp" / "version_0" / "checkpoints" / "last.ckpt"
+    family: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not last.is_file():  # training: the periodic checkpoint is there
+            assert job.poll() is None and time.monotonic() < deadline, _tail(tmp_path / "stderr")
+            time.sleep(0.5)
+        ranks = [
+            p for p in psutil.Process(job.pid).children() if "gnnscale.cli" in p.cmdline()
+        ] if launcher == "torchrun" else psutil.Process(job.pid).children()  # fmt: skip
+        assert len(ranks) == 2
+        family = [p for r in ranks for p in (r, *r.children(recursive=True))]
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(timeout=10)
+        _, alive = psutil.wait_procs(family, timeout=15)
+    finally:
+        job.kill()
+        for p in family:  # whatever is left, so that no rank outlives the test
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        log.close()
+    assert not alive, (alive, _tail(tmp_path / "stderr"))
+    stopped = torch.load(last, weights_only=False)["global_step"]
+    assert f"stopped by SIGTERM after step {stopped}; saved {last}" in _tail(tmp_path / "stderr")
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-3000:]
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ from torch_geometric.typing import EdgeType
 from gnnscale.batch import BatchRequest
 from gnnscale.data.args import EvalArgs, LoaderArgs, NodeSplit, check_dataset, check_positive
 from gnnscale.data.loaders import rank_share, resumable
-from gnnscale.data.resume import ResumableLoader
+from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import check_root, log_backend_once
 from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
@@ -350,12 +350,13 @@ class HeteroNeighborDataModule(HeteroGraphData):
     def _eval_loader(self, split: str) -> Any:
         mask = self._mask(split)
         mask = self.eval.validated(mask) if split == "val_mask" else mask
-        return rank_share(
-            self.trainer,
-            mask,
-            mask.numel(),
-            lambda seeds: self._loader(seeds, self.eval.batch_size, self.eval.num_neighbors),
-        )
+
+        def sampled(seeds: Tensor | None) -> NeighborLoader:
+            loader = self._loader(seeds, self.eval.batch_size, self.eval.num_neighbors)
+            loader.collate_fn = SeededSampling(loader.collate_fn)  # the same draw each time
+            return loader
+
+        return rank_share(self.trainer, mask, mask.numel(), sampled)
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""

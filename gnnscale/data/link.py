@@ -49,7 +49,7 @@ from gnnscale.data.pinsage import (
     pair_keys,
     pinsage_neighbors,
 )
-from gnnscale.data.resume import ResumableLoader
+from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import DATASETS, check_root, load_dataset, log_backend_once
 from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
@@ -503,6 +503,8 @@ class LinkDataModule(HeteroGraphData):
             )
             for t in dict.fromkeys((src_type, dst_type))
         }
+        for i, loader in enumerate(loaders.values()):  # the same draw at every evaluation
+            loader.collate_fn = SeededSampling(loader.collate_fn, seed=i)
         positives = label_index[:, label == 1]
         if self.undirected:
             positives = torch.cat([positives, positives.flip(0)], 1)

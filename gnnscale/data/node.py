@@ -33,7 +33,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import (
     NeighborLoader,
 )
-from torch_geometric.sampler import NeighborSampler
+from torch_geometric.sampler import NeighborSampler, SamplerOutput
 
 from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
@@ -234,6 +234,10 @@ class NodeDataModule(L.LightningDataModule):
         """
         sampler = copy.copy(self._csc_sampler)
         sampler.num_neighbors = fanout
+        if self.dataset == "prepared":  # mapped ids read unchecked with verify: size
+            kwargs["transform_sampler_output"] = functools.partial(
+                _checked_ids, graph=self.prepared
+            )
         return NeighborLoader(
             data,
             num_neighbors=fanout,
@@ -325,6 +329,12 @@ class NodeDataModule(L.LightningDataModule):
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         raise NotImplementedError
+
+
+def _checked_ids(out: SamplerOutput, graph: PreparedGraph) -> SamplerOutput:
+    """``out``, once its node ids are in the prepared graph's range (in the loader's workers)."""
+    graph.check_ids(out.node)
+    return out
 
 
 class FullBatchDataModule(NodeDataModule):

@@ -18,6 +18,7 @@ batches carry it as PyG's in-memory loaders do. Both stores are read-only.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -36,15 +37,26 @@ _READ_ONLY = "a prepared store is read-only: prepare a new folder to change it"
 
 
 class MappedFeatureStore(FeatureStore):
-    """Node tensors of a prepared folder, by ``(node type, name)``; ``n_id`` computed."""
+    """Node tensors of a prepared folder, by ``(node type, name)``; ``n_id`` computed.
 
-    def __init__(self, tensors: dict[tuple[NodeType | None, str], Tensor], num_nodes: dict) -> None:
+    ``check_ids``, if given, sees every gathered index first (:meth:`PreparedGraph.check_ids`).
+    """
+
+    def __init__(
+        self,
+        tensors: dict[tuple[NodeType | None, str], Tensor],
+        num_nodes: dict,
+        check_ids: Callable[[Tensor, NodeType | None], None] | None = None,
+    ) -> None:
         super().__init__()
         self.tensors = tensors
         self.num_nodes: dict[NodeType | None, int] = num_nodes
+        self.check_ids = check_ids
 
     def _get_tensor(self, attr: TensorAttr) -> Tensor | None:
         index = attr.index
+        if self.check_ids is not None and isinstance(index, Tensor) and index.dtype != torch.bool:
+            self.check_ids(index, attr.group_name)
         if attr.attr_name == "n_id" and attr.group_name in self.num_nodes:
             every = torch.arange(self.num_nodes[attr.group_name])
             return every if index is None else every[index]
@@ -140,4 +152,4 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
         src, dst = (None, None) if et is None else (et[0], et[-1])
         size = (num_nodes[src], num_nodes[dst])
         csc[et] = (graph.tensor(f"{prefix}row"), graph.tensor(f"{prefix}colptr"), size)
-    return MappedFeatureStore(tensors, num_nodes), MappedGraphStore(csc)
+    return MappedFeatureStore(tensors, num_nodes, graph.check_ids), MappedGraphStore(csc)

@@ -58,13 +58,27 @@ def _damaged(path: Path | str, err: Any) -> PreparedGraphError:
     )
 
 
+def _system(err: BaseException) -> bool:
+    """Whether an ``OSError`` is the system's (an errno: permissions, an I/O error, no memory).
+
+    Decompression reports damaged bytes as an ``OSError`` without one (gzip's ``BadGzipFile``,
+    pyarrow's "zlib inflate failed", "Truncated compressed stream"); only those, parse errors
+    (``ArrowInvalid``, ``ValueError``), ``zlib.error`` and ``EOFError`` blame the download.
+    Anything else (a system error, a reader thread that could not start, ``MemoryError``)
+    says nothing about the file and is raised as it is.
+    """
+    return isinstance(err, OSError) and err.errno is not None
+
+
 def _small_csv(path: Path, lines: int = -1) -> list[list[str]]:
     """The rows of a small .csv.gz (counts, type lists), or its first ``lines``."""
     try:
         with gzip.open(_need(path), "rt", newline="") as f:
             reader = csv.reader(f if lines < 0 else [f.readline(1 << 20) for _ in range(lines)])
             return [row for row in reader if row]
-    except (OSError, EOFError, UnicodeDecodeError) as err:
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as err:
+        if _system(err):
+            raise
         raise _damaged(path, err) from None
 
 
@@ -111,7 +125,9 @@ def _csv_chunks(path: Path, columns: int, dtype: Any, rows: int, width: int) -> 
                     out[:, i] = batch.column(i).to_numpy()
                 for a in range(0, len(out), rows):
                     yield out[a : a + rows]
-    except (pa.ArrowException, OSError) as err:
+    except (pa.ArrowInvalid, OSError) as err:
+        if _system(err):
+            raise
         raise _damaged(path, err) from None
 
 
@@ -202,6 +218,8 @@ class _Member:
                 if (first + count) * per == np.prod(self.shape) and f.read(1):  # checks the CRC
                     raise _damaged(where, "it is longer than its header says")
         except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as err:
+            if _system(err):
+                raise
             raise _damaged(where, err) from None
 
 
@@ -228,7 +246,9 @@ def _member(npz: Path, key: str) -> _Member:
             start = info.header_offset + 30 + names + extra + header
     except KeyError:
         raise PreparedGraphError(f"{npz} has no array {key!r}; unpack OGB's zip again") from None
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError, ValueError) as err:
+        if _system(err):
+            raise
         raise PreparedGraphError(
             f"{npz} is not a readable .npz archive ({err}); unpack OGB's zip again"
         ) from None
