@@ -39,6 +39,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``store-tasks``: the hetero and link recipes from a folder prepared by ``gnnscale prepare
   --dataset recommender`` against the same graph in memory, one process and two ranks
   (``from_disk`` in each recipe's README; about 15 minutes).
+- ``gpu``: the sampler, hetero and link recipes on one GPU, and the planner's CUDA peak against
+  the fit's (``gpu`` in benchmarks/README.md; under 10 minutes on one H100; without CUDA it
+  measures and writes nothing).
 - ``store-large``: a heterogeneous graph shaped like MAG240M, its paper features larger than
   memory, written as ``.npy``, prepared by streaming and trained from the store (``store_large``
   in on_disk_graph's README; most of an hour, 60 GiB of disk; run at full size only when named).
@@ -72,6 +75,7 @@ SECTIONS = (
     "graphs",
     "store",
     "store-tasks",
+    "gpu",
 )
 EXTRA_SECTIONS = ("ondisk-large", "store-large")  # run only when named
 
@@ -103,6 +107,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "graphs": "many_graphs",
         "store": "store_prepare",
         "store-tasks": "store_tasks",
+        "gpu": "gpu",
         "store-large": "store_large",
     }[name]
     threads = {
@@ -119,6 +124,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "graphs": "torch's default threads per process (fits: 1 or 2 ranks)",
         "store": f"{torch.get_num_threads()} torch threads, one process at a time",
         "store-tasks": "1 process with torch's default threads, or 2 ranks with 1 thread each",
+        "gpu": f"one GPU; {torch.get_num_threads()} torch threads on the host",
         "store-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
     }[name]
     return __import__(module).blocks(tiny), threads
