@@ -21,7 +21,7 @@ import sys
 import lightning as L
 import pytest
 import torch
-from registry import REPO
+from registry import REPO, recipe
 
 from gnnscale import GraphSAGE, NeighborDataModule, make_synthetic_graph
 from gnnscale.cli import main
@@ -31,14 +31,7 @@ from gnnscale.testing import TINY, TINY_ARGS, centroid_accuracy, requires_cuda, 
 
 pytestmark = [pytest.mark.gpu, requires_cuda, requires_sampler]
 
-HETERO_TINY = [
-    "--data.init_args.synthetic.num_users=2000",
-    "--data.init_args.synthetic.num_items=1000",
-    "--data.init_args.synthetic.num_categories=40",
-    "--data.init_args.synthetic.num_communities=8",
-    "--data.init_args.synthetic.feature_noise=4.0",
-    "--data.init_args.batch_size=128",
-]
+HETERO_TINY = recipe("hetero_node_classification").tiny  # the smoke test's settings
 
 
 def _gpu_args(folder, *, workers=True):
@@ -106,7 +99,6 @@ def test_the_hetero_recipe_trains_in_mixed_precision(tmp_path, precision):
             *_gpu_args(tmp_path),
             *HETERO_TINY,
             f"--trainer.precision={precision}",
-            "--trainer.max_epochs=4",
         ]
     )
     metrics = _metrics(tmp_path)
