@@ -27,11 +27,11 @@ from gnnscale import (
 )
 from gnnscale.batch import BatchRequest
 from gnnscale.cli import main
-from gnnscale.data.args import EvalArgs
+from gnnscale.data.args import EvalArgs, LoaderArgs
 from gnnscale.data.subgraph import ClusterDataModule
 from gnnscale.errors import ConfigError
 from gnnscale.measure import read_metrics
-from gnnscale.stores import atomic, prepared
+from gnnscale.stores import atomic, prepared, reads
 from gnnscale.stores.prepared import (
     PreparedGraph,
     PreparedGraphError,
@@ -71,6 +71,37 @@ def test_prepared_graph_trains_exactly_like_the_same_graph_in_memory(tmp_path, t
     assert len(memory["train/loss_epoch"]) == 2
     for key in ("train/loss_epoch", "val/acc", "test/acc"):
         assert disk[key] == memory[key], key
+
+
+@requires_sampler
+def test_threaded_reads_give_the_batches_of_one_mapped_gather(tiny_prepared, monkeypatch):
+    """Features read by many threads (in the loader's worker) are those PyG's gather reads."""
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)
+
+    def batches(read_threads):
+        loader = LoaderArgs(num_workers=1, persistent_workers=False)
+        dm = NeighborDataModule(
+            "prepared",
+            tiny_prepared,
+            [5, 3],
+            256,
+            loader=loader,
+            eval=EvalArgs(mode="sampled"),
+            read_threads=read_threads,
+        )
+        dm.configure_batches(BatchRequest(num_layers=2))
+        dm.setup("fit")
+        torch.manual_seed(0)
+        return list(dm.train_dataloader()), list(dm.val_dataloader())
+
+    plain, threaded = batches(1), batches(4)
+    assert len(plain[0]) == len(threaded[0]) > 1 and len(plain[1]) == len(threaded[1]) > 0
+    for a, b in zip(plain[0] + plain[1], threaded[0] + threaded[1], strict=True):
+        assert a.x.dtype == b.x.dtype and set(a.keys()) == set(b.keys())
+        for key in a.keys():
+            if isinstance(a[key], torch.Tensor):
+                assert torch.equal(a[key], b[key]), key
+    assert PreparedGraph(tiny_prepared).threads == 1  # by default: a graph the cache keeps
 
 
 def _mapped_file(address: int) -> str:

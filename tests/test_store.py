@@ -32,6 +32,7 @@ from gnnscale import (
 from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.errors import ConfigError
+from gnnscale.stores import reads
 from gnnscale.stores.prepared import PreparedGraph, PreparedGraphError, write_graph
 from gnnscale.testing import TINY, centroid_accuracy, requires_sampler
 
@@ -119,11 +120,14 @@ def _batches(data, seed, **kwargs):
 
 
 @requires_sampler
+@pytest.mark.parametrize("read_threads", [1, 4], ids=["one gather", "threaded reads"])
 def test_pygs_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_memory(
-    tmp_path, homogeneous
+    tmp_path, homogeneous, read_threads, monkeypatch
 ):
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)  # threads share even a small batch's rows
     folder, data = homogeneous
-    fs, gs = stores.open(stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096))
+    out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
+    fs, gs = stores.open(out, read_threads=read_threads)
     kwargs = {
         "num_neighbors": [5, 3],
         "input_nodes": data.train_mask.nonzero().view(-1),
@@ -166,10 +170,14 @@ def test_pygs_link_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_i
 
 
 @requires_sampler
-def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(tmp_path, heterogeneous):
+@pytest.mark.parametrize("read_threads", [1, 4], ids=["one gather", "threaded reads"])
+def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(
+    tmp_path, heterogeneous, read_threads, monkeypatch
+):
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)
     folder, data, train = heterogeneous
     out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
-    fs, gs = stores.open(out)
+    fs, gs = stores.open(out, read_threads=read_threads)
     kwargs = {"num_neighbors": [4, 2], "input_nodes": ("paper", train), "batch_size": 50}
     memory, disk = _batches(data, 3, **kwargs), _batches((fs, gs), 3, **kwargs)
     assert len(memory) == len(disk) == 4

@@ -117,10 +117,10 @@ class EvalArgs:
         return kept
 
 
-def check_positive(**values: int | float) -> None:
-    """Refuse a size or count that is not positive, naming its ``--data`` flag."""
+def check_positive(**values: int | float | None) -> None:
+    """Refuse a size or count that is not positive (``None``: unset), naming its ``--data`` flag."""
     for key, value in values.items():
-        if value <= 0:
+        if value is not None and value <= 0:
             raise ConfigError(f"--data.{key} must be > 0 (got {value})")
 
 

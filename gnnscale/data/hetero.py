@@ -185,6 +185,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
             fan-out).
         verify: ``dataset: prepared`` only: ``full`` checks every block's checksum when the
             folder is opened (a read of every file); ``size`` only the files' sizes.
+        read_threads: ``dataset: prepared`` only: threads that read a batch's rows at once
+            (default: 32 where the folder is larger than the page cache can keep, else 1).
     """
 
     def __init__(
@@ -199,10 +201,11 @@ class HeteroNeighborDataModule(HeteroGraphData):
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008
         eval: EvalArgs = EvalArgs(mode="sampled"),  # noqa: B008
         verify: Literal["full", "size"] = "full",
+        read_threads: int | None = None,
     ) -> None:
         super().__init__()
         check_dataset(dataset, (*_LABELLED, "prepared"))
-        check_positive(batch_size=batch_size)
+        check_positive(batch_size=batch_size, read_threads=read_threads)
         if eval.mode != "sampled":
             raise ConfigError(
                 f"--data.eval.mode {eval.mode!r}: heterogeneous graphs are evaluated on sampled "
@@ -214,6 +217,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
                 "sampled neighbourhoods; use --data.eval.val_mode=sampled or drop it"
             )
         self.dataset, self.root, self.verify = dataset, Path(root), verify
+        self.read_threads = read_threads
         self.target_type = target_type or _LABELLED.get(dataset, "")
         if dataset == "prepared":
             check_root(dataset, self.root)
@@ -233,7 +237,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
     @cached_property
     def prepared(self) -> PreparedGraph:
         """The mapped folder of ``dataset: prepared``; refuses a target it cannot train on."""
-        graph = PreparedGraph(self.root, self.verify)
+        graph = PreparedGraph(self.root, self.verify, self.read_threads)
         counts = graph.manifest["num_nodes"]
         if not isinstance(counts, dict):
             raise ConfigError(

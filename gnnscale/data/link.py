@@ -40,7 +40,7 @@ from torch_geometric.sampler import NegativeSampling
 from torch_geometric.typing import EdgeType
 
 from gnnscale.batch import LinkEval
-from gnnscale.data.args import LoaderArgs, check_dataset
+from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
 from gnnscale.data.hetero import HeteroGraphData, edge_key
 from gnnscale.data.loaders import resumable, single
 from gnnscale.data.pinsage import (
@@ -177,6 +177,8 @@ class LinkDataModule(HeteroGraphData):
         eval: Ranking cut-off, candidates and batch size of validation and test.
         verify: ``dataset: prepared`` only: ``full`` checks every block's checksum when the
             folder is opened; ``size`` only the files' sizes.
+        read_threads: ``dataset: prepared`` only: threads that read a batch's rows at once
+            (default: 32 where the folder is larger than the page cache can keep, else 1).
     """
 
     def __init__(
@@ -195,9 +197,11 @@ class LinkDataModule(HeteroGraphData):
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008
         eval: LinkEvalArgs = LinkEvalArgs(),  # noqa: B008
         verify: Literal["full", "size"] = "full",
+        read_threads: int | None = None,
     ) -> None:
         super().__init__()
         check_dataset(dataset, DATASETS)
+        check_positive(read_threads=read_threads)
         if batch_size < 1 or num_negatives < 0 or num_hard_negatives < 0:
             raise ConfigError(
                 "--data.batch_size must be >= 1 and --data.num_negatives, "
@@ -221,6 +225,7 @@ class LinkDataModule(HeteroGraphData):
                 )
         check_root(dataset, Path(root))
         self.dataset, self.root, self.verify = dataset, Path(root), verify
+        self.read_threads = read_threads
         self._edge_type = edge_type
         self._num_neighbors = num_neighbors
         self.batch_size = batch_size
@@ -239,7 +244,7 @@ class LinkDataModule(HeteroGraphData):
     @cached_property
     def prepared(self) -> PreparedGraph:
         """The mapped folder of ``dataset: prepared``; refuses a homogeneous one."""
-        graph = PreparedGraph(self.root, self.verify)
+        graph = PreparedGraph(self.root, self.verify, self.read_threads)
         if not isinstance(graph.manifest["num_nodes"], dict):
             raise ConfigError(
                 f"{self.root} holds a homogeneous graph: prepare it in the heterogeneous layout "

@@ -33,7 +33,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import (
     NeighborLoader,
 )
-from torch_geometric.sampler import NeighborSampler, SamplerOutput
+from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOutput
 
 from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
@@ -50,7 +50,8 @@ from gnnscale.data.sources import (
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MemoryProfile, MiB, tensor_mb
-from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.stores import reads
+from gnnscale.stores.prepared import NODE_FILES, PreparedGraph
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -61,6 +62,7 @@ class NodeDataModule(L.LightningDataModule):
     # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
     _not_on_disk: str | None = "it needs the whole graph in memory"
     verify: Literal["full", "size"] = "full"
+    read_threads: int | None = None
     # What the model asked batches to carry (``configure_batches``); until then, nothing extra.
     request: BatchRequest = BatchRequest()
     _configured = False
@@ -110,7 +112,7 @@ class NodeDataModule(L.LightningDataModule):
     def prepared(self) -> PreparedGraph:
         """The memory-mapped graph of ``dataset: prepared`` (``root`` is its folder)."""
         start = time.perf_counter()
-        graph = PreparedGraph(self.root, self.verify)
+        graph = PreparedGraph(self.root, self.verify, self.read_threads)
         checked = "checksums verified" if self.verify == "full" else "sizes checked"
         rank_zero_info(
             f"gnnscale: mapped {self.root} ({graph.nbytes / 2**30:.2f} GiB, {checked} in "
@@ -216,9 +218,9 @@ class NodeDataModule(L.LightningDataModule):
             return NeighborSampler(self.data, [-1], share_memory=self.loader.num_workers > 0)
         # The prepared CSC is already in the sampler's layout: map it instead of building one.
         # (PyG builds the CSC in __init__; given a one-node graph that is free, then replaced.)
-        sampler = NeighborSampler(
-            Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1), [-1]
-        )
+        cls = PrefetchingSampler if self.prepared.threads > 1 else NeighborSampler
+        sampler = cls(Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1), [-1])
+        sampler.graph = self.prepared
         sampler.num_nodes = self.data.num_nodes
         sampler.colptr, sampler.row = self.prepared.csc
         sampler.perm = None
@@ -238,6 +240,11 @@ class NodeDataModule(L.LightningDataModule):
             kwargs["transform_sampler_output"] = functools.partial(
                 _checked_ids, graph=self.prepared
             )
+            if self.prepared.threads > 1:  # node files read by many threads, not PyG's gather
+                data = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
+                kwargs["transform"] = functools.partial(
+                    _with_node_files, graph=self.prepared, then=kwargs.get("transform")
+                )
         return NeighborLoader(
             data,
             num_neighbors=fanout,
@@ -337,6 +344,34 @@ def _checked_ids(out: SamplerOutput, graph: PreparedGraph) -> SamplerOutput:
     return out
 
 
+class PrefetchingSampler(NeighborSampler):
+    """PyG's sampler over a prepared graph's CSC, whose reads many threads make first.
+
+    PyG's sampler reads the mapped CSC one page fault at a time; from disk, that was half of a
+    cold batch's time here once its features were read by threads. :func:`reads.prefetch_neighbours`
+    reads the same pages with the graph's threads, then the sampler runs as before.
+    """
+
+    graph: PreparedGraph
+
+    def sample_from_nodes(self, inputs: NodeSamplerInput) -> SamplerOutput:
+        """Prefetch ``inputs``' neighbourhood's pages, then sample it (PyG's own sampling)."""
+        colptr, row = self.graph.csc
+        fanout = self.num_neighbors.values
+        reads.prefetch_neighbours(colptr, row, inputs.node, list(fanout), self.graph.threads)
+        return super().sample_from_nodes(inputs)
+
+
+def _with_node_files(batch: Data, graph: PreparedGraph, then: Callable | None) -> Data:
+    """``batch`` with its rows of every node file, read by the graph's threads; then ``then``.
+
+    Features, labels and masks: PyG's gather would read each with one page fault at a time.
+    """
+    for name in NODE_FILES:
+        batch[name] = graph.gather(graph.data[name], batch.n_id)
+    return batch if then is None else then(batch)
+
+
 class FullBatchDataModule(NodeDataModule):
     """The whole graph as one batch: the accuracy reference on graphs that fit in memory.
 
@@ -390,6 +425,8 @@ class NeighborDataModule(NodeDataModule):
         verify: ``dataset: prepared`` only: ``full`` checks every block's checksum when the
             folder is opened (one read of every file per process), ``size`` only the sizes
             (for a large folder verified once already).
+        read_threads: ``dataset: prepared`` only: threads that read a batch's rows at once
+            (default: 32 where the folder is larger than the page cache can keep, else 1).
 
     With ``dataset: prepared`` and ``root`` a folder written by ``gnnscale prepare``, the graph
     is memory-mapped (``gnnscale.stores.prepared``): the sampler walks the mapped CSC and batches
@@ -410,9 +447,10 @@ class NeighborDataModule(NodeDataModule):
         loader: LoaderArgs = LoaderArgs(),  # noqa: B008
         eval: EvalArgs = EvalArgs(),  # noqa: B008
         verify: Literal["full", "size"] = "full",
+        read_threads: int | None = None,
     ) -> None:
         super().__init__(dataset, root, synthetic, preprocess, loader, eval)
-        check_positive(batch_size=batch_size)
+        check_positive(batch_size=batch_size, read_threads=read_threads)
         if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
             raise ConfigError(
                 f"--data.num_neighbors must list one fan-out per layer, each > 0 or -1 for all "
@@ -420,7 +458,7 @@ class NeighborDataModule(NodeDataModule):
             )
         self.num_neighbors = list(num_neighbors)
         self.batch_size = batch_size
-        self.verify = verify
+        self.verify, self.read_threads = verify, read_threads
 
     def configure_batches(self, request: BatchRequest) -> None:
         """As the base's, and refuse a depth that differs from ``num_neighbors``' length.

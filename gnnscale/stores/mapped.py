@@ -30,6 +30,7 @@ from torch_geometric.typing import EdgeTensorType, EdgeType, NodeType
 
 from gnnscale.errors import ConfigError
 from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.stores.reads import gather
 
 __all__ = ["MappedFeatureStore", "MappedGraphStore", "open", "stores_of"]
 
@@ -39,7 +40,8 @@ _READ_ONLY = "a prepared store is read-only: prepare a new folder to change it"
 class MappedFeatureStore(FeatureStore):
     """Node tensors of a prepared folder, by ``(node type, name)``; ``n_id`` computed.
 
-    ``check_ids``, if given, sees every gathered index first (:meth:`PreparedGraph.check_ids`).
+    ``check_ids``, if given, sees every gathered index first (:meth:`PreparedGraph.check_ids`);
+    ``read_threads`` threads gather a batch's rows at once (:mod:`gnnscale.stores.reads`).
     """
 
     def __init__(
@@ -47,11 +49,13 @@ class MappedFeatureStore(FeatureStore):
         tensors: dict[tuple[NodeType | None, str], Tensor],
         num_nodes: dict,
         check_ids: Callable[[Tensor, NodeType | None], None] | None = None,
+        read_threads: int = 1,
     ) -> None:
         super().__init__()
         self.tensors = tensors
         self.num_nodes: dict[NodeType | None, int] = num_nodes
         self.check_ids = check_ids
+        self.read_threads = read_threads
 
     def _get_tensor(self, attr: TensorAttr) -> Tensor | None:
         index = attr.index
@@ -64,7 +68,7 @@ class MappedFeatureStore(FeatureStore):
         if tensor is None or index is None:
             return tensor
         if isinstance(index, Tensor) and index.dtype != torch.bool:
-            return tensor.index_select(0, index.long())  # gathers from the page cache
+            return gather(tensor, index, self.read_threads)  # from the page cache or disk
         return tensor[index]
 
     def _get_tensor_size(self, attr: TensorAttr) -> tuple[int, ...] | None:
@@ -120,15 +124,17 @@ def edge_type(key: str) -> EdgeType:
 
 
 def open(  # noqa: A001 (gnnscale.stores.open, as the builtin opens a file)
-    folder: Path | str, verify: Literal["full", "size"] = "full"
+    folder: Path | str, verify: Literal["full", "size"] = "full", read_threads: int | None = None
 ) -> tuple[MappedFeatureStore, MappedGraphStore]:
     """A prepared folder (``gnnscale prepare``) as PyG's ``(FeatureStore, GraphStore)`` pair.
 
     Args:
         folder: The prepared folder.
         verify: ``full`` checks every block's checksum first; ``size`` only the files' sizes.
+        read_threads: Threads that gather a batch's rows at once; ``None``: as
+            :class:`PreparedGraph` chooses (many where the graph is read from disk).
     """
-    return stores_of(PreparedGraph(Path(folder), verify))
+    return stores_of(PreparedGraph(Path(folder), verify, read_threads))
 
 
 def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStore]:
@@ -152,4 +158,5 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
         src, dst = (None, None) if et is None else (et[0], et[-1])
         size = (num_nodes[src], num_nodes[dst])
         csc[et] = (graph.tensor(f"{prefix}row"), graph.tensor(f"{prefix}colptr"), size)
-    return MappedFeatureStore(tensors, num_nodes, graph.check_ids), MappedGraphStore(csc)
+    features = MappedFeatureStore(tensors, num_nodes, graph.check_ids, graph.threads)
+    return features, MappedGraphStore(csc)

@@ -1,0 +1,100 @@
+"""Rows gathered by many threads at once: the rows one ``index_select`` gathers, bit for bit."""
+
+import os
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from gnnscale import make_synthetic_graph
+from gnnscale.stores import reads
+from gnnscale.stores.prepared import PreparedGraph, write_graph
+from gnnscale.testing import TINY
+
+
+@pytest.fixture
+def mapped(tmp_path):
+    """A prepared graph's mapped files: bfloat16 features, int64 labels, a bool mask."""
+    folder = write_graph(make_synthetic_graph(TINY), tmp_path / "g", {"t": 1}, "bfloat16")
+    graph = PreparedGraph(folder)
+    return [graph.tensor(name) for name in ("x", "y", "train_mask")]
+
+
+@pytest.mark.parametrize("threads", [1, 3, 16])
+def test_threads_gather_the_rows_index_select_gathers(mapped, threads, monkeypatch):
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)  # let 16 threads share a few thousand rows
+    g = torch.Generator().manual_seed(0)
+    n = mapped[0].size(0)
+    index = torch.cat([torch.randint(n, (5000,), generator=g), torch.tensor([0, n - 1, 0])])
+    for tensor in mapped:
+        for idx in (index, index.int(), index[:5], index[:0]):
+            out = reads.gather(tensor, idx, threads)
+            expected = tensor.index_select(0, idx.long())
+            assert out.dtype == tensor.dtype and out.shape == expected.shape
+            # bit for bit: compare the raw bytes, not the (bfloat16) values
+            assert torch.equal(out.view(torch.uint8), expected.view(torch.uint8))
+    assert ((os.getpid(), threads) in reads._pools) == (threads > 1)  # the threads did read
+
+
+def test_an_index_out_of_range_fails_in_the_caller(mapped, monkeypatch):
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)
+    index = torch.arange(4000)
+    index[3999] = mapped[0].size(0)  # in the last thread's share
+    with pytest.raises(IndexError):
+        reads.gather(mapped[0], index, 4)
+
+
+class _Gathers(Dataset):
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def __len__(self):
+        return 3
+
+    def __getitem__(self, i):
+        index = torch.arange(i, self.tensor.size(0), 3)
+        out = reads.gather(self.tensor, index, 4)
+        return out, out.is_shared()
+
+
+def test_a_loader_worker_gathers_into_shared_memory(mapped, monkeypatch):
+    """As PyG's own gathers in a worker: the batch is written where it is handed over."""
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)
+    x = mapped[0]
+    loader = DataLoader(_Gathers(x), batch_size=None, num_workers=1)
+    for i, (out, shared) in enumerate(loader):
+        assert shared
+        assert torch.equal(out.view(torch.uint8), x[i::3].view(torch.uint8))
+
+
+def test_prefetching_reads_every_page_the_sampler_reads(monkeypatch):
+    """Every page of every list the sampler may read is gathered (here: recorded), and the
+    frontier follows only the lists taken whole."""
+    colptr = torch.tensor([0, 3, 3, 1200, 1210, 1212, 1220])  # node 2: a list over 3 pages
+    row = torch.cat(
+        [
+            torch.tensor([3, 4, 5]),
+            torch.randint(6, (1197,)),
+            torch.tensor([0] * 10),
+            torch.tensor([1, 5]),
+            torch.tensor([2] * 8),
+        ]
+    )
+    assert row.numel() == colptr[-1]
+    read = []
+    real = reads.gather
+
+    def recording(tensor, index, threads):
+        read.append((tensor is row, index.clone()))
+        return real(tensor, index, threads)
+
+    monkeypatch.setattr(reads, "gather", recording)
+    reads.prefetch_neighbours(colptr, row, torch.tensor([0, 2]), [3, 2], threads=4)
+    pages = lambda index: set((index * 8 // 4096).tolist())  # noqa: E731
+    row_reads = [index for is_row, index in read if is_row]
+    # hop 1: node 0's list (page 0) and node 2's (bytes 24..9599: pages 0, 1, 2)
+    assert pages(row_reads[0]) == {0, 1, 2}
+    # hop 2: node 0's whole list (3, 4, 5) is followed; node 2's (1197 entries > 2) is not
+    col_reads = [index for is_row, index in read if not is_row]
+    assert col_reads[1].tolist() == [3, 4, 5, 4, 5, 6]  # colptr[v] and colptr[v + 1]
+    assert pages(row_reads[1]) == pages(torch.arange(1200, 1220))
