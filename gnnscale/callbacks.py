@@ -30,7 +30,8 @@ class ThroughputMonitor(L.Callback):
     noisy machine. An epoch's time runs from its start to the end of its last training batch, so
     it includes sampling and data loading but not validation, which is timed on its own (from
     its start to its end, the sanity check left out). Logs ``perf/epoch_s``, ``perf/val_s``,
-    ``perf/nodes_per_s``, ``perf/peak_rss_mb`` and, on a GPU, ``perf/peak_cuda_mb``, and prints
+    ``perf/nodes_per_s``, ``perf/peak_rss_mb``, with a feature cache ``perf/cache_hit_rate``
+    (the share of a batch's feature rows it held) and, on a GPU, ``perf/peak_cuda_mb``; prints
     one summary block at the end of ``fit``.
 
     Args:
@@ -43,11 +44,12 @@ class ThroughputMonitor(L.Callback):
         self.nodes_per_s: list[float] = []
         self.val_s: list[float] = []
         self._nodes, self._start, self._end, self._val_start = 0, 0.0, 0.0, 0.0
+        self._cached = [0, 0]  # feature rows a cache held, rows read, in this epoch
         self._whole = False  # a run resumed mid-epoch starts with part of one: not timed
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Start the epoch clock."""
-        self._nodes, self._whole = 0, True
+        self._nodes, self._whole, self._cached = 0, True, [0, 0]
         self._start = self._end = time.perf_counter()
 
     def on_train_batch_end(
@@ -57,6 +59,10 @@ class ThroughputMonitor(L.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         self._nodes += int(getattr(batch, "num_loss_nodes", 0))
+        cached = getattr(batch, "cached_rows", None)  # a feature cache's hits (node.py)
+        if cached is not None:
+            self._cached[0] += int(cached)
+            self._cached[1] += int(batch.feature_rows)
         self._end = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -66,6 +72,8 @@ class ThroughputMonitor(L.Callback):
         seconds = self._end - self._start
         metrics = {"perf/epoch_s": seconds, "perf/nodes_per_s": self._nodes / seconds}
         metrics["perf/peak_rss_mb"] = peak_rss_mb()
+        if self._cached[1]:
+            metrics["perf/cache_hit_rate"] = self._cached[0] / self._cached[1]
         if pl_module.device.type == "cuda":
             metrics["perf/peak_cuda_mb"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
         pl_module.log_dict(metrics)

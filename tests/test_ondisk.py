@@ -30,7 +30,7 @@ from gnnscale.cli import main
 from gnnscale.data.args import EvalArgs, LoaderArgs
 from gnnscale.data.subgraph import ClusterDataModule
 from gnnscale.errors import ConfigError
-from gnnscale.measure import read_metrics
+from gnnscale.measure import anon_mb, read_metrics
 from gnnscale.stores import atomic, prepared, reads
 from gnnscale.stores.prepared import (
     PreparedGraph,
@@ -67,10 +67,21 @@ def test_prepared_graph_trains_exactly_like_the_same_graph_in_memory(tmp_path, t
         *(f"--data.synthetic.{k}={v}" for k, v in dataclasses.asdict(TINY).items()),
     ]
     memory = _fit(tmp_path / "memory", *args)
-    disk = _fit(tmp_path / "disk", *args, "--data.dataset=prepared", f"--data.root={tiny_prepared}")
+    prepared = ["--data.dataset=prepared", f"--data.root={tiny_prepared}"]
+    disk = _fit(tmp_path / "disk", *args, *prepared)
+    # Features read by threads in a worker, 1,580 of the 3,000 rows held by a cache (its
+    # budget: a row is 128 bytes and its id 8): the sampling pass that fills it moves no draw.
+    cached = ["--data.read_threads=4", "--data.feature_cache_gib=0.0002"]
+    workers = ["--data.loader.num_workers=1", "--data.loader.persistent_workers=true"]
+    cache = _fit(tmp_path / "cache", *args, *prepared, *cached, *workers)
     assert len(memory["train/loss_epoch"]) == 2
     for key in ("train/loss_epoch", "val/acc", "test/acc"):
         assert disk[key] == memory[key], key
+        assert cache[key] == memory[key], key
+    assert all(0.3 < rate < 1 for rate in cache["perf/cache_hit_rate"]), cache[
+        "perf/cache_hit_rate"
+    ]
+    assert "perf/cache_hit_rate" not in disk
 
 
 @requires_sampler
@@ -102,6 +113,41 @@ def test_threaded_reads_give_the_batches_of_one_mapped_gather(tiny_prepared, mon
             if isinstance(a[key], torch.Tensor):
                 assert torch.equal(a[key], b[key]), key
     assert PreparedGraph(tiny_prepared).threads == 1  # by default: a graph the cache keeps
+
+
+@requires_sampler
+def test_the_feature_cache_keeps_to_its_budget_and_holds_rows_the_sampler_draws(tmp_path):
+    """Measured: the cache's tensors and the process's growth while filling it stay within the
+    budget (plus the pass's counts, one int32 per node); its rows are far more of a training
+    epoch's than their share of the file."""
+    cfg = SyntheticGraph(
+        num_nodes=100_000, avg_degree=5, num_features=64, train_fraction=0.01, seed=1
+    )
+    folder = write_streamed_synthetic(cfg, tmp_path / "g", feature_dtype="float32")
+    budget = 2 << 20
+    loader = LoaderArgs(num_workers=1, persistent_workers=False)
+    dm = NeighborDataModule(
+        "prepared",
+        folder,
+        [5, 3],
+        128,
+        loader=loader,
+        eval=EvalArgs(mode="sampled"),
+        feature_cache_gib=budget / 2**30,
+    )
+    dm.configure_batches(BatchRequest(num_layers=2))
+    dm.setup("fit")
+    _ = dm.data, dm._csc_sampler  # mapped before measuring
+    before = anon_mb()  # private memory: the mapped files' pages are the page cache's
+    cache = dm._feature_cache
+    grown = (anon_mb() - before) * 2**20
+    assert cache.nbytes <= budget and cache.ids.numel() == budget // (64 * 4 + 8)
+    assert grown <= budget + 4 * cfg.num_nodes + (1 << 20), grown
+    held = read = 0
+    for batch in dm.train_dataloader():
+        held, read = held + batch.cached_rows, read + batch.feature_rows
+    share = cache.ids.numel() / cfg.num_nodes  # 8%: what as many rows at random would hold
+    assert held / read > 4 * share, (held / read, share)
 
 
 def _mapped_file(address: int) -> str:

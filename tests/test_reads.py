@@ -98,3 +98,41 @@ def test_prefetching_reads_every_page_the_sampler_reads(monkeypatch):
     col_reads = [index for is_row, index in read if not is_row]
     assert col_reads[1].tolist() == [3, 4, 5, 4, 5, 6]  # colptr[v] and colptr[v + 1]
     assert pages(row_reads[1]) == pages(torch.arange(1200, 1220))
+
+
+@pytest.mark.parametrize("threads", [1, 4])
+def test_a_row_cache_gives_the_rows_of_the_file_and_counts_what_it_held(mapped, threads):
+    x = mapped[0]
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randperm(x.size(0), generator=g)[:700].sort().values
+    cache = reads.RowCache(ids, x[ids].clone())
+    index = torch.randint(x.size(0), (4000,), generator=g)
+    out, held = cache.gather(x, index, threads)
+    assert torch.equal(out.view(torch.uint8), x[index].view(torch.uint8))
+    assert held == int(torch.isin(index, ids).sum()) > 0
+    empty = reads.RowCache(ids[:0], x[:0].clone())
+    out, held = empty.gather(x, index, threads)
+    assert held == 0 and torch.equal(out.view(torch.uint8), x[index].view(torch.uint8))
+
+
+@pytest.mark.parametrize("chunk_bytes", [1000, 1 << 20])
+def test_rows_read_in_one_pass_are_the_mapped_rows(tmp_path, chunk_bytes):
+    """Chunks of any size (one row, a row and a bit, the whole file), dtypes of 1 to 8 bytes."""
+    graph = PreparedGraph(
+        write_graph(make_synthetic_graph(TINY), tmp_path / "g", {"t": 1}, "bfloat16")
+    )
+    ids = torch.tensor([0, 1, 7, 8, 9, 1500, 2998, 2999])
+    for name in ("x", "y", "train_mask"):
+        rows = graph.read_rows(name, ids, chunk_bytes)
+        assert torch.equal(rows, graph.tensor(name)[ids]), name
+    assert graph.read_rows("x", ids[:0]).shape == (0, TINY.num_features)
+
+
+def test_threads_gather_under_the_callers_inference_mode(mapped, monkeypatch):
+    """A loader worker forked inside Lightning's evaluation loop runs in inference mode, which
+    is per thread: the reading threads must write its output as the caller would."""
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)
+    index = torch.arange(0, mapped[0].size(0), 2)
+    with torch.inference_mode():
+        out = reads.gather(mapped[0], index, 4)
+    assert out.is_inference() and torch.equal(out, mapped[0][index])

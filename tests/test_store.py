@@ -219,6 +219,8 @@ def test_features_already_in_the_stored_layout_are_used_where_they_lie(tmp_path,
     assert entry["path"] == str((folder / "x.npy").resolve())
     fs, _ = stores.open(in_place)
     assert torch.equal(fs.get_tensor(None, "x", torch.tensor([3, 1])), data.x[[3, 1]])
+    ids = torch.tensor([0, 1, 250, 499])  # read in one pass from behind the .npy header
+    assert torch.equal(PreparedGraph(in_place).read_rows("x", ids, chunk_bytes=100), data.x[ids])
     cast = stores.prepare_npy(folder, tmp_path / "cast", feature_dtype="bfloat16")
     fs, _ = stores.open(cast)
     assert (cast / "x.bin").stat().st_size == data.x.numel() * 2

@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import mmap
+import os
 import shutil
 import time
 import warnings
@@ -32,6 +33,7 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from functools import cached_property
+from itertools import pairwise
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -544,6 +546,38 @@ class PreparedGraph:
     def gather(self, tensor: Tensor, index: Tensor) -> Tensor:
         """``tensor[index]`` (rows of one of its files), read by :attr:`threads` threads."""
         return reads.gather(tensor, index, self.threads)
+
+    def read_rows(self, name: str, ids: Tensor, chunk_bytes: int = 64 << 20) -> Tensor:
+        """Rows ``ids`` (sorted, unique) of file ``name``, read in one pass from start to end.
+
+        Sequential reads, each chunk's pages dropped from the page cache once copied where the
+        graph is larger than the cache (they would push out the pages training reads). For a
+        few percent of the rows or more, a pass is faster than a random read of each: with
+        256-byte rows nearly every page holds one (here 0.6 GB/s against 85k random rows/s).
+        """
+        tensor = self.tensor(name)
+        count, row_bytes = tensor.size(0), tensor[:1].nbytes
+        out = tensor.new_empty((ids.numel(), *tensor.shape[1:]))
+        flat = out.view(torch.uint8).view(ids.numel(), row_bytes)
+        per_chunk = max(1, chunk_bytes // row_bytes)
+        bounds = torch.searchsorted(ids, torch.arange(0, count + per_chunk, per_chunk)).tolist()
+        buffer = bytearray(per_chunk * row_bytes)
+        offset = self.manifest["files"][name].get("offset", 0)
+        with self.path(name).open("rb", buffering=0) as f:
+            for first, (a, b) in zip(range(0, count, per_chunk), pairwise(bounds), strict=False):
+                if a == b:
+                    continue
+                size = min(per_chunk, count - first) * row_bytes
+                f.seek(offset + first * row_bytes)
+                if f.readinto(memoryview(buffer)[:size]) != size:
+                    raise PreparedGraphError(f"{self.path(name)} ended early; prepare it again")
+                chunk = torch.frombuffer(buffer, dtype=torch.uint8, count=size)
+                flat[a:b] = chunk.view(-1, row_bytes)[ids[a:b] - first]
+                if self._larger_than_cache:
+                    os.posix_fadvise(
+                        f.fileno(), offset + first * row_bytes, size, os.POSIX_FADV_DONTNEED
+                    )
+        return out
 
     @property
     def nbytes(self) -> int:

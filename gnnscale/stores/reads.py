@@ -17,11 +17,12 @@ from __future__ import annotations
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["gather", "prefetch_neighbours"]
+__all__ = ["RowCache", "gather", "prefetch_neighbours"]
 
 MIN_ROWS = 256  # rows per thread below which a thread's hand-off costs more than it saves
 PAGE = 4096
@@ -37,31 +38,42 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return _pools[key]
 
 
+def _private(tensor: Tensor, rows: int) -> Tensor:
+    return tensor.new_empty((rows, *tensor.shape[1:]))
+
+
 def _output(tensor: Tensor, rows: int) -> Tensor:
     """The gather's output; in shared memory inside a loader worker, as PyG's own gathers."""
     shape = (rows, *tensor.shape[1:])
     if torch.utils.data.get_worker_info() is None:
-        return tensor.new_empty(shape)
+        return _private(tensor, rows)
     storage = tensor.untyped_storage()._new_shared(math.prod(shape) * tensor.itemsize)
     return tensor.new_empty(0).set_(storage).view(shape)
 
 
-def gather(tensor: Tensor, index: Tensor, threads: int = 1) -> Tensor:
+def _select(tensor: Tensor, index: Tensor, out: Tensor, inference: bool) -> None:
+    with torch.inference_mode(inference):
+        torch.index_select(tensor, 0, index, out=out)
+
+
+def gather(tensor: Tensor, index: Tensor, threads: int = 1, out: Tensor | None = None) -> Tensor:
     """``tensor[index]`` along its first dimension, read by up to ``threads`` threads at once.
 
     Args:
         tensor: Rows to gather from (a mapped file's tensor).
         index: Row numbers, any integer dtype.
         threads: Threads reading at once; ``1`` is a plain ``index_select``.
+        out: Where to write the rows (default: new, in shared memory in a loader worker).
     """
     index = index.long()
-    out = _output(tensor, index.numel())
+    out = _output(tensor, index.numel()) if out is None else out
     parts = min(threads, index.numel() // MIN_ROWS)
     if parts <= 1:
         return torch.index_select(tensor, 0, index, out=out)
     bounds = torch.linspace(0, index.numel(), parts + 1).long().tolist()
+    inference = torch.is_inference_mode_enabled()  # thread-local: the caller's, for ``out``
     reads = [
-        _pool(threads).submit(torch.index_select, tensor, 0, index[a:b], out=out[a:b])
+        _pool(threads).submit(_select, tensor, index[a:b], out[a:b], inference)
         for a, b in zip(bounds, bounds[1:], strict=False)
     ]
     for read in reads:
@@ -103,3 +115,34 @@ def _ranges(start: Tensor, length: Tensor) -> Tensor:
     """``start[i], start[i] + 1, ..., start[i] + length[i] - 1`` for every ``i``, concatenated."""
     begins = torch.repeat_interleave(start - (length.cumsum(0) - length), length)
     return begins + torch.arange(int(length.sum()))
+
+
+@dataclass
+class RowCache:
+    """Some rows of a file kept in memory: ``rows[i]`` is row ``ids[i]``, ``ids`` sorted.
+
+    :meth:`gather` takes the rows it holds from memory and reads the others as :func:`gather`
+    does. Which rows to keep is the caller's choice (``NeighborDataModule`` keeps those its
+    sampler draws most often).
+    """
+
+    ids: Tensor
+    rows: Tensor
+
+    @property
+    def nbytes(self) -> int:
+        """Memory it holds: its rows and their ids."""
+        return self.rows.nbytes + self.ids.nbytes
+
+    def gather(self, tensor: Tensor, index: Tensor, threads: int = 1) -> tuple[Tensor, int]:
+        """``tensor[index]`` (held rows from memory, the others read), and how many were held."""
+        index = index.long()
+        if not self.ids.numel():
+            return gather(tensor, index, threads), 0
+        slot = torch.searchsorted(self.ids, index).clamp_(max=self.ids.numel() - 1)
+        held = self.ids[slot] == index
+        hits, misses = held.nonzero().view(-1), (~held).nonzero().view(-1)
+        out = _output(tensor, index.numel())
+        out[hits] = self.rows[slot[hits]]
+        out[misses] = gather(tensor, index[misses], threads, out=_private(tensor, misses.numel()))
+        return out, hits.numel()
