@@ -28,6 +28,10 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``ondisk-large``: a graph of ogbn-papers100M's size, larger than memory, prepared and trained
   for one epoch (``large`` in on_disk_graph's README; about an hour, 50 GiB of disk; run at full
   size only when named).
+- ``reads``: the same graph's cold epoch with one read at a time against many, and with feature
+  caches of 10% and 25% of its feature file; the disk's own random-read rates; which rows a
+  cache should hold (``reads`` in on_disk_graph's README; about 40 minutes; reuses
+  ``ondisk-large``'s graph; run at full size only when named).
 - ``graphs``: ``many_graphs_on_disk``: LMDB against SQLite, memory per rank on disk against in
   memory, worker memory over epochs, graphs/s and MAE against the edge-blind rule (``stores``,
   ``memory``, ``training`` in its README; about 10 minutes).
@@ -77,7 +81,7 @@ SECTIONS = (
     "store-tasks",
     "gpu",
 )
-EXTRA_SECTIONS = ("ondisk-large", "store-large")  # run only when named
+EXTRA_SECTIONS = ("ondisk-large", "reads", "store-large")  # run only when named
 
 
 def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[block_io.Block], str]:
@@ -99,6 +103,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ddp": "ddp_memory",
         "ondisk": "on_disk",
         "ondisk-large": "on_disk_large",
+        "reads": "store_reads",
         "roofline": "roofline",
         "allocator": "allocator",
         "workers": "workers",
@@ -116,6 +121,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ddp": "2 processes, torch's default threads each",
         "ondisk": "1 process with torch's default threads, or 2 ranks with 1 thread each",
         "ondisk-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
+        "reads": f"{torch.get_num_threads()} torch threads, 1 loader worker",
         "roofline": f"{torch.get_num_threads()} torch threads, one process",
         "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "workers": f"{torch.get_num_threads()} torch threads per process (torch's default)",

@@ -120,6 +120,18 @@ def gather_rate(folder: Path, advice: str, rows: int = 20_000) -> float:
     return float(done.stdout)
 
 
+def large_workdir() -> Path:
+    """Where the full-size graph is kept (``$GNNSCALE_LARGE_DIR``), its earlier runs removed."""
+    base = Path(os.environ.get("GNNSCALE_LARGE_DIR", REPO.parent))
+    workdir = base / "gnnscale-large-full"
+    need = 0 if (workdir / "graph").exists() else 50 * 2**30  # a kept graph is reused
+    if shutil.disk_usage(base).free < need:
+        raise RuntimeError(f"{base} has under 50 GiB free; set GNNSCALE_LARGE_DIR to a larger disk")
+    workdir.mkdir(exist_ok=True)
+    shutil.rmtree(workdir / "runs", ignore_errors=True)
+    return workdir
+
+
 def measure(size: str, workdir: Path) -> dict[str, float]:
     """Prepare (or reuse), evict, fit one epoch; return the figures."""
     folder = workdir / "graph"
@@ -174,16 +186,7 @@ def blocks(tiny: bool) -> list[Block]:
         with tempfile.TemporaryDirectory() as workdir:
             r = measure("tiny", Path(workdir))
     else:
-        base = Path(os.environ.get("GNNSCALE_LARGE_DIR", REPO.parent))
-        workdir = base / "gnnscale-large-full"
-        need = 0 if (workdir / "graph").exists() else 50 * 2**30  # a kept graph is reused
-        if shutil.disk_usage(base).free < need:
-            raise RuntimeError(
-                f"{base} has under 50 GiB free; set GNNSCALE_LARGE_DIR to a larger disk"
-            )
-        workdir.mkdir(exist_ok=True)
-        shutil.rmtree(workdir / "runs", ignore_errors=True)
-        r = measure("full", workdir)
+        r = measure("full", large_workdir())
     size = "tiny" if tiny else "full"
     g = GRAPH[size]
     settings = ", ".join(f"`--synthetic.{k}={v}`" for k, v in g.items())

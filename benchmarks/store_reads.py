@@ -1,0 +1,300 @@
+"""Reads from disk on the papers100M-sized graph: one at a time against many, and a feature cache.
+
+Written by ``python benchmarks/figures.py reads`` (on_disk_graph's ``reads`` block; about 40
+minutes; run at full size only when named). The graph is ``ondisk-large``'s, reused where it
+lies (``$GNNSCALE_LARGE_DIR/gnnscale-large-full``), else prepared (40 GiB, minutes). In one run:
+
+- the disk's own random-read rates: 4-KiB reads at random offsets of the feature file, direct
+  (past the page cache), by 1 and by 32 threads;
+- cold gathers of random feature rows: one ``index_select`` against 32 threads
+  (``gnnscale.stores.reads``);
+- which rows a cache should hold: two sampling passes over the training seeds; the share of the
+  second pass's rows held by as many rows chosen from the first pass (most drawn), by in-degree,
+  or at random;
+- ``gnnscale fit`` of the recipe from the evicted folder: with the reads of before
+  (``read_threads: 1``, one page fault at a time; one epoch), with the default (32 threads, the
+  sampler's pages prefetched), and with feature caches of 10% and 25% of the feature file (two
+  epochs each: the first cold, the second with what the caches kept); the device's reads per
+  second while each ran, its private memory, the cache's hit rate.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import torch
+from blocks import Block
+from on_disk import evict
+from on_disk_large import ENTRY, FIT_ARGS, GRAPH, PrivateMemory, _prepare, large_workdir
+from torch_geometric.data import Data
+from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
+
+from gnnscale.measure import read_metrics
+from gnnscale.stores import reads
+from gnnscale.stores.prepared import PreparedGraph
+
+DEPTH = 32  # the deep queue the disk is measured at: gnnscale's reading threads
+
+
+def disk_rate(path: Path, depth: int, seconds: float) -> float:
+    """Random 4-KiB direct reads per second of ``path`` by ``depth`` threads."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    pages = path.stat().st_size // 4096
+    counts = [0] * depth
+    stop = time.perf_counter() + seconds
+
+    def work(k: int) -> None:
+        buffer = mmap.mmap(-1, 4096)  # page-aligned, as direct reads need
+        offsets = np.random.default_rng(k).integers(0, pages, 1 << 20) * 4096
+        done = 0
+        while time.perf_counter() < stop:
+            os.preadv(fd, [buffer], int(offsets[done % len(offsets)]))
+            done += 1
+        counts[k] = done
+
+    start = time.perf_counter()
+    workers = [threading.Thread(target=work, args=(k,)) for k in range(depth)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    os.close(fd)
+    return sum(counts) / (time.perf_counter() - start)
+
+
+GATHER = """
+import sys, time, torch
+from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.stores import reads
+folder, threads, rows = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+x = PreparedGraph(folder, "size", threads).tensor("x")
+index = torch.randint(0, x.size(0), (rows,), generator=torch.Generator().manual_seed(0))
+start = time.perf_counter()
+reads.gather(x, index, threads)
+print(rows / (time.perf_counter() - start))
+"""
+
+
+def gather_rate(folder: Path, threads: int, rows: int) -> float:
+    """Random feature rows per second gathered from the evicted folder, in a fresh process."""
+    evict(folder)
+    argv = [sys.executable, "-c", GATHER, str(folder), str(threads), str(rows)]
+    return float(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+
+
+def policies(folder: Path, fractions: tuple[float, ...]) -> dict[str, list[float]]:
+    """Share of a sampling pass's rows held by caches chosen from another pass, by policy."""
+    graph = PreparedGraph(folder, "size")
+    colptr, row = graph.csc
+    n = graph.manifest["num_nodes"]
+    empty = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1)
+    sampler = NeighborSampler(empty, [15, 10])  # the recipe's fan-out
+    sampler.num_nodes, sampler.colptr, sampler.row, sampler.perm = n, colptr, row, None
+    train = graph.data.train_mask.nonzero().view(-1)
+
+    def drawn(seed: int) -> torch.Tensor:
+        counts = torch.zeros(n, dtype=torch.int32)
+        torch.manual_seed(seed)
+        for seeds in train[torch.randperm(train.numel())].split(1024):
+            reads.prefetch_neighbours(colptr, row, seeds, [15, 10], 32)
+            node = sampler.sample_from_nodes(NodeSamplerInput(None, seeds)).node
+            counts.index_add_(0, node, torch.ones(node.numel(), dtype=torch.int32))
+        return counts
+
+    first, second = drawn(1), drawn(2)
+    scores = {
+        "drawn most often in another pass": first.float(),
+        "highest in-degree": (colptr[1:] - colptr[:-1]).float(),
+        "at random": torch.rand(n, generator=torch.Generator().manual_seed(0)),
+    }
+    total = float(second.sum())
+    jitter = torch.rand(n, generator=torch.Generator().manual_seed(1)) * 0.5  # ties at random
+    return {
+        name: [
+            float(second[(score + jitter).topk(int(f * n)).indices].sum()) / total
+            for f in fractions
+        ]
+        for name, score in scores.items()
+    }
+
+
+def _disk_reads(folder: Path) -> tuple[int, int]:
+    """Reads completed and bytes read so far by the device that holds ``folder``."""
+    dev = os.stat(folder).st_dev
+    fields = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
+    return int(fields[0]), int(fields[2]) * 512
+
+
+class DiskReads(threading.Thread):
+    """Samples the device's reads completed once a second: the rate of each second."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.rates, self.done = folder, [], threading.Event()
+
+    def run(self) -> None:
+        """Sample until :attr:`done` is set."""
+        last = _disk_reads(self.folder)[0]
+        while not self.done.wait(1.0):
+            now = _disk_reads(self.folder)[0]
+            self.rates.append(now - last)
+            last = now
+
+
+def fit(folder: Path, workdir: Path, name: str, *flags: str) -> dict[str, float | list[float]]:
+    """One ``gnnscale fit`` of the recipe from the evicted folder; its figures."""
+    evict(folder)
+    save_dir = workdir / "runs" / name
+    argv = ENTRY.argv(
+        "fit",
+        f"--data.init_args.root={folder}",
+        f"--trainer.logger.init_args.save_dir={save_dir}",
+        *FIT_ARGS,
+        *flags,
+    )
+    before = _disk_reads(folder)
+    disk = DiskReads(folder)
+    disk.start()
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    memory = PrivateMemory(proc.pid)
+    memory.start()
+    out, _ = proc.communicate()
+    seconds = time.perf_counter() - start
+    memory.done.set()
+    disk.done.set()
+    memory.join()
+    disk.join()
+    if proc.returncode:
+        raise RuntimeError(f"fit failed:\n{out.decode()[-3000:]}")
+    after = _disk_reads(folder)
+    metrics = read_metrics(save_dir)
+    peaks = sorted(memory.peaks.values(), reverse=True)
+    busy = [r for r in disk.rates if r > 1000] or [0]
+    return {
+        "fit_s": seconds,
+        "epoch_s": metrics["perf/epoch_s"],
+        "hit_rate": metrics.get("perf/cache_hit_rate", []),
+        "reads_per_s": (after[0] - before[0]) / seconds,
+        "busy_reads_per_s": statistics.median(busy),
+        "mb_per_s": (after[1] - before[1]) / seconds / 2**20,
+        "private_mb": peaks[0],
+        "worker_mb": peaks[1] if len(peaks) > 1 else 0.0,
+        "val_acc": metrics["val/acc"][-1],
+        "test_acc": metrics["test/acc"][-1],
+    }
+
+
+def measure(size: str, workdir: Path) -> dict:
+    """Every figure of the block."""
+    tiny = size == "tiny"
+    folder = workdir / "graph"
+    _prepare(folder, size)
+    x_bytes = (folder / "x.bin").stat().st_size
+    seconds, rows = (1.0, 2_000) if tiny else (15.0, 40_000)
+    r: dict = {
+        "x_gib": x_bytes / 2**30,
+        "ram_gib": psutil.virtual_memory().total / 2**30,
+        "disk": {depth: disk_rate(folder / "x.bin", depth, seconds) for depth in (1, DEPTH)},
+        "gather": {t: gather_rate(folder, t, rows) for t in (1, DEPTH)},
+        "policies": policies(folder, (0.10, 0.25)),
+    }
+    two = "--trainer.max_epochs=2"
+    r["fits"] = {
+        "one read at a time (`read_threads: 1`)": fit(
+            folder, workdir, "one", "--data.init_args.read_threads=1"
+        ),
+        "32 threads, sampler's pages prefetched (default)": fit(folder, workdir, "threads", two),
+    }
+    for fraction in (0.10, 0.25):
+        gib = fraction * x_bytes / 2**30
+        label = f"default + feature cache of {fraction:.0%} (`feature_cache_gib: {gib:.2f}`)"
+        flag = f"--data.init_args.feature_cache_gib={gib:.4f}"
+        r["fits"][label] = fit(folder, workdir, f"cache{fraction:.2f}", two, flag)
+    return r
+
+
+def _table(r: dict) -> str:
+    disk1, disk32 = r["disk"][1], r["disk"][DEPTH]
+    lines = [
+        "| reads | first epoch (cold), s | second epoch, s | feature cache hit rate (second) "
+        "| device reads/s while busy (% of depth 32) | fit, whole run, s | peak private "
+        "memory, trainer / worker | val / test acc |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    base = None
+    for label, f in r["fits"].items():
+        first = f["epoch_s"][0]
+        base = base or first
+        second = f"{f['epoch_s'][1]:,.1f}" if len(f["epoch_s"]) > 1 else "-"
+        hits = f"{f['hit_rate'][-1]:.0%}" if f["hit_rate"] else "-"
+        lines.append(
+            f"| {label} | {first:,.1f} ({base / first:.1f}x) | {second} | {hits} "
+            f"| {f['busy_reads_per_s']:,.0f} ({f['busy_reads_per_s'] / disk32:.0%}) "
+            f"| {f['fit_s']:,.0f} | {f['private_mb']:,.0f} / {f['worker_mb']:,.0f} MiB "
+            f"| {f['val_acc']:.3f} / {f['test_acc']:.3f} |"
+        )
+    g1, g32 = r["gather"][1], r["gather"][DEPTH]
+    lines += [
+        "",
+        "| the disk and the reads alone | per second |",
+        "|---|---:|",
+        f"| random 4-KiB direct reads, 1 thread (queue depth 1) | {disk1:,.0f} |",
+        f"| random 4-KiB direct reads, {DEPTH} threads (queue depth {DEPTH}) | {disk32:,.0f} |",
+        f"| cold random feature rows, one `index_select` | {g1:,.0f} |",
+        f"| cold random feature rows, {DEPTH} threads (`gnnscale.stores.reads.gather`) | "
+        f"{g32:,.0f} ({g32 / g1:.1f}x; {g32 / disk32:.0%} of depth {DEPTH}) |",
+        "",
+        "| rows a cache holds, chosen by | share of another pass's rows, cache of 10% / 25% |",
+        "|---|---:|",
+        *(f"| {name} | {a:.1%} / {b:.1%} |" for name, (a, b) in r["policies"].items()),
+    ]
+    return "\n".join(lines)
+
+
+def blocks(tiny: bool) -> list[Block]:
+    """The recipe README's ``reads`` block (``tiny``: a 50k-node check of the pipeline)."""
+    if tiny:
+        with tempfile.TemporaryDirectory() as workdir:
+            r = measure("tiny", Path(workdir))
+    else:
+        workdir = large_workdir()
+        r = measure("full", workdir)
+    settings = ", ".join(
+        f"`--synthetic.{k}={v}`" for k, v in GRAPH["tiny" if tiny else "full"].items()
+    )
+    text = "\n".join(
+        [
+            _table(r),
+            "",
+            f"The graph of the `large` block ({settings}; features {r['x_gib']:.1f} GiB, this "
+            f"machine {r['ram_gib']:.1f} GiB), its pages evicted (`posix_fadvise(DONTNEED)`) "
+            "before each fit and each cold measurement. Each fit: `gnnscale fit --config "
+            "recipes/on_disk_graph/config.yaml` with "
+            + ", ".join(f"`{a}`" for a in FIT_ARGS)
+            + " and the row's settings; the epochs are training alone (`perf/epoch_s`), the "
+            "whole run adds start-up, the cache's sampling pass and its read (before the first "
+            "epoch), validation and test. Device reads: the median of the one-second rates "
+            "above 1,000 reads/s of the disk that holds the graph (`/sys/dev/block`), against "
+            f"its depth-{DEPTH} rate measured here. Policies: two sampling passes over the "
+            "training seeds at the recipe's fan-out, without features; each cache holds 10% or "
+            "25% of the rows, chosen from the first pass, and is scored on the second.",
+        ]
+    )
+    if tiny:
+        text = "**Tiny settings: a check of the pipeline, not figures.**\n\n" + text
+    return [Block(ENTRY.folder / "README.md", "reads", text)]
+
+
+if __name__ == "__main__":
+    print(blocks(tiny="--tiny" in sys.argv)[0].text)
