@@ -217,7 +217,7 @@ class NodeDataModule(L.LightningDataModule):
     @cached_property
     def _csc_sampler(self) -> NeighborSampler:
         if self.dataset != "prepared":
-            return NeighborSampler(self.data, [-1], share_memory=self.loader.num_workers > 0)
+            return NeighborSampler(self.data, [-1], share_memory=self.loader.workers > 0)
         # The prepared CSC is already in the sampler's layout: map it instead of building one.
         # (PyG builds the CSC in __init__; given a one-node graph that is free, then replaced.)
         cls = PrefetchingSampler if self.prepared.threads > 1 else NeighborSampler
