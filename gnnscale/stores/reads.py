@@ -8,8 +8,9 @@ are in flight as there are threads. No buffer of our own, no read path beside th
 rows land in the page cache as before, and a gather from pages already cached costs the same
 as one plain ``index_select`` plus the threads' hand-off.
 
-Measured on a 4 GiB file, its pages evicted, 40,000 random 256-byte rows: one ``index_select``
-26k rows/s; 8 threads 60k, 32 threads 85k, 64 threads 92k (``benchmarks/store_reads.py``).
+Measured here on a 4 GiB file, its pages evicted, 40,000 random 256-byte rows: one
+``index_select`` 26k rows/s; 8 threads 60k, 32 threads 85k, 64 threads 92k. on_disk_graph's
+README (its ``reads`` block, ``python benchmarks/figures.py reads``) measures the epoch.
 """
 
 from __future__ import annotations
