@@ -180,12 +180,19 @@ def hand_spec(sampler: str, cfg: dict[str, Any], seed: int, epochs: int, workdir
         },
         "data": {k: data.get(k, defaults.get(k)) for k in keys},
         "loader": {
-            "num_workers": loader.get("num_workers", 0),
+            "num_workers": _workers(loader.get("num_workers", 0)),
             "persistent_workers": loader.get("persistent_workers", False),
         },
         "eval_batch_size": eval_args.get("batch_size", 4096),  # gnnscale.EvalArgs' default
         "cache_dir": str(workdir / "hand_cache" / sampler),
     }
+
+
+def _workers(count: int | str) -> int:
+    """A config's ``num_workers``, ``auto`` resolved as gnnscale's loaders resolve it."""
+    from gnnscale.data.args import LoaderArgs
+
+    return LoaderArgs(count).workers  # type: ignore[arg-type]
 
 
 @dataclass

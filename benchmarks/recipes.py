@@ -26,7 +26,7 @@ from gnnscale.measure import read_metrics
 
 # Runs a command (a script, or a module with -m) and prints the peak resident memory of the
 # largest process: this one, or a child that trained in it (DDP ranks started with fork;
-# DataLoader workers count too).
+# DataLoader workers count too); and the CPU time of all of them, user and system.
 RUNNER = """
 import resource, runpy, sys
 from gnnscale.measure import peak_rss_mb
@@ -37,8 +37,11 @@ if entry == "-m":
 else:
     sys.argv[0] = entry
     runpy.run_path(entry, run_name="__main__")
-children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-print("PEAK_RSS_MB", max(peak_rss_mb(), children), flush=True)
+children = resource.getrusage(resource.RUSAGE_CHILDREN)
+print("PEAK_RSS_MB", max(peak_rss_mb(), children.ru_maxrss / 1024), flush=True)
+own = resource.getrusage(resource.RUSAGE_SELF)
+print("USER_S", own.ru_utime + children.ru_utime, flush=True)
+print("SYSTEM_S", own.ru_stime + children.ru_stime, flush=True)
 """
 TIMEOUT_S = 4 * 3600
 
@@ -100,6 +103,8 @@ class Result:
     fit_s: float  # the whole `fit` command: start-up, data, every epoch, the test
     peak_mb: float
     save_dir: Path  # the run's logs and checkpoints
+    cpu_s: float = 0.0  # user + system time of the fit and every process it waited for
+    system_s: float = 0.0
     val_runs: list[float] = field(default_factory=list)  # every validation's seconds
     plan: dict[str, float] | None = None
     baseline: float | None = None  # link recipes: the popularity baseline's recall@20
@@ -149,6 +154,8 @@ def measure(
         fit_s=fit_s,
         save_dir=save_dir,
         peak_mb=number("PEAK_RSS_MB", out),
+        cpu_s=number("USER_S", out) + number("SYSTEM_S", out),
+        system_s=number("SYSTEM_S", out),
         plan=plan,
     )
 
@@ -221,9 +228,11 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             print(f"{entry.name:22s} planned peak {planned:,.0f} MiB, measured {peak:,.0f}")
             link = f"[{entry.name}](recipes/{entry.name})"
             settings = _args_note(entry.figure_args) or "as shipped"
+            cpu = statistics.median(r.cpu_s for r in results)
+            system = statistics.median(r.system_s / r.cpu_s for r in results)
             rows.append(
                 f"| {link} | {entry.technique} | {settings} | {acc} | {_times(results)} | "
-                f"{peak:,.0f} | {plan_cells} |"
+                f"{cpu:,.0f} ({system:.0%}) | {peak:,.0f} | {plan_cells} |"
             )
             note = f"Runs: `{' '.join(['fit', '--config', f'recipes/{entry.name}/config.yaml'])}`"
             note += f" with {_args_note(base)}" if base else ", as shipped"
@@ -238,9 +247,9 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             out.append(Block(entry.folder / "README.md", "results", "\n".join([*lines, "", note])))
         table = [
             "| recipe | technique | settings | test metric (acc unless named) | s/epoch, "
-            "training | s, one validation | whole fit (s) | peak RSS (MiB) | "
-            "planned peak (MiB) | planned / measured |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            "training | s, one validation | whole fit (s) | CPU s (system share) | "
+            "peak RSS (MiB) | planned peak (MiB) | planned / measured |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
         ]
         text = "\n".join(table) + (
@@ -249,7 +258,10 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             "largest process's `VmHWM` over the whole run (a training rank for DDP, not the "
             "launcher). s/epoch, training: median after one warm-up epoch, sampling and loading "
             "included, validation not; one validation: the median of those run after each "
-            "epoch; whole fit: the `fit` command's wall time, from start-up to the final test."
+            "epoch; whole fit: the `fit` command's wall time, from start-up to the final test. "
+            "CPU s: user and system time of the fit and of every process it waited for (loader "
+            "workers, forked DDP ranks); system share: the kernel's part of it (page faults, "
+            "shared memory, I/O)."
         )
         if tiny:
             text += " **Tiny settings: a check of the pipeline, not figures.**"

@@ -106,7 +106,7 @@ def policies(folder: Path, fractions: tuple[float, ...]) -> dict[str, list[float
         counts = torch.zeros(n, dtype=torch.int32)
         torch.manual_seed(seed)
         for seeds in train[torch.randperm(train.numel())].split(1024):
-            reads.prefetch_neighbours(colptr, row, seeds, [15, 10], 32)
+            reads.read_ahead(colptr, row, seeds, [15, 10], 32)
             node = sampler.sample_from_nodes(NodeSamplerInput(None, seeds)).node
             counts.index_add_(0, node, torch.ones(node.numel(), dtype=torch.int32))
         return counts

@@ -20,6 +20,7 @@ import yaml
 from blocks import Block
 from registry import REPO, recipe
 
+from gnnscale.data.args import LoaderArgs
 from recipes import measure
 
 RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")
@@ -27,8 +28,9 @@ WORKERS = (0, 1, 2)
 
 
 def _shipped_workers(name: str) -> int:
+    """The workers the recipe's config gives on this machine (``auto`` resolved)."""
     config = yaml.safe_load(recipe(name).config.read_text())
-    return int(config["data"]["init_args"].get("loader", {}).get("num_workers", 0))
+    return LoaderArgs(config["data"]["init_args"].get("loader", {}).get("num_workers", 0)).workers
 
 
 def blocks(tiny: bool) -> list[Block]:

@@ -137,6 +137,15 @@ def test_non_positive_sizes(make, key):
         make()
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_auto_workers_are_one_with_a_gpu_and_none_without(monkeypatch, cuda):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    kwargs = LoaderArgs(num_workers="auto", persistent_workers=True).kwargs()
+    assert kwargs["num_workers"] == int(cuda)
+    assert kwargs["persistent_workers"] == cuda  # DataLoader refuses it without a worker
+    assert LoaderArgs(num_workers=2).workers == 2
+
+
 def _fake(monkeypatch, **changes):
     data = make_synthetic_graph(SyntheticGraph(num_nodes=200, avg_degree=4))
     for key, value in changes.items():

@@ -264,7 +264,8 @@ def test_a_damaged_colptr_is_refused_even_when_only_sizes_are_checked(
 def test_a_damaged_row_is_refused_when_a_batch_gathers_it(tiny_prepared, bad):
     """A neighbour id out of range in ``row.bin`` (its sizes are right: ``verify: size`` opens
     it) is one error naming the file, from PyG's loader on the store and from the DataModule.
-    One hop: an id sampled before the last hop is expanded by the sampler before any check."""
+    With PyG's loader on the store, one hop: an id sampled before the last hop is expanded by
+    PyG's sampler before any check (a crash); the DataModule checks it first, at two hops."""
     row = np.memmap(tiny_prepared / "row.bin", dtype=np.int64, mode="r+")
     row[5] = bad  # an in-neighbour of node 0
     row.flush()
@@ -275,9 +276,9 @@ def test_a_damaged_row_is_refused_when_a_batch_gathers_it(tiny_prepared, bad):
     with pytest.raises(PreparedGraphError, match=message):
         next(iter(loader))
     dm = NeighborDataModule(
-        "prepared", tiny_prepared, [-1], 16, eval=EvalArgs(mode="sampled"), verify="size"
+        "prepared", tiny_prepared, [-1, -1], 16, eval=EvalArgs(mode="sampled"), verify="size"
     )
-    dm.configure_batches(BatchRequest(num_layers=1))
+    dm.configure_batches(BatchRequest(num_layers=2))
     dm.setup("fit")
     with pytest.raises(PreparedGraphError, match=message):
         for _ in dm.predict_dataloader():  # every node, in order: node 0 first

@@ -67,7 +67,7 @@ def test_a_loader_worker_gathers_into_shared_memory(mapped, monkeypatch):
         assert torch.equal(out.view(torch.uint8), x[i::3].view(torch.uint8))
 
 
-def test_prefetching_reads_every_page_the_sampler_reads(monkeypatch):
+def test_reading_ahead_reads_every_page_the_sampler_reads(monkeypatch):
     """Every page of every list the sampler may read is gathered (here: recorded), and the
     frontier follows only the lists taken whole."""
     colptr = torch.tensor([0, 3, 3, 1200, 1210, 1212, 1220])  # node 2: a list over 3 pages
@@ -89,7 +89,12 @@ def test_prefetching_reads_every_page_the_sampler_reads(monkeypatch):
         return real(tensor, index, threads)
 
     monkeypatch.setattr(reads, "gather", recording)
-    reads.prefetch_neighbours(colptr, row, torch.tensor([0, 2]), [3, 2], threads=4)
+    checked = []
+    reads.read_ahead(colptr, row, torch.tensor([0, 2]), [3, 2], 4, checked.append)
+    # every id the sampler may expand is checked: all of the seeds' lists, before any hop
+    assert len(checked) == 1 and torch.equal(
+        checked[0], row[torch.cat([torch.arange(3), torch.arange(3, 1200)])]
+    )
     pages = lambda index: set((index * 8 // 4096).tolist())  # noqa: E731
     row_reads = [index for is_row, index in read if is_row]
     # hop 1: node 0's list (page 0) and node 2's (bytes 24..9599: pages 0, 1, 2)

@@ -217,11 +217,11 @@ class NodeDataModule(L.LightningDataModule):
     @cached_property
     def _csc_sampler(self) -> NeighborSampler:
         if self.dataset != "prepared":
-            return NeighborSampler(self.data, [-1], share_memory=self.loader.num_workers > 0)
+            return NeighborSampler(self.data, [-1], share_memory=self.loader.workers > 0)
         # The prepared CSC is already in the sampler's layout: map it instead of building one.
         # (PyG builds the CSC in __init__; given a one-node graph that is free, then replaced.)
-        cls = PrefetchingSampler if self.prepared.threads > 1 else NeighborSampler
-        sampler = cls(Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1), [-1])
+        empty = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1)
+        sampler = PreparedSampler(empty, [-1])
         sampler.graph = self.prepared
         sampler.num_nodes = self.data.num_nodes
         sampler.colptr, sampler.row = self.prepared.csc
@@ -347,21 +347,22 @@ def _checked_ids(out: SamplerOutput, graph: PreparedGraph) -> SamplerOutput:
     return out
 
 
-class PrefetchingSampler(NeighborSampler):
-    """PyG's sampler over a prepared graph's CSC, whose reads many threads make first.
+class PreparedSampler(NeighborSampler):
+    """PyG's sampler over a prepared graph's mapped CSC, read ahead and checked first.
 
-    PyG's sampler reads the mapped CSC one page fault at a time; from disk, that was half of a
-    cold batch's time here once its features were read by threads. :func:`reads.prefetch_neighbours`
-    reads the same pages with the graph's threads, then the sampler runs as before.
+    :func:`reads.read_ahead` checks every neighbour id the sampler may expand (a damaged one
+    crashed PyG's sampler) and, for a graph read from disk, reads the CSC pages the sampler
+    will read with the graph's threads: PyG's sampler faults them in one at a time, half of a
+    cold batch's time here once its features were read by threads.
     """
 
     graph: PreparedGraph
 
     def sample_from_nodes(self, inputs: NodeSamplerInput) -> SamplerOutput:
-        """Prefetch ``inputs``' neighbourhood's pages, then sample it (PyG's own sampling)."""
+        """Read ahead and check ``inputs``' neighbourhood, then sample it (PyG's own sampling)."""
         colptr, row = self.graph.csc
-        fanout = self.num_neighbors.values
-        reads.prefetch_neighbours(colptr, row, inputs.node, list(fanout), self.graph.threads)
+        fanout = list(self.num_neighbors.values)
+        reads.read_ahead(colptr, row, inputs.node, fanout, self.graph.threads, self.graph.check_ids)
         return super().sample_from_nodes(inputs)
 
 

@@ -8,21 +8,23 @@ are in flight as there are threads. No buffer of our own, no read path beside th
 rows land in the page cache as before, and a gather from pages already cached costs the same
 as one plain ``index_select`` plus the threads' hand-off.
 
-Measured on a 4 GiB file, its pages evicted, 40,000 random 256-byte rows: one ``index_select``
-26k rows/s; 8 threads 60k, 32 threads 85k, 64 threads 92k (``benchmarks/store_reads.py``).
+Measured here on a 4 GiB file, its pages evicted, 40,000 random 256-byte rows: one
+``index_select`` 26k rows/s; 8 threads 60k, 32 threads 85k, 64 threads 92k. on_disk_graph's
+README (its ``reads`` block, ``python benchmarks/figures.py reads``) measures the epoch.
 """
 
 from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-__all__ = ["RowCache", "gather", "prefetch_neighbours"]
+__all__ = ["RowCache", "gather", "read_ahead"]
 
 MIN_ROWS = 256  # rows per thread below which a thread's hand-off costs more than it saves
 PAGE = 4096
@@ -81,34 +83,44 @@ def gather(tensor: Tensor, index: Tensor, threads: int = 1, out: Tensor | None =
     return out
 
 
-def prefetch_neighbours(
-    colptr: Tensor, row: Tensor, seeds: Tensor, fanout: list[int], threads: int
+def read_ahead(
+    colptr: Tensor,
+    row: Tensor,
+    seeds: Tensor,
+    fanout: list[int],
+    threads: int,
+    check: Callable[[Tensor], None] | None = None,
 ) -> None:
-    """Read the CSC pages that sampling ``fanout`` from ``seeds`` will read, ``threads`` at once.
+    """Read and check the CSC that sampling ``fanout`` from ``seeds`` walks, before PyG does.
 
-    PyG's sampler, reading one page at a time, then finds them in the page cache.
-
-    Each hop reads its frontier's ``colptr`` entries and the pages of their in-neighbour lists
-    (``row``). A list the sampler takes whole (no longer than the hop's fan-out, or ``-1``) gives
-    the next hop's frontier; the neighbours drawn from a longer list cannot be known before the
-    sampler draws them, so those are left to its own reads. At a fan-out near the mean degree
-    (15 against 14.6 on the papers100M-sized graph), most lists are taken whole.
+    Each hop reads its frontier's ``colptr`` entries and, with more than one thread, the pages
+    of their in-neighbour lists (``row``), ``threads`` at once: the sampler, reading one page at
+    a time, then finds them in the page cache. Before the last hop, every entry of those lists,
+    any of which the sampler may draw and expand, is given to ``check``: PyG's samplers index
+    with them unchecked, and a damaged id far out of range crashed the process. A list the
+    sampler takes whole (no longer than the hop's fan-out, or ``-1``) gives the next hop's
+    frontier; which neighbours it draws from a longer one is not known before it draws them,
+    so those are left to its own reads (and, past two hops, its ids unchecked). At a fan-out
+    near the mean degree (15 against 14.6 on the papers100M-sized graph) most lists are taken
+    whole.
     """
     frontier = seeds.long().unique()
     per_page = PAGE // row.itemsize
     for hop, k in enumerate(fanout):
-        ends = gather(colptr, torch.cat([frontier, frontier + 1]), threads)
-        start, end = ends.view(2, -1)
+        start, end = gather(colptr, torch.cat([frontier, frontier + 1]), threads).view(2, -1)
         length = end - start
-        # An entry every page's worth along each list, and its last: one in every page it spans.
-        steps = (length + per_page - 1) // per_page
-        step = _ranges(torch.zeros_like(start), steps)  # 0, 1, ... steps - 1 for each list
-        touch = torch.repeat_interleave(start, steps) + step * per_page
-        gather(row, torch.cat([touch, end[length > 0] - 1]).unique(), threads)
+        if threads > 1:  # an entry every page's worth along each list and its last: every page
+            steps = (length + per_page - 1) // per_page
+            step = _ranges(torch.zeros_like(start), steps)  # 0, 1, ... steps - 1 for each list
+            touch = torch.repeat_interleave(start, steps) + step * per_page
+            gather(row, torch.cat([touch, end[length > 0] - 1]).unique(), threads)
         if hop == len(fanout) - 1:
             return
+        neighbours = row[_ranges(start, length)]  # from the page cache, with threads
+        if check is not None:
+            check(neighbours)
         whole = (length <= k) | (k < 0)
-        frontier = row[_ranges(start[whole], length[whole])].unique()  # from the page cache now
+        frontier = neighbours[torch.repeat_interleave(whole, length)].unique()
 
 
 def _ranges(start: Tensor, length: Tensor) -> Tensor:
