@@ -15,8 +15,8 @@ batches, nothing more:
   ``SQLiteDatabase``, the backend of ``OnDiskDataset``). Both are opened lazily, once per
   process, after the DataLoader's fork.
 - :class:`GraphDataModule` splits the graphs, batches them with PyG's ``Batch`` and, under
-  DDP, shards every epoch with :class:`ExactlyOnceSampler`: every graph is trained once per
-  epoch across ranks; the copies that even out the ranks' batch counts weigh 0.
+  DDP, shards every epoch's batches: every graph is trained once per epoch across ranks; the
+  copies that even out the ranks' batch counts weigh 0.
 - :class:`AtomGraphs` generates atom-like graphs offline: typed 3-D point clouds, radius-graph
   edges with their lengths, and an energy (a sum of pair potentials over the edges) that a model
   which ignores the edges cannot predict.
