@@ -71,7 +71,8 @@ def stores(workdir: Path, num_graphs: int, epochs: int) -> dict:
                     count += batch.num_graphs
                 rates.append(count / (time.perf_counter() - start))
                 if workers:
-                    pids = [w.pid for w in loader._iterator._workers]  # type: ignore[union-attr]
+                    batches = loader.batches  # the ResumableLoader's DataLoader
+                    pids = [w.pid for w in batches._iterator._workers]  # type: ignore[attr-defined]
                     memory[epoch] = [anon_mb(pid) for pid in pids]
             row[f"read_{workers}"] = max(rates)
             if workers:

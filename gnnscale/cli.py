@@ -336,9 +336,10 @@ class GnnscaleCLI(LightningCLI):
             _ = each.version
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
         if ckpt_path and self.trainer.global_rank == 0:
-            step = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
+            saved = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
+            last = _last_logged_step(saved)
             # What was logged after the checkpoint is trained, and logged, again.
-            kept = _keep_csv_rows(self.trainer.logger, lambda row: row < step["global_step"])
+            kept = _keep_csv_rows(self.trainer.logger, lambda row: row <= last)
             if kept is not None:
                 rank_zero_info(f"gnnscale: resuming in its folder, {kept} earlier rows kept")
 
@@ -354,6 +355,19 @@ class GnnscaleCLI(LightningCLI):
         # ModelCheckpoint callbacks (the best by val/acc, and the last for resuming).
         best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
         self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+
+
+def _last_logged_step(checkpoint: dict[str, Any]) -> int:
+    """The logging step of the last training batch in ``checkpoint``.
+
+    Loggers number rows by Lightning's count of batches that stepped, which is not
+    ``global_step``: under manual optimization every batch counts and every optimizer's step
+    adds to ``global_step`` (two per step for the embedding models). A checkpoint saved after a
+    training batch holds the count that batch's row is logged at, right after the save; one
+    saved after validation holds the next batch's, which has no row yet.
+    """
+    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
+    return int(loop.get("_batches_that_stepped", checkpoint["global_step"] - 1))
 
 
 def _keep_csv_rows(logger: Any, keep: Callable[[int], bool]) -> int | None:

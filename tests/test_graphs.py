@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,11 +18,13 @@ from torch_geometric.data import Batch, Data
 
 from gnnscale import GraphDataModule, GraphGINE
 from gnnscale.batch import BatchRequest
+from gnnscale.cli import prepare_graphs_main
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.measure import anon_mb
 from gnnscale.stores import atomic
+from gnnscale.stores import graphs as graph_stores
 from gnnscale.stores.graphs import (
     GraphStore,
     GraphStoreError,
@@ -138,7 +141,10 @@ KILLED = """
 import os, signal, sys
 from pathlib import Path
 from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, write_graphs
+from gnnscale.stores import graphs
 from dataclasses import asdict
+
+graphs._estimated_bytes = lambda *args: 0  # it reads a sample: only the writer's reads here
 
 class DiesAt(AtomGraphDataset):
     def __getitem__(self, i):
@@ -153,7 +159,9 @@ write_graphs(DiesAt(spec), Path(sys.argv[1]), source, sys.argv[2], chunk_graphs=
 
 
 @pytest.mark.parametrize("backend", ["lmdb", "sqlite"])
-def test_a_killed_prepare_is_refused_then_resumes_from_its_last_chunk(tmp_path, backend):
+def test_a_killed_prepare_is_refused_then_resumes_from_its_last_chunk(
+    tmp_path, backend, monkeypatch
+):
     out = tmp_path / "atoms"
     done = subprocess.run([sys.executable, "-c", KILLED, str(out), backend, "150"], check=False)
     assert done.returncode == -signal.SIGKILL
@@ -169,6 +177,7 @@ def test_a_killed_prepare_is_refused_then_resumes_from_its_last_chunk(tmp_path, 
             return super().__getitem__(i)
 
     source = {"dataset": "atoms", "atoms": SMALL.__dict__}
+    monkeypatch.setattr(graph_stores, "_estimated_bytes", lambda *args: 0)  # reads a sample
     write_graphs(Counting(SMALL), out, source, backend, chunk_graphs=64)
     assert min(asked) == 128  # two chunks of 64 were committed before the kill at 150
     graphs, generated = GraphStore(out), AtomGraphDataset(SMALL)
@@ -183,6 +192,30 @@ def test_a_second_prepare_is_refused_while_one_runs(tmp_path):
         with pytest.raises(ConfigError, match=f"atoms is being written by process {os.getpid()}"):
             prepare_graphs(out=out, backend="lmdb", atoms=SMALL, chunk_graphs=64)
     assert not out.exists() and atomic.leftovers(out) == []
+
+
+def test_prepare_graphs_refuses_a_disk_without_room_before_writing(store, tmp_path, monkeypatch):
+    estimate = graph_stores._estimated_bytes(AtomGraphDataset(SMALL), SMALL.num_graphs)
+    written = GraphStore(store).path.stat().st_size
+    assert 0.9 < estimate / written < 1.2  # the arithmetic the check relies on, either backend
+    usage = shutil.disk_usage(tmp_path)
+    free = usage._replace(free=1 << 30)
+    monkeypatch.setattr(graph_stores.shutil, "disk_usage", lambda path: free)
+    out = tmp_path / "atoms"
+    refused = r"--out .*atoms: the graph store needs about 2\.\d\d GiB and its disk has 1\.00 GiB"
+    with pytest.raises(GraphStoreError, match=refused):
+        prepare_graphs_main(["--out", str(out), "--atoms.num_graphs=1000000"])  # as shipped
+    assert list(tmp_path.iterdir()) == []  # nothing written, not even the lock
+    # A killed prepare's partial folder is continued or removed: its bytes count as room.
+    monkeypatch.setattr(graph_stores.shutil, "disk_usage", lambda path: usage._replace(free=0))
+    with pytest.raises(GraphStoreError, match="needs about 0.00 GiB and its disk has 0.00 GiB"):
+        prepare_graphs(out=out, atoms=SMALL)
+    partial = tmp_path / ".atoms.partial-999999"  # a dead writer's, of other settings
+    partial.mkdir()
+    with (partial / "data.mdb").open("wb") as f:
+        f.truncate(estimate + (64 << 20))  # sparse: its size, not its blocks
+    prepare_graphs(out=out, atoms=SMALL)
+    assert len(GraphStore(out)) == SMALL.num_graphs and not partial.exists()
 
 
 def test_a_store_whose_first_graph_has_no_edge_is_finished_and_read(tmp_path):
@@ -235,10 +268,13 @@ def test_a_model_that_does_not_fit_the_graphs_is_refused(store):
 
 
 def _epoch(dm: GraphDataModule, rank: int, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)  # what DDP's ranks see
+    # What DDP's ranks see; every rank takes rank 0's seed.
+    strategy = SimpleNamespace(broadcast=lambda seed: 7)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=strategy)
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(epoch)  # as Lightning does each epoch
-    return [(b.idx.numpy(), b.loss_weight.numpy()) for b in loader]
+    batches = (dm.on_before_batch_transfer(b, 0) for b in loader)  # as Lightning does
+    return [(b.idx.numpy(), b.loss_weight.numpy()) for b in batches]
 
 
 def _trained_once(batches_per_rank, expected) -> None:
@@ -249,18 +285,18 @@ def _trained_once(batches_per_rank, expected) -> None:
 
 
 def test_two_ranks_train_every_graph_exactly_once_per_epoch(store):
-    # 300 graphs, 242 to train on: 121 per rank in batches of 16, the last one short.
-    dm = GraphDataModule(store, batch_size=16, split=GraphSplit(0.1, 0.09))
+    # 300 graphs, 243 to train on: 13 batches of 20, the last one short; rank 1 repeats a batch.
+    dm = GraphDataModule(store, batch_size=20, split=GraphSplit(0.1, 0.09))
     train = dm.splits["train"]
-    assert len(train) % 2 == 1  # odd: one rank draws a padding copy
+    assert len(train) == 243
     orders = []
     for epoch in range(2):
         per_rank = [_epoch(dm, rank, epoch) for rank in range(2)]
         _trained_once(per_rank, train)
         orders.append(np.concatenate([i for i, _ in per_rank[0]]))
-        padding = [w for b in per_rank for _, w in b]
-        assert sum(int((w == 0).sum()) for w in padding) == 1
-        assert all(np.allclose(w[w > 0], 1 / 16) for w in padding)  # a graph weighs 1/batch
+        weights = [w for b in per_rank for _, w in b]
+        assert [int((w == 0).sum()) for w in weights if (w == 0).any()] == [20]  # one repeat
+        assert all(np.allclose(w[w > 0], 1 / 20) for w in weights)  # a graph weighs 1/batch
     assert not np.array_equal(orders[0], orders[1])  # reshuffled each epoch
 
 
@@ -307,7 +343,7 @@ def test_workers_memory_stays_flat_over_epochs(tmp_path):
         loader.sampler.set_epoch(epoch)
         for _ in loader:
             pass
-        workers = loader._iterator._workers
+        workers = loader.batches._iterator._workers  # the ResumableLoader's DataLoader
         after[epoch] = [anon_mb(w.pid) for w in workers]
     del loader
     for first, last in zip(after[1], after[5], strict=True):

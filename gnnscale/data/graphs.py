@@ -16,6 +16,8 @@ from torch_geometric.data import Batch, Data, InMemoryDataset
 
 from gnnscale.batch import BatchRequest
 from gnnscale.data.args import GraphSplit, LoaderArgs
+from gnnscale.data.loaders import resumable
+from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
 from gnnscale.stores.graphs import BACKENDS, Backend, GraphStore, write_graphs
@@ -141,7 +143,7 @@ def prepare_graphs(
     return write_graphs(AtomGraphDataset(atoms), out, source, backend, chunk_graphs=chunk_graphs)
 
 
-# --- training: splits, exactly-once sharding, batches --------------------------------------
+# --- splits, exactly-once sharding, batches --------------------------------------
 
 
 class ExactlyOnceSampler(DistributedSampler):
@@ -152,7 +154,8 @@ class ExactlyOnceSampler(DistributedSampler):
     rank draws as many (ranks that drew fewer batches would wait forever for the others'
     gradients). Here a padding copy of item ``i`` is yielded as ``-(i + 1)``; the dataset
     returns it with weight 0, so it adds nothing to the loss or the metrics, and across ranks
-    each item counts exactly once per epoch.
+    each item counts exactly once per epoch. The evaluation loaders use it; training batches
+    are drawn by a ``ResumableLoader``, which shards whole batches the same way.
     """
 
     def __iter__(self) -> Iterator[int]:
@@ -220,8 +223,9 @@ class GraphDataModule(L.LightningDataModule):
 
     Each process holds the split's graph ids (8 bytes a graph) and the batches in flight; the
     store is read by whichever process builds the batch (a DataLoader worker, or the main
-    process). Under DDP every rank opens the same store, and :class:`ExactlyOnceSampler`
-    shards each epoch so every graph is trained once across ranks.
+    process). Under DDP every rank opens the same store; each epoch's training batches are
+    shared out by a ``ResumableLoader`` (a run killed mid-epoch resumes at its next batch) and
+    evaluation graphs by :class:`ExactlyOnceSampler`, so every graph counts once across ranks.
 
     Batches are PyG ``Batch`` objects with ``x``, ``edge_index``, ``edge_attr``, ``y``,
     ``batch``, and per graph ``idx`` (its index in the store) and ``loss_weight``.
@@ -319,16 +323,17 @@ class GraphDataModule(L.LightningDataModule):
             self._graphs = self.store if self.storage == "disk" else _InMemory(self.store)
         return self._graphs
 
-    def _loader(self, split: str, shuffle: bool) -> DataLoader:
+    def _loader(self, split: str) -> DataLoader:
         dataset = _Split(self.graphs, self.splits[split])
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
-        sampler = ExactlyOnceSampler(dataset, world, rank, shuffle=shuffle)
         return DataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=sampler,
+            sampler=ExactlyOnceSampler(dataset, world, rank, shuffle=False),
             collate_fn=_Collate(self.batch_size),
+            # Its own generator: starting workers must not move the model's random stream.
+            generator=torch.Generator(),
             **self.loader.kwargs(),
         )
 
@@ -350,17 +355,23 @@ class GraphDataModule(L.LightningDataModule):
             mapped_mb=mapped_mb,
         )
 
-    def train_dataloader(self) -> DataLoader:
-        """Shuffled each epoch (Lightning calls the sampler's ``set_epoch``), sharded by rank."""
-        return self._loader("train", shuffle=True)
+    def train_dataloader(self) -> ResumableLoader:
+        """Shuffled batches of training graphs, a share per rank, resumable mid-epoch."""
+        return resumable(self.trainer, self._loader("train"), shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
         """Validation graphs, each scored once across ranks."""
-        return self._loader("val", shuffle=False)
+        return self._loader("val")
 
     def test_dataloader(self) -> DataLoader:
         """Test graphs, each scored once across ranks."""
-        return self._loader("test", shuffle=False)
+        return self._loader("test")
+
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Under DDP, a training batch repeated to even out the ranks' counts weighs 0."""
+        if batch.get("padding", False):
+            batch.loss_weight, batch.num_loss_nodes = batch.loss_weight * 0, 0
+        return batch
 
 
 # --- the bar a model must clear ------------------------------------------------------------
