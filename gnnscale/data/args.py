@@ -39,7 +39,7 @@ class LoaderArgs:
         num_workers: Worker processes that sample batches while the model trains (0: sample in
             the main process). ``auto``: 1 where a CUDA GPU is present, to overlap sampling
             with the GPU's step; 0 without one, where a worker competes with the step's own
-            threads (the neighbour recipe's epochs took 1.5x as long with one, here).
+            threads (the neighbour recipe's epochs took 1.2-1.5x as long with one, here).
         pin_memory: Page-lock batches so host-to-GPU copies are faster and asynchronous.
         persistent_workers: Keep workers alive between epochs instead of forking them again
             (with ``auto``: where it gives a worker).
