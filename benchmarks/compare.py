@@ -179,20 +179,18 @@ def hand_spec(sampler: str, cfg: dict[str, Any], seed: int, epochs: int, workdir
             "lr": model["optimizer"]["init_args"]["lr"],
         },
         "data": {k: data.get(k, defaults.get(k)) for k in keys},
-        "loader": {
-            "num_workers": _workers(loader.get("num_workers", 0)),
-            "persistent_workers": loader.get("persistent_workers", False),
-        },
+        "loader": _loader(loader),
         "eval_batch_size": eval_args.get("batch_size", 4096),  # gnnscale.EvalArgs' default
         "cache_dir": str(workdir / "hand_cache" / sampler),
     }
 
 
-def _workers(count: int | str) -> int:
-    """A config's ``num_workers``, ``auto`` resolved as gnnscale's loaders resolve it."""
+def _loader(loader: dict[str, Any]) -> dict[str, Any]:
+    """A config's workers as gnnscale's loaders take them (``auto`` resolved)."""
     from gnnscale.data.args import LoaderArgs
 
-    return LoaderArgs(count).workers  # type: ignore[arg-type]
+    args = LoaderArgs(loader.get("num_workers", 0), False, loader.get("persistent_workers", False))
+    return {k: v for k, v in args.kwargs().items() if k != "pin_memory"}
 
 
 @dataclass
