@@ -200,14 +200,14 @@ def test_prepare_graphs_refuses_a_disk_without_room_before_writing(store, tmp_pa
     assert 0.9 < estimate / written < 1.2  # the arithmetic the check relies on, either backend
     usage = shutil.disk_usage(tmp_path)
     free = usage._replace(free=1 << 30)
-    monkeypatch.setattr(graph_stores.shutil, "disk_usage", lambda path: free)
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: free)
     out = tmp_path / "atoms"
     refused = r"--out .*atoms: the graph store needs about 2\.\d\d GiB and its disk has 1\.00 GiB"
     with pytest.raises(GraphStoreError, match=refused):
         prepare_graphs_main(["--out", str(out), "--atoms.num_graphs=1000000"])  # as shipped
     assert list(tmp_path.iterdir()) == []  # nothing written, not even the lock
     # A killed prepare's partial folder is continued or removed: its bytes count as room.
-    monkeypatch.setattr(graph_stores.shutil, "disk_usage", lambda path: usage._replace(free=0))
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: usage._replace(free=0))
     with pytest.raises(GraphStoreError, match="needs about 0.00 GiB and its disk has 0.00 GiB"):
         prepare_graphs(out=out, atoms=SMALL)
     partial = tmp_path / ".atoms.partial-999999"  # a dead writer's, of other settings

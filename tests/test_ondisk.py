@@ -471,7 +471,7 @@ def test_prepare_refuses_a_disk_without_room_before_writing(tmp_path, monkeypatc
     expected = prepared._size(5000, math.ceil(5000 * 12.0), 32, "bfloat16")
     assert abs(expected / written.nbytes - 1) < 0.1  # the arithmetic the check relies on
     usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(prepared.shutil, "disk_usage", lambda path: usage._replace(free=1 << 26))
+    monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: usage._replace(free=1 << 26))
     with pytest.raises(PreparedGraphError, match=r"--out .*h: the prepared graph needs about "):
         write_streamed_synthetic(ROOMY, tmp_path / "h", "bfloat16")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".g.lock", "g"]  # nothing written

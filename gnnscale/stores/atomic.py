@@ -101,6 +101,26 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def check_room(
+    target: Path, need: int, what: str, error: Callable[[str], Exception] = ConfigError
+) -> None:
+    """Refuse, before writing, a disk with less free space than ``need`` bytes (and a margin).
+
+    Args:
+        target: What is about to be written (it or its nearest existing parent is measured).
+        need: The bytes it will take.
+        what: What it is, for the message (``the prepared graph``).
+        error: The error to raise.
+    """
+    existing = next(p for p in [target, *target.parents] if p.exists())
+    free = shutil.disk_usage(existing).free
+    if free < need * 1.05 + (64 << 20):
+        raise error(
+            f"--out {target}: {what} needs about {need / 2**30:.2f} GiB and its disk has "
+            f"{free / 2**30:.2f} GiB free; free space there or choose another --out"
+        )
+
+
 def read_manifest(
     folder: Path, fmt: str, what: str, command: str, error: type[Exception] = ConfigError
 ) -> dict[str, Any]:

@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import shutil
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
@@ -428,13 +427,7 @@ def write_graphs(
             f.stat().st_size for p in atomic.leftovers(out) for f in p.rglob("*") if f.is_file()
         )
         need = _estimated_bytes(graphs, num_graphs) - partial
-        existing = next(p for p in [out, *out.parents] if p.exists())
-        free = shutil.disk_usage(existing).free
-        if free < need * 1.05 + (64 << 20):
-            raise GraphStoreError(
-                f"--out {out}: the graph store needs about {need / 2**30:.2f} GiB and its disk "
-                f"has {free / 2**30:.2f} GiB free; free space there or choose another --out"
-            )
+        atomic.check_room(out, need, "the graph store", GraphStoreError)
 
     def resumable(partial: Path) -> bool:
         previous = partial / SOURCE

@@ -26,7 +26,6 @@ import json
 import math
 import mmap
 import os
-import shutil
 import time
 import warnings
 import zlib
@@ -192,13 +191,7 @@ def prepare(
             )
         print(f"gnnscale prepare: {out} is already prepared from these settings (key {key})")
         return out
-    existing = next(p for p in [out, *out.parents] if p.exists())
-    free = shutil.disk_usage(existing).free
-    if free < size * 1.05 + (64 << 20):
-        raise PreparedGraphError(
-            f"--out {out}: the prepared graph needs about {size / 2**30:.2f} GiB and its disk "
-            f"has {free / 2**30:.2f} GiB free; free space there or choose another --out"
-        )
+    atomic.check_room(out, size, "the prepared graph", PreparedGraphError)
     start = time.perf_counter()
     try:
         with atomic.locked(out), atomic.writing(out) as tmp:  # a killed prepare's: removed
