@@ -22,9 +22,10 @@ def layerwise_inference(
     x[:seeds]), edges)``, as :func:`target_only`; PyG's computes every node of the batch and keeps
     the seeds) and writes them into one tensor for the layer; PyG's keeps a list of the batches'
     outputs and concatenates it, so two copies of the layer's output at the end and the heap
-    cut into batch-sized blocks meanwhile. After each batch the heap's free pages go back to
-    the system (:func:`gnnscale.measure.trim_heap`): batches of varying size would otherwise
-    grow it above what the speed-first allocator setting keeps for training.
+    cut into batch-sized blocks meanwhile. After each layer the heap's free pages go back to
+    the system (:func:`gnnscale.measure.trim_heap`). Not after each batch: the next batch
+    would fault its pages in afresh (on the neighbour recipe's 200k-node test, 1.9M page
+    faults and 5.6 s of system time against 0.7M and 1.6 s), for no lower peak.
     """
     x_all = loader.data.x
     for i in range(gnn.num_layers):
@@ -36,9 +37,9 @@ def layerwise_inference(
                 out = torch.empty(x_all.size(0), h.size(-1), dtype=h.dtype)
             out[batch.n_id[: batch.batch_size]] = h.to(out.device)
             del x, h
-            trim_heap()  # the batch's blocks back to the system, not cut into the heap
         assert out is not None, "the loader yielded no batch"
         x_all = out
+        trim_heap()  # the layer's blocks back to the system, not kept cut into the heap
     return x_all
 
 
