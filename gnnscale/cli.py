@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import psutil
 import torch
 from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
@@ -44,6 +43,7 @@ from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.graphs import prepare_graphs
 from gnnscale.data.node import NeighborDataModule
+from gnnscale.data.sources import check_size
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
@@ -255,9 +255,9 @@ class GnnscaleCLI(LightningCLI):
             runs.check(Path(ckpt_path), self.settings, subcommand)
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a precision the device cannot run, or a graph too large to generate here.
+        """Refuse a precision the device cannot run, or a graph too large to load or generate.
 
-        Before any data is loaded: ``plan`` answers from the config's arithmetic.
+        Before any data is loaded or downloaded: ``plan`` answers from the config's arithmetic.
         """
         config = self.config[self.subcommand] if self.subcommand else self.config
         _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
@@ -266,7 +266,9 @@ class GnnscaleCLI(LightningCLI):
         if isinstance(synthetic, Namespace) and data is not None and data.dataset == "synthetic":
             settings = synthetic.as_dict()
             if settings.keys() <= {f.name for f in fields(SyntheticGraph)}:  # a node graph's
-                SyntheticGraph(**settings).check_fits(psutil.virtual_memory().total)
+                SyntheticGraph(**settings).check_fits()
+        elif data is not None and isinstance(data.get("dataset"), str):
+            check_size(data.dataset, Path(data.get("root") or "data"))
         precision = str(config.trainer.precision)
         if _cpu_precision(precision, str(config.trainer.accelerator)) != precision:
             config.trainer.precision = "32-true"
