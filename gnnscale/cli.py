@@ -37,7 +37,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.multiprocessing import ProcessExitedException
 
-from gnnscale import runs
+from gnnscale import checks, runs
 from gnnscale.batch import BatchRequest, ConfiguresBatches
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
@@ -261,6 +261,8 @@ class GnnscaleCLI(LightningCLI):
         """
         config = self.config[self.subcommand] if self.subcommand else self.config
         _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
+        if self.subcommand == "fit":
+            checks.check_validation(config.trainer)
         data = getattr(config.get("data"), "init_args", None)
         synthetic = data.get("synthetic") if data is not None else None
         if isinstance(synthetic, Namespace) and data is not None and data.dataset == "synthetic":
@@ -296,11 +298,13 @@ class GnnscaleCLI(LightningCLI):
 
         Unless ``--trainer.plugins`` names another ``CheckpointIO``: Lightning's own holds a
         second copy of every checkpoint in memory while it saves (see ``gnnscale.checkpoint``).
+        Settings that would change what the run means are refused (``gnnscale.checks``).
         """
         trainer = self._get(self.config_init, "trainer", default={})
         accumulate = trainer.get("accumulate_grad_batches", 1)
         if accumulate is not None and accumulate < 1:
             raise ConfigError(f"--trainer.accumulate_grad_batches must be >= 1 (got {accumulate})")
+        checks.check_own_accumulation(self.model, accumulate or 1)
         plugins = kwargs.get("plugins", trainer.get("plugins")) or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -308,8 +312,15 @@ class GnnscaleCLI(LightningCLI):
         callbacks = kwargs.get("callbacks", trainer.get("callbacks")) or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         # A SIGTERM saves the run and exits 143; every checkpoint says what it continues.
-        kwargs["callbacks"] = [*callbacks, Preemption(), runs.SavedSettings(self.settings)]
-        return super().instantiate_trainer(**kwargs)
+        kwargs["callbacks"] = [
+            *callbacks,
+            Preemption(),
+            runs.SavedSettings(self.settings),
+        ]
+        built = super().instantiate_trainer(**kwargs)
+        if self.subcommand == "fit":
+            checks.check_monitors([*built.checkpoint_callbacks, *built.early_stopping_callbacks])
+        return built
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run it; if it fails before logging anything, remove the empty version folder it made."""
