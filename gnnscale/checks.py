@@ -6,12 +6,15 @@ Each is refused in one line (``ConfigError``) before any training step:
   best checkpoint is kept, and the test after ``fit`` reads the last weights;
 - a checkpoint or early stop whose ``mode`` runs against its metric (Lightning's default
   ``min`` with ``val/acc``): the "best" checkpoint would be the worst;
+- gradient accumulation over more batches than an epoch has (a full-graph loader has one):
+  Lightning steps at the epoch's end on part of the gradient, still divided by the whole count;
 - ``--trainer.accumulate_grad_batches`` for a model that steps its own optimizers (Lightning
   refuses it with a traceback; the model has its own setting).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -20,7 +23,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from gnnscale.errors import ConfigError
 
-__all__ = ["check_monitors", "check_own_accumulation", "check_validation"]
+__all__ = ["AccumulationCheck", "check_monitors", "check_own_accumulation", "check_validation"]
 
 # The metrics gnnscale logs, by the part of their name before "@" (val/recall@20 -> recall).
 _BETTER = {"acc": "max", "recall": "max", "mrr": "max", "auc": "max", "loss": "min", "mae": "min"}
@@ -64,3 +67,29 @@ def check_own_accumulation(model: L.LightningModule, accumulate: int) -> None:
             "steps its optimizers itself: set --model.init_args.accumulate_grad_batches="
             f"{accumulate} and --trainer.accumulate_grad_batches=1"
         )
+
+
+class AccumulationCheck(L.Callback):
+    """Refuses, before the first step, an accumulation over more batches than an epoch has.
+
+    Lightning steps on an epoch's last batch whatever it accumulated, with each loss divided
+    by the full count: with fewer batches, every step takes that fraction of the gradient.
+    Models that step their optimizers themselves accumulate ``accumulate_grad_batches`` of
+    their own hyperparameters, the same way.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Compare the accumulation with the epoch's training batches (limits applied)."""
+        if pl_module.automatic_optimization:
+            flag, count = "--trainer.accumulate_grad_batches", trainer.accumulate_grad_batches
+        else:
+            flag = "--model.init_args.accumulate_grad_batches"
+            count = int(pl_module.hparams.get("accumulate_grad_batches", 1))
+        batches = trainer.num_training_batches
+        if math.isfinite(batches) and 0 < batches < count:
+            raise ConfigError(
+                f"{flag} is {count} but an epoch has {int(batches)} training batch(es): each "
+                f"step would take {int(batches)}/{count} of the gradient (Lightning steps at the "
+                f"epoch's end, each loss divided by {count}); set {flag}={int(batches)}, or "
+                "lower --data.batch_size for more batches"
+            )

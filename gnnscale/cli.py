@@ -316,6 +316,7 @@ class GnnscaleCLI(LightningCLI):
             *callbacks,
             Preemption(),
             runs.SavedSettings(self.settings),
+            checks.AccumulationCheck(),
         ]
         built = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit":
