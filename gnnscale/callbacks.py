@@ -118,13 +118,17 @@ class GradActivationMonitor(L.Callback):
     Gradient norms are read in ``on_before_optimizer_step``, after gradient accumulation and
     after Lightning has unscaled fp16 gradients, so they are the gradients the optimizer applies.
     Activations are the outputs of every ``MessagePassing`` layer, seen by forward hooks during
-    training batches only (the last micro-batch of a logged step). Logs, with the optimizer step
-    as x-axis, ``monitor/grad_norm_total``, ``monitor/grad_norm/<layer>`` (one per conv layer,
-    plus ``other`` for the remaining parameters), and per conv layer ``monitor/act_mean/<layer>``,
+    training batches only (the last micro-batch of a logged step). Logs
+    ``monitor/grad_norm_total``, ``monitor/grad_norm/<layer>`` (one per conv layer, plus
+    ``other`` for the remaining parameters), and per conv layer ``monitor/act_mean/<layer>``,
     ``monitor/act_std/<layer>``, ``monitor/act_zero/<layer>`` (the fraction of outputs <= 0, which
     a ReLU right after the layer sets to zero) and ``monitor/act_dead/<layer>`` (the fraction of
     channels <= 0 for every node of the batch: dead ReLUs, which pass no gradient). With a norm
     layer between conv and ReLU, the last two describe the conv, not what the ReLU sees.
+
+    Rows sit at the x-axis of the model's own training rows (Lightning's count of batches that
+    stepped). A step of a model with two optimizers (they step together) counts once and is
+    logged once, before its first optimizer steps, with every parameter's gradient.
 
     Args:
         log_every_n_steps: Log every this many optimizer steps (step 0 included). Independent
@@ -167,7 +171,7 @@ class GradActivationMonitor(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, idx: int
     ) -> None:
         """Measure activations only in batches whose optimizer step is logged."""
-        self._armed = trainer.global_step % self.log_every_n_steps == 0
+        self._armed = _optimizer_steps(trainer) % self.log_every_n_steps == 0
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, idx: int
@@ -179,7 +183,9 @@ class GradActivationMonitor(L.Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, optimizer: Optimizer
     ) -> None:
         """Log the gradient norms and the activation statistics of this step."""
-        if trainer.global_step % self.log_every_n_steps or not trainer.loggers:
+        if optimizer is not trainer.optimizers[0] or not trainer.loggers:
+            return  # the step's later optimizers: logged with its first
+        if _optimizer_steps(trainer) % self.log_every_n_steps:
             return
         # Lightning annotates the values as float; they are 0-d tensors.
         norms: dict[str, Tensor] = dict(grad_norm(pl_module, norm_type=2))  # type: ignore[arg-type]
@@ -198,5 +204,15 @@ class GradActivationMonitor(L.Callback):
                 metrics[f"monitor/act_{stat}/{name}"] = value
         self._acts = {}
         values = torch.stack([v.to(pl_module.device) for v in metrics.values()]).tolist()
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the x-axis of self.log's rows
         for logger in trainer.loggers:
-            logger.log_metrics(dict(zip(metrics, values, strict=True)), step=trainer.global_step)
+            logger.log_metrics(dict(zip(metrics, values, strict=True)), step=step)
+
+
+def _optimizer_steps(trainer: L.Trainer) -> int:
+    """Optimizer steps taken so far, a step of several optimizers counted once.
+
+    ``global_step`` counts every optimizer's step: under the manual optimization of the
+    two-optimizer models, both step together and each adds one.
+    """
+    return trainer.global_step // max(len(trainer.optimizers), 1)

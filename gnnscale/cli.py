@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import psutil
 import torch
 from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
@@ -38,12 +37,13 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.multiprocessing import ProcessExitedException
 
-from gnnscale import runs
+from gnnscale import checks, runs
 from gnnscale.batch import BatchRequest, ConfiguresBatches
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.graphs import prepare_graphs
 from gnnscale.data.node import NeighborDataModule
+from gnnscale.data.sources import check_size
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
@@ -255,18 +255,22 @@ class GnnscaleCLI(LightningCLI):
             runs.check(Path(ckpt_path), self.settings, subcommand)
 
     def before_instantiate_classes(self) -> None:
-        """Refuse a precision the device cannot run, or a graph too large to generate here.
+        """Refuse a precision the device cannot run, or a graph too large to load or generate.
 
-        Before any data is loaded: ``plan`` answers from the config's arithmetic.
+        Before any data is loaded or downloaded: ``plan`` answers from the config's arithmetic.
         """
         config = self.config[self.subcommand] if self.subcommand else self.config
         _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
+        if self.subcommand == "fit":
+            checks.check_validation(config.trainer)
         data = getattr(config.get("data"), "init_args", None)
         synthetic = data.get("synthetic") if data is not None else None
         if isinstance(synthetic, Namespace) and data is not None and data.dataset == "synthetic":
             settings = synthetic.as_dict()
             if settings.keys() <= {f.name for f in fields(SyntheticGraph)}:  # a node graph's
-                SyntheticGraph(**settings).check_fits(psutil.virtual_memory().total)
+                SyntheticGraph(**settings).check_fits()
+        elif data is not None and isinstance(data.get("dataset"), str):
+            check_size(data.dataset, Path(data.get("root") or "data"))
         precision = str(config.trainer.precision)
         if _cpu_precision(precision, str(config.trainer.accelerator)) != precision:
             config.trainer.precision = "32-true"
@@ -294,11 +298,13 @@ class GnnscaleCLI(LightningCLI):
 
         Unless ``--trainer.plugins`` names another ``CheckpointIO``: Lightning's own holds a
         second copy of every checkpoint in memory while it saves (see ``gnnscale.checkpoint``).
+        Settings that would change what the run means are refused (``gnnscale.checks``).
         """
         trainer = self._get(self.config_init, "trainer", default={})
         accumulate = trainer.get("accumulate_grad_batches", 1)
         if accumulate is not None and accumulate < 1:
             raise ConfigError(f"--trainer.accumulate_grad_batches must be >= 1 (got {accumulate})")
+        checks.check_own_accumulation(self.model, accumulate or 1)
         plugins = kwargs.get("plugins", trainer.get("plugins")) or []
         plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
         if not any(isinstance(p, CheckpointIO) for p in plugins):
@@ -306,8 +312,16 @@ class GnnscaleCLI(LightningCLI):
         callbacks = kwargs.get("callbacks", trainer.get("callbacks")) or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
         # A SIGTERM saves the run and exits 143; every checkpoint says what it continues.
-        kwargs["callbacks"] = [*callbacks, Preemption(), runs.SavedSettings(self.settings)]
-        return super().instantiate_trainer(**kwargs)
+        kwargs["callbacks"] = [
+            *callbacks,
+            Preemption(),
+            runs.SavedSettings(self.settings),
+            checks.AccumulationCheck(),
+        ]
+        built = super().instantiate_trainer(**kwargs)
+        if self.subcommand == "fit":
+            checks.check_monitors([*built.checkpoint_callbacks, *built.early_stopping_callbacks])
+        return built
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run it; if it fails before logging anything, remove the empty version folder it made."""

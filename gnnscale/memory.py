@@ -4,6 +4,9 @@
 what it cannot measure that way it asks the DataModule through ``memory_profile()``, which
 returns a :class:`MemoryProfile`: the graph it holds, the files it maps, how it evaluates, and
 what a user can change when the run does not fit. The planner never asks which class it holds.
+
+The arithmetic that refuses a graph too large for the machine, from its sizes alone and before
+anything is built or downloaded, is here too (:func:`graph_nbytes`, :func:`check_fits`).
 """
 
 from __future__ import annotations
@@ -12,10 +15,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+import psutil
 import torch
 from torch import Tensor
 
-__all__ = ["MemoryProfile", "Plannable", "proportional_batches", "store_tensors", "tensor_mb"]
+from gnnscale.errors import ConfigError
+
+__all__ = [
+    "MemoryProfile",
+    "Plannable",
+    "check_fits",
+    "graph_nbytes",
+    "proportional_batches",
+    "store_tensors",
+    "tensor_mb",
+]
 
 MiB = 2**20
 
@@ -23,6 +37,32 @@ MiB = 2**20
 def tensor_mb(*tensors: Tensor) -> float:
     """MiB of ``tensors``' elements."""
     return sum(t.numel() * t.element_size() for t in tensors) / MiB
+
+
+def graph_nbytes(num_nodes: int, num_edges: int, num_features: int) -> int:
+    """Bytes of a node-classification graph in memory, from its sizes alone.
+
+    float32 features, an int64 label and three boolean split masks per node, two int64 ids per
+    edge: a lower bound of what loading or generating it takes.
+    """
+    return num_nodes * (num_features * 4 + 8 + 3) + num_edges * 16
+
+
+def check_fits(nbytes: int, graph: str, sizes: str, fix: str) -> None:
+    """Refuse a graph of ``nbytes`` larger than this machine's memory, before building it.
+
+    Args:
+        nbytes: Its bytes in memory (:func:`graph_nbytes`).
+        graph: What it is, as the message names it.
+        sizes: Where the bytes come from (the settings or the dataset's sizes).
+        fix: What to do instead.
+    """
+    memory = psutil.virtual_memory().total
+    if nbytes > memory:
+        raise ConfigError(
+            f"{graph} alone takes about {nbytes / 2**30:,.1f} GiB ({sizes}) and this machine "
+            f"has {memory / 2**30:,.1f} GiB: {fix}"
+        )
 
 
 def store_tensors(*graphs: Any) -> list[Tensor]:

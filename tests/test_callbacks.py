@@ -14,7 +14,7 @@ from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE
 from gnnscale.callbacks import ThroughputMonitor
 from gnnscale.cli import main
 from gnnscale.measure import peak_rss_mb
-from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
+from gnnscale.testing import TINY, TINY_ARGS, cli_args, requires_sampler
 
 
 def _rows(log_dir: Path, key: str) -> list[dict[str, str]]:
@@ -112,6 +112,39 @@ def test_counts_optimizer_steps_through_yaml_with_accumulation(tmp_path):
     assert [int(r["step"]) for r in rows] == [0, 2]  # optimizer steps, not micro-batches
     assert all(math.isfinite(float(r["monitor/grad_norm_total"])) for r in rows)
     assert all(float(r["monitor/act_std/gnn.convs.0"]) > 0 for r in rows)
+
+
+@requires_sampler
+def test_two_optimizers_log_once_per_step_at_the_x_axis_of_the_other_rows(tmp_path):
+    # EmbeddingSAGE steps its two optimizers together, every 2 batches (manual optimization):
+    # global_step counts 2 per step, Lightning's rows count batches.
+    main(
+        [
+            "fit",
+            "--data=gnnscale.NeighborDataModule",
+            "--model=gnnscale.EmbeddingSAGE",
+            "--model.embedding_dim=8",
+            "--model.accumulate_grad_batches=2",
+            "--data.batch_size=128",  # 900 training nodes: 8 batches, 4 steps per epoch
+            "--data.num_neighbors=[5, 5]",
+            "--data.eval.mode=sampled",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_val_batches=0",
+            "--trainer.log_every_n_steps=1",
+            "--trainer.callbacks+=gnnscale.GradActivationMonitor",
+            "--trainer.callbacks.log_every_n_steps=2",
+            *cli_args(tmp_path),
+        ]
+    )
+    rows = _rows(tmp_path / "runs", "monitor/grad_norm_total")
+    # Optimizer steps 0 and 2 end batches 1 and 5, whose train/loss rows sit at steps 1 and 5.
+    assert [int(r["step"]) for r in rows] == [1, 5]
+    losses = {int(r["step"]) for r in _rows(tmp_path / "runs", "train/loss_step")}
+    assert losses == set(range(8))
+    for r in rows:  # both optimizers' gradients, read before either stepped
+        assert float(r["monitor/grad_norm/gnn.convs.0"]) > 0
+        assert float(r["monitor/grad_norm/other"]) > 0  # the embedding table
+        assert float(r["monitor/act_std/gnn.convs.0"]) > 0
 
 
 def test_peak_rss_of_a_child_process_is_its_own():

@@ -85,7 +85,8 @@ def test_every_yaml_parses_through_the_cli(path, capsys, monkeypatch):
 @pytest.mark.parametrize(
     "data,extra",
     [
-        ("FullBatchDataModule", ["--trainer.max_epochs=40"]),
+        # One batch per epoch: accumulating 2 would step on half the gradient (refused).
+        ("FullBatchDataModule", ["--trainer.max_epochs=40", "--trainer.accumulate_grad_batches=1"]),
         pytest.param(
             "NeighborDataModule",
             ["--data.batch_size=256", "--data.num_neighbors=[10, 5]"],

@@ -62,6 +62,7 @@ def test_prepared_graph_trains_exactly_like_the_same_graph_in_memory(tmp_path, t
         "--trainer.max_epochs=2",
         "--trainer.precision=32",
         "--model.hidden_channels=32",
+        "--data.batch_size=256",  # 4 batches an epoch, 2 steps of the recipe's accumulation
         "--data.loader.num_workers=0",
         "--data.loader.persistent_workers=false",
         *(f"--data.synthetic.{k}={v}" for k, v in dataclasses.asdict(TINY).items()),

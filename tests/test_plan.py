@@ -6,6 +6,7 @@ from dataclasses import replace
 
 import lightning as L
 import numpy as np
+import psutil
 import pytest
 import torch
 from registry import recipe
@@ -127,6 +128,33 @@ def test_budget_suggestion_fits_when_planned_again(tmp_path):
 def test_plan_refuses_an_unknown_option(tmp_path):
     with pytest.raises(ConfigError, match="batch_sise is not an option .* did you mean"):
         main(["plan", *NEIGHBOR, "--data.batch_sise=64"])
+
+
+def test_plan_refuses_a_dataset_too_large_for_the_machine_before_downloading_it(
+    tmp_path, monkeypatch
+):
+    machine = psutil.virtual_memory()._replace(total=2**30)  # a 1-GiB machine
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: machine)
+    root = tmp_path / "data"
+    root.mkdir()
+    plan = ["plan", *NEIGHBOR, f"--data.root={root}"]
+    with pytest.raises(ConfigError) as refused:
+        main([*plan, "--data.dataset=ogbn-products"])
+    assert str(refused.value) == (
+        "--data.dataset ogbn-products alone takes about 2.8 GiB (2,449,029 nodes x 100 float32 "
+        "features, 123,718,280 edges) and this machine has 1.0 GiB: prepare it on disk "
+        f"(`gnnscale prepare --dataset ogbn-products --root {root} --out DIR`, from OGB's "
+        "download unpacked there: docs/stores.md) and train or plan with --data.dataset "
+        "prepared --data.root DIR"
+    )
+    with pytest.raises(ConfigError, match=r"Reddit alone takes about 2\.2 GiB .*stores\.save_npy"):
+        main([*plan, "--data.dataset=Reddit"])
+    assert not any(root.iterdir())  # nothing downloaded
+    # The same arithmetic refuses a generated graph; a prepared one is mapped, never refused.
+    with pytest.raises(ConfigError, match="the generated graph alone takes about 4.1 GiB"):
+        main([*plan, "--data.synthetic.num_nodes=10000000", "--data.synthetic.avg_degree=2"])
+    with pytest.raises(ConfigError, match="manifest.json is missing"):
+        main([*plan, "--data.dataset=prepared", "--data.eval.mode=sampled"])
 
 
 # Large enough that the step, not the Python process, makes up a good part of the peak (layers

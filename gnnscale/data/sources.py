@@ -17,6 +17,8 @@ from torch_geometric.data import Data
 
 from gnnscale.data.synthetic import SyntheticGraph, make_synthetic_graph
 from gnnscale.errors import ConfigError, cause
+from gnnscale.memory import check_fits, graph_nbytes
+from gnnscale.stores.ogb import OGB
 from gnnscale.stores.prepared import PreparedGraph
 
 DATASETS = (
@@ -30,7 +32,17 @@ DATASETS = (
     "ogbn-arxiv",
     "ogbn-products",
 )
-# PyG's sparse-dense product goes through torch.sparse CSR tensors, which warn on first use.
+# As loaded (ogbn-products with each edge's reverse, which OGB's loader adds): nodes, edges,
+# feature width. A graph too large for the machine is refused from these before a download.
+SIZES = {
+    "Cora": (2_708, 10_556, 1_433),
+    "CiteSeer": (3_327, 9_104, 3_703),
+    "PubMed": (19_717, 88_648, 500),
+    "Reddit": (232_965, 114_615_892, 602),
+    "Flickr": (89_250, 899_756, 500),
+    "ogbn-arxiv": (169_343, 1_166_243, 128),
+    "ogbn-products": (2_449_029, 123_718_280, 100),
+}
 
 _SPLITS = ("train_mask", "val_mask", "test_mask")
 
@@ -65,6 +77,35 @@ def check_root(dataset: str, root: Path) -> None:
         )
     if not os.access(root, os.R_OK | os.X_OK):
         raise ConfigError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
+
+
+def check_size(dataset: str, root: Path) -> None:
+    """Refuse, from its known sizes alone, a dataset larger than this machine's memory.
+
+    Before anything is downloaded or loaded. A prepared folder is mapped, not loaded: never
+    refused here.
+    """
+    if dataset not in SIZES:
+        return
+    nodes, edges, features = SIZES[dataset]
+    if dataset in OGB:
+        fix = (
+            f"prepare it on disk (`gnnscale prepare --dataset {dataset} --root {root} --out DIR`, "
+            "from OGB's download unpacked there: docs/stores.md) and train or plan with "
+            "--data.dataset prepared --data.root DIR"
+        )
+    else:
+        fix = (
+            "write its arrays on a larger machine (gnnscale.stores.save_npy), prepare them on "
+            "disk (`gnnscale prepare --dataset npy --root ARRAYS --out DIR`) and train or plan "
+            "with --data.dataset prepared --data.root DIR"
+        )
+    check_fits(
+        graph_nbytes(nodes, edges, features),
+        f"--data.dataset {dataset}",
+        f"{nodes:,} nodes x {features} float32 features, {edges:,} edges",
+        fix,
+    )
 
 
 _NETWORK = (urllib.error.URLError, ConnectionError, TimeoutError, socket.gaierror)

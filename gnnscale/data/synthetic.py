@@ -18,6 +18,7 @@ from torch_geometric.transforms import ToUndirected
 from torch_geometric.utils import coalesce, remove_self_loops
 
 from gnnscale.errors import ConfigError
+from gnnscale.memory import check_fits, graph_nbytes
 
 __all__ = [
     "SyntheticGraph",
@@ -85,24 +86,23 @@ class SyntheticGraph:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the generated graph in memory: float32 features, int64 labels and edges.
+        """Bytes of the generated graph in memory.
 
         A lower bound of what generating it takes (the edges are drawn, then coalesced).
         """
         num_edges = int(self.num_nodes * self.avg_degree)
-        return self.num_nodes * (self.num_features * 4 + 8 + 3) + num_edges * 16
+        return graph_nbytes(self.num_nodes, num_edges, self.num_features)
 
-    def check_fits(self, memory: int) -> None:
-        """Refuse, from the settings alone, a graph larger than ``memory`` bytes."""
-        if self.nbytes > memory:
-            raise ConfigError(
-                f"the generated graph alone takes about {self.nbytes / 2**30:,.1f} GiB "
-                f"(--data.synthetic: {self.num_nodes:,} nodes x {self.num_features} float32 "
-                f"features, about {int(self.num_nodes * self.avg_degree):,} edges) and this "
-                f"machine has {memory / 2**30:,.1f} GiB: generate it on disk (`gnnscale prepare "
-                "--stream true --out DIR`, same --synthetic settings) and train or plan with "
-                "--data.dataset prepared --data.root DIR"
-            )
+    def check_fits(self) -> None:
+        """Refuse, from the settings alone, a graph larger than this machine's memory."""
+        check_fits(
+            self.nbytes,
+            "the generated graph",
+            f"--data.synthetic: {self.num_nodes:,} nodes x {self.num_features} float32 features, "
+            f"about {int(self.num_nodes * self.avg_degree):,} edges",
+            "generate it on disk (`gnnscale prepare --stream true --out DIR`, same --synthetic "
+            "settings) and train or plan with --data.dataset prepared --data.root DIR",
+        )
 
 
 def _sample_proportional(cdf: Tensor, low: Tensor, width: Tensor, g: torch.Generator) -> Tensor:

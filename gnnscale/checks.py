@@ -1,0 +1,95 @@
+"""Settings Lightning accepts without a word that change what a run or a metric means: refused.
+
+Each is refused in one line (``ConfigError``) before any training step:
+
+- validation that never runs (``--trainer.check_val_every_n_epoch`` above ``max_epochs``): no
+  best checkpoint is kept, and the test after ``fit`` reads the last weights;
+- a checkpoint or early stop whose ``mode`` runs against its metric (Lightning's default
+  ``min`` with ``val/acc``): the "best" checkpoint would be the worst;
+- gradient accumulation over more batches than an epoch has (a full-graph loader has one):
+  Lightning steps at the epoch's end on part of the gradient, still divided by the whole count;
+- ``--trainer.accumulate_grad_batches`` for a model that steps its own optimizers (Lightning
+  refuses it with a traceback; the model has its own setting).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+from gnnscale.errors import ConfigError
+
+__all__ = ["AccumulationCheck", "check_monitors", "check_own_accumulation", "check_validation"]
+
+# The metrics gnnscale logs, by the part of their name before "@" (val/recall@20 -> recall).
+_BETTER = {"acc": "max", "recall": "max", "mrr": "max", "auc": "max", "loss": "min", "mae": "min"}
+
+
+def check_validation(trainer: Any) -> None:
+    """Refuse a ``fit`` whose validation never runs (``trainer``: the config's trainer keys)."""
+    every, epochs = trainer.get("check_val_every_n_epoch"), trainer.get("max_epochs")
+    if trainer.get("limit_val_batches") == 0:
+        return  # validation turned off on purpose
+    if isinstance(every, int) and isinstance(epochs, int) and 0 < epochs < every:
+        raise ConfigError(
+            f"--trainer.check_val_every_n_epoch ({every}) is larger than --trainer.max_epochs "
+            f"({epochs}): validation would never run, so no best checkpoint is kept and the test "
+            f"after fit reads the last weights; set it to at most {epochs}"
+        )
+
+
+def check_monitors(callbacks: Iterable[L.Callback]) -> None:
+    """Refuse a ``ModelCheckpoint`` or ``EarlyStopping`` whose mode takes the worst value."""
+    for callback in callbacks:
+        if not isinstance(callback, ModelCheckpoint | EarlyStopping):
+            continue
+        monitor = callback.monitor
+        better = _BETTER.get(str(monitor).rsplit("/", 1)[-1].split("@")[0])
+        if better is not None and callback.mode != better:
+            default = " (Lightning's default)" if callback.mode == "min" else ""
+            raise ConfigError(
+                f"{type(callback).__name__}(monitor={monitor!r}) has mode {callback.mode!r}"
+                f"{default}, but {monitor} is better when it is "
+                f"{'higher' if better == 'max' else 'lower'}: its best would be the worst "
+                f"epoch; set its mode: {better}"
+            )
+
+
+def check_own_accumulation(model: L.LightningModule, accumulate: int) -> None:
+    """Refuse ``--trainer.accumulate_grad_batches`` for a model that steps its own optimizers."""
+    if accumulate > 1 and not model.automatic_optimization:
+        raise ConfigError(
+            f"--trainer.accumulate_grad_batches is {accumulate}, but {type(model).__name__} "
+            "steps its optimizers itself: set --model.init_args.accumulate_grad_batches="
+            f"{accumulate} and --trainer.accumulate_grad_batches=1"
+        )
+
+
+class AccumulationCheck(L.Callback):
+    """Refuses, before the first step, an accumulation over more batches than an epoch has.
+
+    Lightning steps on an epoch's last batch whatever it accumulated, with each loss divided
+    by the full count: with fewer batches, every step takes that fraction of the gradient.
+    Models that step their optimizers themselves accumulate ``accumulate_grad_batches`` of
+    their own hyperparameters, the same way.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Compare the accumulation with the epoch's training batches (limits applied)."""
+        if pl_module.automatic_optimization:
+            flag, count = "--trainer.accumulate_grad_batches", trainer.accumulate_grad_batches
+        else:
+            flag = "--model.init_args.accumulate_grad_batches"
+            count = int(pl_module.hparams.get("accumulate_grad_batches", 1))
+        batches = trainer.num_training_batches
+        if math.isfinite(batches) and 0 < batches < count:
+            raise ConfigError(
+                f"{flag} is {count} but an epoch has {int(batches)} training batch(es): each "
+                f"step would take {int(batches)}/{count} of the gradient (Lightning steps at the "
+                f"epoch's end, each loss divided by {count}); set {flag}={int(batches)}, or "
+                "lower --data.batch_size for more batches"
+            )
