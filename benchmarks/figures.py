@@ -10,7 +10,7 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   plan`` on the same config (``recipes`` in README.md, ``results`` in each recipe's README).
 - ``roofline``: one training step of each sampler recipe against its matrix products alone,
   the gather bandwidth, and its top operators (``roofline`` in benchmarks/README.md).
-- ``allocator``: s/epoch and peak memory of two recipes under each glibc mmap threshold, the
+- ``allocator``: s/epoch and peak memory of three recipes under each glibc mmap setting, the
   default marked (``allocator`` in benchmarks/README.md).
 - ``validation``: per-epoch validation of the sampler recipes, sampled (as shipped) against
   exact: its seconds, its share of a whole fit, the accuracy it reports (``validation`` in

@@ -46,7 +46,7 @@ from gnnscale.data.node import NeighborDataModule
 from gnnscale.data.sources import check_size
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
-from gnnscale.measure import cpu_bf16_native, set_mmap_threshold
+from gnnscale.measure import cpu_bf16_native, keep_freed_memory, set_mmap_threshold, trim_heap
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded, launched_by
@@ -72,24 +72,41 @@ TRAINER_DEFAULTS = {
 }
 
 
-# glibc's mmap threshold gnnscale fixes at start, in bytes; 0 keeps glibc's dynamic one (speed).
+# glibc's mmap threshold as gnnscale sets it at start (GNNSCALE_MMAP_THRESHOLD): "0", glibc's
+# dynamic threshold (speed; a full-graph run keeps freed memory, see _SameStepMemory); "off",
+# every run keeps freed memory; a number of bytes, a fixed threshold (lean).
 # benchmarks/allocator.py measures each setting; its README table marks this one.
-DEFAULT_MMAP_THRESHOLD = 0
+DEFAULT_MMAP_THRESHOLD = "0"
 LEAN_MMAP_THRESHOLD = 128 * 1024  # GNNSCALE_MMAP_THRESHOLD=131072: lower peaks, for time
+
+
+def _mmap_setting() -> str:
+    """``GNNSCALE_MMAP_THRESHOLD`` checked; ``""`` where the user set glibc's own variables."""
+    value = os.environ.get("GNNSCALE_MMAP_THRESHOLD", DEFAULT_MMAP_THRESHOLD).strip()
+    if not (value.isdigit() or value == "off"):
+        raise ConfigError(
+            "GNNSCALE_MMAP_THRESHOLD must be 0 for glibc's own threshold (the default), off to "
+            f"keep freed memory in the heap, or a whole number of bytes (got {value!r}); set it "
+            "so or unset it"
+        )
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return "" if "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc" in tunables else value
 
 
 def _steady_cpu_memory() -> None:
     """Allocator settings for steady CPU memory, on Linux.
 
     - glibc's mmap threshold: by default glibc's own, which rises each time a large block is
-      freed, so later tensors of a few MB come from the heap, fast to reuse but fragmenting it.
+      freed, so later tensors of a few MB come from the heap, fast to reuse but fragmenting it;
+      tensors above 32 MiB always get a mapping of their own, unmapped when freed.
       ``GNNSCALE_MMAP_THRESHOLD=<bytes>`` fixes it (as ``MALLOC_MMAP_THRESHOLD_`` would): every
       tensor above it gets its own mapping, returned when freed. Measured (``figures.py
       allocator``) once the training step became target-only: 128 KiB cut the peaks by about
       15% (neighbor_sage 1,224 MiB instead of 1,441, Cluster-GCN 1,442 instead of 1,689) but
       doubled Cluster-GCN's s/epoch (2.73 instead of 1.37; 16 MiB and a 1 GiB trim threshold did
       not help); so speed is the default and the lean setting is opt-in. ``gnnscale plan`` is
-      within 25% of both.
+      within 25% of both. ``off`` keeps every freed block in the heap
+      (:func:`keep_freed_memory`), which full-graph runs get anyway (:class:`_SameStepMemory`).
     - bf16 matrix products on CPUs keep a compiled primitive per shape in two caches of 1024,
       oneDNN's (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and PyTorch's ideep's
       (``LRU_CACHE_CAPACITY``), and sampled batches bring new shapes every step: bf16 runs grew
@@ -102,19 +119,35 @@ def _steady_cpu_memory() -> None:
       Both are read at the first bf16 product, so this runs before any.
 
     Settings the user made in the environment win (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
-    ``LRU_CACHE_CAPACITY``, ``MALLOC_MMAP_THRESHOLD_``).
+    ``LRU_CACHE_CAPACITY``, ``MALLOC_MMAP_THRESHOLD_``, any ``glibc.malloc`` tunable).
     """
     os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
     os.environ.setdefault("LRU_CACHE_CAPACITY", "8")
-    value = os.environ.get("GNNSCALE_MMAP_THRESHOLD", str(DEFAULT_MMAP_THRESHOLD)).strip()
-    if not value.isdigit():
-        raise ConfigError(
-            f"GNNSCALE_MMAP_THRESHOLD must be a whole number of bytes, 0 for glibc's own "
-            f"threshold (got {value!r}); set it so or unset it"
-        )
-    threshold = int(value)
-    if threshold > 0 and "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        set_mmap_threshold(threshold)
+    value = _mmap_setting()
+    if value == "off":
+        keep_freed_memory()
+    elif value not in ("", "0"):
+        set_mmap_threshold(int(value))
+
+
+class _SameStepMemory(L.Callback):
+    """A run with one training batch an epoch (a full graph) keeps freed memory in the heap.
+
+    Its steps allocate the same tensors every time; under glibc's own threshold those above
+    32 MiB were mapped and unmapped each step, faulted in afresh page by page. Measured at
+    session 22 on the full-graph GATv2 recipe: 0.23-0.29 s/epoch with 42% of its CPU time in
+    the kernel; with freed memory kept, 0.08 s and 7%, its peak about 10% higher. Runs
+    of sampled batches keep glibc's threshold: their tensors vary in size, and a heap that
+    never gives back grew the neighbour recipe's peak by up to 38%. As training starts the
+    heap's free pages (what loading the data freed) go back first. Only under the default
+    ``GNNSCALE_MMAP_THRESHOLD``.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Switch the allocator over if an epoch is one batch."""
+        if trainer.num_training_batches == 1 and _mmap_setting() == DEFAULT_MMAP_THRESHOLD:
+            trim_heap()
+            keep_freed_memory()
 
 
 def _on_gpu(accelerator: str) -> bool:
@@ -317,6 +350,7 @@ class GnnscaleCLI(LightningCLI):
             Preemption(),
             runs.SavedSettings(self.settings),
             checks.AccumulationCheck(),
+            _SameStepMemory(),
         ]
         built = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit":

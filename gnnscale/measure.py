@@ -6,6 +6,7 @@
   step, deterministic.
 - :func:`read_metrics`: the columns of a run's ``metrics.csv`` (Lightning's ``CSVLogger``).
 - :func:`set_mmap_threshold`: glibc's fixed mmap threshold (why: ``gnnscale.cli``).
+- :func:`keep_freed_memory`: every allocation from glibc's heap, kept there once freed.
 - :func:`cpu_bf16_native`: whether this CPU runs bf16 matrix products natively (oneDNN).
 """
 
@@ -35,6 +36,7 @@ __all__ = [
     "reset_peak_rss",
     "rss_mb",
     "saved_tensor_bytes",
+    "keep_freed_memory",
     "set_mmap_threshold",
 ]
 
@@ -220,6 +222,24 @@ def set_mmap_threshold(num_bytes: int) -> bool:
     with contextlib.suppress(OSError, AttributeError):
         m_mmap_threshold = -3  # from malloc.h
         return bool(ctypes.CDLL("libc.so.6").mallopt(m_mmap_threshold, num_bytes))
+    return False
+
+
+def keep_freed_memory() -> bool:
+    """Serve every allocation from the heap and keep freed memory there for the next (glibc).
+
+    ``M_MMAP_MAX`` 0: no allocation gets a mapping of its own, so none is unmapped when freed;
+    ``M_TRIM_THRESHOLD`` -1: the heap's top is never given back on its own (:func:`trim_heap`
+    still gives it back where gnnscale calls it). A step that frees and allocates the same large
+    tensors again then reuses resident pages instead of faulting in fresh, zeroed ones. Returns
+    whether both were set (glibc only).
+    """
+    if sys.platform != "linux":
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+        m_trim_threshold, m_mmap_max = -1, -4  # from malloc.h
+        return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, -1))
     return False
 
 
