@@ -47,6 +47,9 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 # The process that launched this rank: torchrun's agent, or the process that forked it (which
 # set it while forwarded() launched its ranks: forked ranks inherit it). None: not a rank.
 _launcher: int | None = None
+# The same for ranks started with the spawn method (``ddp_spawn``), which inherit no module
+# state: the launching process's pid in the environment while forwarded() launches them.
+LAUNCHER_ENV = "GNNSCALE_LAUNCHER_PID"
 
 
 def die_with_parent(parent: int | None = None) -> bool:
@@ -107,8 +110,9 @@ class Preemption(L.Callback):
         A rank also asks for a SIGTERM when its launcher dies, replacing torch's SIGINT.
         """
         self.previous = signal.signal(signal.SIGTERM, self._note)
-        if _launcher is not None and _launcher != os.getpid():
-            die_with_parent(_launcher)
+        launcher = _launcher or int(os.environ.get(LAUNCHER_ENV, 0)) or None
+        if launcher is not None and launcher != os.getpid():
+            die_with_parent(launcher)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Give SIGTERM back."""
@@ -152,7 +156,8 @@ def forwarded(trainer: L.Trainer) -> Iterator[None]:
 
     Lightning's multiprocessing launcher leaves this process with the default action (die at
     once), which orphans the ranks; passed on, each rank saves and exits, and so does this one.
-    Ranks forked meanwhile know this process as their launcher (see :func:`die_with_parent`).
+    Ranks forked or spawned meanwhile know this process as their launcher (see
+    :func:`die_with_parent`).
     """
     global _launcher
     launcher = trainer.strategy.launcher
@@ -161,8 +166,10 @@ def forwarded(trainer: L.Trainer) -> Iterator[None]:
         return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: launcher.kill(signum))
     _launcher = os.getpid()
+    os.environ[LAUNCHER_ENV] = str(_launcher)  # spawned ranks
     try:
         yield
     finally:
         _launcher = None
+        os.environ.pop(LAUNCHER_ENV, None)
         signal.signal(signal.SIGTERM, previous)

@@ -309,7 +309,7 @@ def test_a_process_that_asked_dies_with_its_parent_or_at_once_if_it_is_gone():
 
 @pytest.mark.slow
 @requires_sampler
-@pytest.mark.parametrize("launcher", ["fork", "torchrun"])
+@pytest.mark.parametrize("launcher", ["fork", "spawn", "torchrun"])
 def test_sigkill_to_the_launcher_of_ddp_ranks_stops_every_rank_saved(tmp_path, launcher):
     """A SIGKILL cannot be passed on. torchrun's ranks (sessions of their own) waited in gloo
     for ranks that were gone; Lightning's forked ranks died of torch's SIGINT, unsaved. Each
@@ -322,6 +322,8 @@ def test_sigkill_to_the_launcher_of_ddp_ranks_stops_every_rank_saved(tmp_path, l
         port = str(29400 + os.getpid() % 500 + 7)
         argv += ["torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}", "-m"]
         fit += ["--trainer.strategy=ddp"]
+    if launcher == "spawn":  # fresh interpreters: they inherit no module state, only the env
+        fit += ["--trainer.strategy=ddp_spawn"]
     argv += ["gnnscale.cli", *fit]
     log = (tmp_path / "stderr").open("wb")  # not a pipe: with its reader gone, ranks would block
     job = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=log)
@@ -332,9 +334,12 @@ def test_sigkill_to_the_launcher_of_ddp_ranks_stops_every_rank_saved(tmp_path, l
         while not last.is_file():  # training: the periodic checkpoint is there
             assert job.poll() is None and time.monotonic() < deadline, _tail(tmp_path / "stderr")
             time.sleep(0.5)
+        # torchrun's agent and spawn's parent have other children (a resource tracker)
+        rank_mark = {"torchrun": "gnnscale.cli", "spawn": "--multiprocessing-fork"}.get(launcher)
         ranks = [
-            p for p in psutil.Process(job.pid).children() if "gnnscale.cli" in p.cmdline()
-        ] if launcher == "torchrun" else psutil.Process(job.pid).children()  # fmt: skip
+            p for p in psutil.Process(job.pid).children()
+            if rank_mark is None or rank_mark in p.cmdline()
+        ]  # fmt: skip
         assert len(ranks) == 2
         family = [p for r in ranks for p in (r, *r.children(recursive=True))]
         os.kill(job.pid, signal.SIGKILL)
