@@ -135,16 +135,21 @@ def fit(
     }
 
 
-def measure(graph: dict[str, int | float], epochs: int, workdir: Path) -> dict:
-    """Prepare the graph, then fit from disk (warm, cold) and in memory, 1 and 2 processes."""
+def measure(
+    graph: dict[str, int | float], epochs: int, workdir: Path, extra: tuple[str, ...] = ()
+) -> dict:
+    """Prepare the graph, then fit from disk (warm, cold) and in memory, 1 and 2 processes.
+
+    ``extra``: flags for every fit (the tiny size's smaller batches).
+    """
     folder = workdir / "graph"
     flags = [f"--synthetic.{k}={v}" for k, v in graph.items()]
     run([sys.executable, "-m", "gnnscale.cli", "prepare", f"--out={folder}", *flags,
          "--feature_dtype=bfloat16"], workdir)  # fmt: skip
-    epochs_flag = f"--trainer.max_epochs={epochs}"
-    disk = [epochs_flag, "--data.init_args.dataset=prepared", f"--data.init_args.root={folder}"]
+    common = [f"--trainer.max_epochs={epochs}", *extra]
+    disk = [*common, "--data.init_args.dataset=prepared", f"--data.init_args.root={folder}"]
     memory = [
-        epochs_flag, "--data.init_args.dataset=synthetic", f"--data.init_args.root={workdir}",
+        *common, "--data.init_args.dataset=synthetic", f"--data.init_args.root={workdir}",
         "--data.init_args.preprocess.feature_dtype=bfloat16",
         *[f"--data.init_args.synthetic.{k}={v}" for k, v in graph.items()],
     ]  # fmt: skip
@@ -171,7 +176,8 @@ def blocks(tiny: bool) -> list[Block]:
     """The recipe README's ``memory`` block (``tiny``: a check of the pipeline, in seconds)."""
     graph, epochs = ({**GRAPH, "num_nodes": 5_000}, 2) if tiny else (GRAPH, 3)
     with tempfile.TemporaryDirectory(prefix="gnnscale-ondisk-") as tmp:
-        r = measure(graph, epochs, Path(tmp))
+        # tiny: 50 training nodes, 25 a rank; batches of 8 give every rank a whole accumulation
+        r = measure(graph, epochs, Path(tmp), ("--data.init_args.batch_size=8",) if tiny else ())
     one, two = r["warm"]["pss_mb"], r["ddp_disk"]["pss_mb"]
     mem_s = r["memory"]["epoch_s"]
     settings = " ".join(f"--synthetic.{k}={v}" for k, v in graph.items())

@@ -38,9 +38,22 @@ from on_disk_large import PrivateMemory
 
 from gnnscale.measure import read_metrics
 
-SHAPES = {  # papers, authors, institutions, batches trained
-    "full": {"papers": 20_000_000, "authors": 10_000_000, "institutions": 2_200, "batches": 100},
-    "tiny": {"papers": 20_000, "authors": 10_000, "institutions": 50, "batches": 5},
+SHAPES = {  # papers, authors, institutions, batches trained, seed papers a batch
+    "full": {
+        "papers": 20_000_000,
+        "authors": 10_000_000,
+        "institutions": 2_200,
+        "batches": 100,
+        "batch_size": 1024,
+    },
+    # tiny: small batches, so that an epoch holds a whole accumulation of 2
+    "tiny": {
+        "papers": 20_000,
+        "authors": 10_000,
+        "institutions": 50,
+        "batches": 5,
+        "batch_size": 64,
+    },
 }
 CLASSES, PAPER_FEATURES, AUTHOR_FEATURES = 153, 768, 32
 CITES, WRITES, AFFILIATED, HOMOPHILY = 5, 3, 1, 0.7
@@ -175,7 +188,7 @@ def measure(size: str, workdir: Path) -> dict:
         "--data.target_type=paper",
         "--data.num_neighbors=[10,5]",
         "--data.verify=size",
-        "--data.batch_size=1024",
+        f"--data.batch_size={shape['batch_size']}",
         "--data.eval.batch_size=1024",
         "--trainer.max_epochs=1",
         f"--trainer.limit_train_batches={shape['batches']}",

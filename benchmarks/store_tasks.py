@@ -27,6 +27,8 @@ from recipes import run
 
 MiB = 2**20
 TINY_GRAPH = {"num_users": 2000, "num_items": 800, "num_categories": 60, "num_communities": 8}
+# Tiny batches: every rank of a 2-process run gets a whole accumulation of 2 an epoch.
+TINY_BATCH = {"hetero_node_classification": 64, "link_prediction_pinsage": 256}
 TASKS = {  # recipe: (its test metric, flags every run of it takes)
     "hetero_node_classification": ("test/acc", ()),
     "link_prediction_pinsage": ("test/recall@20", ("--data.init_args.neighbors=uniform",)),
@@ -44,7 +46,7 @@ def measure(name: str, tiny: bool, workdir: Path) -> dict:
     if tiny:
         prepare += [f"--recommender.{k}={v}" for k, v in TINY_GRAPH.items()]
         flags += [f"--data.init_args.synthetic.{k}={v}" for k, v in TINY_GRAPH.items()]
-        flags += ["--trainer.max_epochs=2"]
+        flags += ["--trainer.max_epochs=2", f"--data.init_args.batch_size={TINY_BATCH[name]}"]
     start = time.perf_counter()
     run(prepare, workdir)
     r: dict = {"prepare_s": time.perf_counter() - start}
