@@ -14,6 +14,7 @@ from gnnscale import (
     FullBatchDataModule,
     GATv2,
     GraphSAGE,
+    HeteroNeighborDataModule,
     LoaderArgs,
     NeighborDataModule,
     Preprocess,
@@ -108,6 +109,16 @@ def test_preprocess_to_undirected(monkeypatch):
 def test_unknown_dataset():
     with pytest.raises(ValueError, match="--data.dataset 'Corra' is not known; choose one of"):
         NeighborDataModule(dataset="Corra")
+
+
+@pytest.mark.parametrize("dataset", ["ogbn-papers100M", "ogbn-mag"])
+def test_an_ogb_graph_read_only_from_disk_is_refused_with_its_prepare_command(dataset):
+    expected = f"gnnscale prepare --dataset {dataset} --root ROOT --out DIR"
+    with pytest.raises(ConfigError, match=expected) as refused:
+        NeighborDataModule(dataset=dataset)
+    assert "--data.dataset prepared --data.root DIR" in str(refused.value)
+    with pytest.raises(ConfigError, match=expected):
+        HeteroNeighborDataModule(dataset=dataset)
 
 
 def test_missing_root(tmp_path):

@@ -185,9 +185,23 @@ class GraphSplit:
             )
 
 
+# OGB graphs gnnscale reads only once prepared on disk (gnnscale.stores.ogb prepares them), with
+# what the refusal adds.
+PREPARED_ONLY = {
+    "ogbn-papers100M": "",
+    "ogbn-mag": " (heterogeneous: gnnscale.HeteroNeighborDataModule or LinkDataModule)",
+}
+
+
 def check_dataset(dataset: str, known: tuple[str, ...] | list[str]) -> None:
     """Refuse a ``--data.dataset`` the DataModule does not know, listing those it does."""
-    if dataset not in known:
+    if dataset in known:
+        return
+    if dataset in PREPARED_ONLY:
         raise ConfigError(
-            f"--data.dataset {dataset!r} is not known; choose one of {', '.join(known)}"
+            f"--data.dataset {dataset} is read from disk, never loaded whole: prepare it once "
+            f"(`gnnscale prepare --dataset {dataset} --root ROOT --out DIR`, from OGB's download "
+            "unpacked in ROOT: docs/stores.md), then train with --data.dataset prepared "
+            f"--data.root DIR{PREPARED_ONLY[dataset]}"
         )
+    raise ConfigError(f"--data.dataset {dataset!r} is not known; choose one of {', '.join(known)}")
