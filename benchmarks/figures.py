@@ -13,8 +13,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``allocator``: s/epoch and peak memory of three recipes under each glibc mmap setting, the
   default marked (``allocator`` in benchmarks/README.md).
 - ``validation``: per-epoch validation of the sampler recipes, sampled (as shipped) against
-  exact: its seconds, its share of a whole fit, the accuracy it reports (``validation`` in
-  benchmarks/README.md).
+  exact, and of the full-graph recipes, every epoch (as shipped) against every other epoch and
+  against the validation nodes' neighbourhoods alone: its seconds, its share of an epoch and of
+  a whole fit, the accuracy it reports (``validation`` in benchmarks/README.md).
 - ``workers``: s/epoch and peak memory of the sampler recipes with 0, 1 and 2 loader workers,
   the shipped setting marked (``workers`` in benchmarks/README.md).
 - ``speed``: each of GraphSAGE's CPU speed tricks switched off in turn on the three sampler

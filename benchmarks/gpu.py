@@ -19,7 +19,7 @@ from blocks import Block
 from registry import REPO, recipe
 
 from gnnscale.measure import read_metrics
-from recipes import HEADER, measure, number, run
+from recipes import HEADER, measure, number, run, validation_per_epoch
 
 RECIPES = (
     "neighbor_sage",
@@ -44,7 +44,10 @@ def _row(name: str, tiny: bool, workdir: Path) -> str:
         for v in read_metrics(p)["perf/peak_cuda_mb"]
     )
     metric = f"{result.acc:.3f}" + (f" ({result.baseline:.3f})" if result.baseline else "")
-    val = f"{result.val_s:.2f}" if result.val_s is not None else "–"
+    val = "– | –"
+    if result.val_runs:
+        per_epoch, share = validation_per_epoch(result)
+        val = f"{per_epoch:.2f} | {share:.0%}"
     return (
         f"| {name} | {metric} | {result.epoch_s:.2f} | {val} | {result.fit_s:,.0f} | "
         f"{cuda:,.0f} | {planned:,.0f} ({planned / cuda:.2f}x) | {result.peak_mb:,.0f} |"
@@ -58,9 +61,10 @@ def blocks(tiny: bool) -> list[Block]:
         return []
     device = torch.cuda.get_device_name(0)
     lines = [
-        "| recipe | test metric | s/epoch, training | s, one validation | whole fit (s) | CUDA "
-        "peak, allocated (MiB) | planned CUDA peak (MiB) | host peak RSS (MiB) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| recipe | test metric | s/epoch, training | s/epoch, validation | validation share | "
+        "whole fit (s) | CUDA peak, allocated (MiB) | planned CUDA peak (MiB) | host peak RSS "
+        "(MiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory(prefix="gnnscale-gpu-") as tmp:
         for name in RECIPES:
@@ -72,8 +76,9 @@ def blocks(tiny: bool) -> list[Block]:
         f"On {device}. Each recipe's config.yaml with `{' '.join(GPU)}`"
         + (" and its tiny settings" if tiny else "")
         + f"; test metric: {', '.join(sorted(headers))} (link: popularity's in brackets). "
-        "s/epoch, training: median after one warm-up epoch; one validation: the median of the "
-        "per-epoch validations; whole fit: the `fit` command's wall time. CUDA peak: "
+        "s/epoch, training: median after one warm-up epoch; s/epoch, validation: every "
+        "validation's seconds over the epochs trained, and its share of an epoch; whole fit: "
+        "the `fit` command's wall time. CUDA peak: "
         "`torch.cuda.max_memory_allocated` over the fit (`perf/peak_cuda_mb`); planned: "
         "`gnnscale plan --num_batches=3` on the same settings, before the fit (goal: within "
         "25%). Host peak RSS: the largest process's `VmHWM`.",

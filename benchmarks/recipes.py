@@ -44,6 +44,11 @@ print("USER_S", own.ru_utime + children.ru_utime, flush=True)
 print("SYSTEM_S", own.ru_stime + children.ru_stime, flush=True)
 """
 TIMEOUT_S = 4 * 3600
+SHARE_NOTE = (
+    "Validation share of an epoch: validation over itself plus the training epoch (the goal: "
+    "at most 20%); ≈: epochs cut short by `limit_train_batches`, the share of a whole epoch, "
+    "its training time scaled up from the share of its batches that ran."
+)
 
 
 def run(argv: list[str], cwd: Path) -> str:
@@ -100,6 +105,8 @@ class Result:
     acc: float  # the task's metric (METRIC)
     epoch_s: float  # training alone: sampling, loading and steps
     val_s: float | None  # one validation (none: the recipe does not validate)
+    epochs: int  # epochs trained
+    epoch_fraction: float  # the share of a whole epoch's batches each ran (limit_train_batches)
     fit_s: float  # the whole `fit` command: start-up, data, every epoch, the test
     peak_mb: float
     save_dir: Path  # the run's logs and checkpoints
@@ -151,6 +158,8 @@ def measure(
         epoch_s=statistics.median(epoch_s[1:] or epoch_s),  # the first epoch is warm-up
         val_s=statistics.median(val_s) if val_s else None,
         val_runs=val_s or [],
+        epochs=len(epoch_s),
+        epoch_fraction=statistics.median(metrics.get("perf/epoch_fraction") or [1.0]),
         fit_s=fit_s,
         save_dir=save_dir,
         peak_mb=number("PEAK_RSS_MB", out),
@@ -166,12 +175,29 @@ def _fmt(values: list[float], digits: int) -> str:
     return f"{statistics.mean(values):.{digits}f} ± {statistics.stdev(values):.{digits}f}"
 
 
+def validation_per_epoch(result: Result) -> tuple[float, float]:
+    """Seconds of validation per epoch trained, and its share of an epoch as shipped.
+
+    Every validation's seconds over the epochs trained (a recipe validating every other epoch
+    spends half of one validation per epoch). The share: that over itself plus the training
+    epoch; for epochs cut short (``limit_train_batches``), the whole epoch's, scaled up from
+    the share of its batches that ran.
+    """
+    per_epoch = sum(result.val_runs) / result.epochs
+    return per_epoch, per_epoch / (per_epoch + result.epoch_s / result.epoch_fraction)
+
+
 def _times(results: list[Result]) -> str:
-    """Training s/epoch, validation s/epoch and the whole fit's seconds: table cells."""
+    """Training s/epoch, validation s/epoch, its share and the whole fit's seconds: cells."""
     epoch_s = statistics.median(r.epoch_s for r in results)
-    vals = [r.val_s for r in results if r.val_s is not None]
-    val = f"{statistics.median(vals):.2f}" if vals else "–"
-    return f"{epoch_s:.2f} | {val} | {statistics.median(r.fit_s for r in results):,.0f}"
+    fit_s = statistics.median(r.fit_s for r in results)
+    validated = [validation_per_epoch(r) for r in results if r.val_runs]
+    if not validated:
+        return f"{epoch_s:.2f} | – | – | {fit_s:,.0f}"
+    val = statistics.median(v for v, _ in validated)
+    share = statistics.median(s for _, s in validated)
+    cut = any(r.epoch_fraction < 1 for r in results)
+    return f"{epoch_s:.2f} | {val:.2f} | {'≈' if cut else ''}{share:.0%} | {fit_s:,.0f}"
 
 
 def _args_note(args: tuple[str, ...]) -> str:
@@ -197,9 +223,9 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
         for entry in [e for e in RECIPES if e.name in names]:
             base = [*entry.figure_args, *(entry.tiny if tiny else ())]
             lines = [
-                f"| variant | {HEADER[entry.task]} | s/epoch, training | s, one validation | "
-                "whole fit (s) | peak RSS (MiB) |",
-                "|---|---:|---:|---:|---:|---:|",
+                f"| variant | {HEADER[entry.task]} | s/epoch, training | s/epoch, validation | "
+                "validation share of an epoch | whole fit (s) | peak RSS (MiB) |",
+                "|---|---:|---:|---:|---:|---:|---:|",
             ]
             shipped: tuple[list[Result], str] | None = None
             for i, (label, variant) in enumerate(entry.variants):
@@ -238,18 +264,19 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             note += f" with {_args_note(base)}" if base else ", as shipped"
             note += (
                 f"; {seeds} seed(s). s/epoch, training: median after one warm-up epoch "
-                "(sampling, loading, steps; no validation). One validation: the median of the "
-                "validations run after each epoch. Whole fit: the `fit` command's wall time "
-                "(start-up, data, every epoch and validation, checkpoints, the final test). Peak "
-                "RSS: the whole run's (data, sampler, training, evaluation, checkpoints)"
+                "(sampling, loading, steps; no validation). s/epoch, validation: every "
+                f"validation's seconds over the epochs trained. {SHARE_NOTE} Whole fit: the "
+                "`fit` command's wall time (start-up, data, every epoch and validation, "
+                "checkpoints, the final test). Peak RSS: the whole run's (data, sampler, "
+                "training, evaluation, checkpoints)"
             )
             note += ", largest process (a DDP rank)." if entry.processes > 1 else "."
             out.append(Block(entry.folder / "README.md", "results", "\n".join([*lines, "", note])))
         table = [
             "| recipe | technique | settings | test metric (acc unless named) | s/epoch, "
-            "training | s, one validation | whole fit (s) | CPU s (system share) | "
-            "peak RSS (MiB) | planned peak (MiB) | planned / measured |",
-            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+            "training | s/epoch, validation | validation share of an epoch | whole fit (s) | "
+            "CPU s (system share) | peak RSS (MiB) | planned peak (MiB) | planned / measured |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
         ]
         text = "\n".join(table) + (
@@ -257,11 +284,11 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             "runs on the same config in another fresh process just before it. Peak RSS: the "
             "largest process's `VmHWM` over the whole run (a training rank for DDP, not the "
             "launcher). s/epoch, training: median after one warm-up epoch, sampling and loading "
-            "included, validation not; one validation: the median of those run after each "
-            "epoch; whole fit: the `fit` command's wall time, from start-up to the final test. "
-            "CPU s: user and system time of the fit and of every process it waited for (loader "
-            "workers, forked DDP ranks); system share: the kernel's part of it (page faults, "
-            "shared memory, I/O)."
+            "included, validation not; s/epoch, validation: every validation's seconds over the "
+            f"epochs trained. {SHARE_NOTE} Whole fit: the `fit` command's wall time, from "
+            "start-up to the final test. CPU s: user and system time of the fit and of every "
+            "process it waited for (loader workers, forked DDP ranks); system share: the "
+            "kernel's part of it (page faults, shared memory, I/O)."
         )
         if tiny:
             text += " **Tiny settings: a check of the pipeline, not figures.**"

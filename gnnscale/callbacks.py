@@ -31,8 +31,9 @@ class ThroughputMonitor(L.Callback):
     it includes sampling and data loading but not validation, which is timed on its own (from
     its start to its end, the sanity check left out). Logs ``perf/epoch_s``, ``perf/val_s``,
     ``perf/nodes_per_s``, ``perf/peak_rss_mb``, with a feature cache ``perf/cache_hit_rate``
-    (the share of a batch's feature rows it held) and, on a GPU, ``perf/peak_cuda_mb``; prints
-    one summary block at the end of ``fit``.
+    (the share of a batch's feature rows it held), on a GPU ``perf/peak_cuda_mb``, and for an
+    epoch cut short (``limit_train_batches``) ``perf/epoch_fraction``, the share of the loader's
+    batches it ran; prints one summary block at the end of ``fit``.
 
     Args:
         warmup_epochs: Epochs left out of the median (allocator and worker start-up).
@@ -44,12 +45,13 @@ class ThroughputMonitor(L.Callback):
         self.nodes_per_s: list[float] = []
         self.val_s: list[float] = []
         self._nodes, self._start, self._end, self._val_start = 0, 0.0, 0.0, 0.0
+        self._batches = 0
         self._cached = [0, 0]  # feature rows a cache held, rows read, in this epoch
         self._whole = False  # a run resumed mid-epoch starts with part of one: not timed
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Start the epoch clock."""
-        self._nodes, self._whole, self._cached = 0, True, [0, 0]
+        self._nodes, self._batches, self._whole, self._cached = 0, 0, True, [0, 0]
         self._start = self._end = time.perf_counter()
 
     def on_train_batch_end(
@@ -59,6 +61,7 @@ class ThroughputMonitor(L.Callback):
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
         self._nodes += int(getattr(batch, "num_loss_nodes", 0))
+        self._batches += 1
         cached = getattr(batch, "cached_rows", None)  # a feature cache's hits (node.py)
         if cached is not None:
             self._cached[0] += int(cached)
@@ -74,6 +77,9 @@ class ThroughputMonitor(L.Callback):
         metrics["perf/peak_rss_mb"] = peak_rss_mb()
         if self._cached[1]:
             metrics["perf/cache_hit_rate"] = self._cached[0] / self._cached[1]
+        whole = _loader_batches(trainer)
+        if whole and self._batches < whole:
+            metrics["perf/epoch_fraction"] = self._batches / whole
         if pl_module.device.type == "cuda":
             metrics["perf/peak_cuda_mb"] = torch.cuda.max_memory_allocated(pl_module.device) / 2**20
         pl_module.log_dict(metrics)
@@ -110,6 +116,14 @@ class ThroughputMonitor(L.Callback):
         if "perf/peak_cuda_mb" in self._peak:
             lines.append(f"peak CUDA alloc    {self._peak['perf/peak_cuda_mb']:,.0f} MiB")
         rank_zero_info("\n".join(["gnnscale throughput", *lines]))
+
+
+def _loader_batches(trainer: L.Trainer) -> int | None:
+    """Batches in a whole epoch of the training loader (limits not applied), if it has a length."""
+    try:
+        return len(trainer.train_dataloader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
 
 
 class GradActivationMonitor(L.Callback):

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger
 
-from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE
+from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE, NeighborDataModule
 from gnnscale.callbacks import ThroughputMonitor
 from gnnscale.cli import main
 from gnnscale.measure import peak_rss_mb
@@ -177,3 +177,30 @@ def test_throughput_monitor_times_each_validation_of_a_fit_apart_from_training(t
     logged = [float(r["perf/val_s"]) for r in _rows(tmp_path / "runs", "perf/val_s")]
     assert len(logged) == len(monitor.val_s) == 3  # one an epoch; the sanity check left out
     assert logged == pytest.approx(monitor.val_s) and all(s > 0 for s in logged)
+
+
+@requires_sampler
+@pytest.mark.parametrize("limit", [3, None])
+def test_throughput_monitor_logs_the_share_of_an_epoch_cut_short(tmp_path, limit):
+    dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 5], batch_size=128)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        limit_train_batches=limit,
+        limit_val_batches=0,
+        logger=CSVLogger(tmp_path / "runs"),
+        callbacks=[ThroughputMonitor()],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(GraphSAGE(TINY.num_features, 5, hidden_channels=16), dm)
+    whole = math.ceil(int(dm.data.train_mask.sum()) / 128)
+    assert whole > 3
+    rows = _rows(tmp_path / "runs", "perf/epoch_s")
+    fractions = [float(r.get("perf/epoch_fraction") or "nan") for r in rows]
+    assert len(rows) == 2
+    if limit:
+        assert fractions == pytest.approx([3 / whole] * 2)
+    else:  # a whole epoch: not logged
+        assert all(math.isnan(f) for f in fractions)
