@@ -11,7 +11,6 @@ the planned and the measured peak in the tables come from one pair of runs. Call
 from __future__ import annotations
 
 import re
-import shutil
 import statistics
 import subprocess
 import tempfile
@@ -20,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from blocks import Block
-from registry import CORA_RAW, RECIPES, Recipe
+from registry import RECIPES, Recipe, offline_cora
 
 from gnnscale.measure import read_metrics
 
@@ -216,9 +215,7 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
     with tempfile.TemporaryDirectory(prefix="gnnscale-recipes-") as tmp:
         folder = workdir or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        cora = folder / "data" / "Cora" / "raw"
-        if CORA_RAW.is_dir() and not cora.exists():  # offline: Planetoid reads the raw files
-            shutil.copytree(CORA_RAW, cora)
+        offline_cora(folder / "data")
         rows, out = [], []
         for entry in [e for e in RECIPES if e.name in names]:
             base = [*entry.figure_args, *(entry.tiny if tiny else ())]

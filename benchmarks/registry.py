@@ -12,17 +12,26 @@ measure here; the tables print those arguments beside the figures.
 
 from __future__ import annotations
 
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-__all__ = ["CORA_RAW", "RECIPES", "REPO", "Recipe", "recipe"]
+__all__ = ["CORA_RAW", "RECIPES", "REPO", "Recipe", "offline_cora", "recipe"]
 
 REPO = Path(__file__).resolve().parents[1]
 # The offline copy of Cora's raw files beside a checkout (``../shared`` in CI): tests and the
 # figures read Cora from it, as users who are online download it.
 CORA_RAW = REPO.parent / "shared" / "datasets" / "Planetoid" / "Cora" / "raw"
+
+
+def offline_cora(data: Path) -> None:
+    """Copy Cora's raw files into the data folder ``data`` (Planetoid reads them offline)."""
+    cora = data / "Cora" / "raw"
+    if CORA_RAW.is_dir() and not cora.exists():
+        shutil.copytree(CORA_RAW, cora)
+
 
 # A generated graph of 3,000 nodes where the features alone are a weak signal (the smoke tests
 # measure a features-only baseline on it), loaders in the main process.

@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 
 from blocks import Block
-from registry import REPO, recipe
+from registry import REPO, offline_cora, recipe
 
 from gnnscale.measure import read_metrics
 from recipes import Result, measure, validation_per_epoch
@@ -89,6 +89,7 @@ def blocks(tiny: bool) -> list[Block]:
     seeds = 1 if tiny else FULL_GRAPH_SEEDS
     with tempfile.TemporaryDirectory(prefix="gnnscale-validation-") as tmp:
         folder = Path(tmp)
+        offline_cora(folder / "data")
         exact_yaml = folder / "exact.yaml"
         exact_yaml.write_text(EXACT)
         exact = [f"--config={exact_yaml}"]
