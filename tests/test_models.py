@@ -252,6 +252,36 @@ def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
 
 
 @requires_sampler
+@pytest.mark.parametrize("model_class", [GraphSAGE, GATv2])
+def test_a_batch_norm_model_evaluates_only_the_rows_read_next(tmp_path, model_class):
+    # In eval mode a BatchNorm applies its running statistics to each row on its own, so the
+    # seeds' logits need only the rows the next layer reads; training keeps PyG's trimming
+    # (batch statistics over every row a layer computed).
+    batch = _neighbour_batch(tmp_path)
+    nodes = batch.layout.num_sampled_nodes
+    torch.manual_seed(0)
+    model = model_class(
+        in_channels=TINY.num_features, num_classes=5, num_layers=3, norm="batch_norm"
+    )
+    for norm in model.gnn.norms[:-1]:  # statistics other than the initial 0 and 1
+        norm.module.running_mean.normal_()
+        norm.module.running_var.uniform_(0.5, 2.0)
+    rows = []
+    for conv in model.gnn.convs:
+        conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+    model.eval()
+    with torch.no_grad():
+        everything = model(batch.x, batch.edge_index)[:64]  # every layer, every node
+        rows.clear()
+        seeds = model(batch.x, batch.edge_index, batch.layout)
+        assert rows == [sum(nodes[:3]), sum(nodes[:2]), nodes[0]]
+        torch.testing.assert_close(seeds, everything, rtol=1e-4, atol=1e-5)
+        rows.clear()
+        model.train()(batch.x, batch.edge_index, batch.layout)
+    assert rows[0] == batch.x.size(0)  # training: the first layer over every sampled node
+
+
+@requires_sampler
 @pytest.mark.parametrize("name", TARGET_ONLY)
 def test_target_only_layers_keep_the_gradients(tmp_path, name):
     # Training mode without dropout (the masks would differ): the targets' rows of each layer

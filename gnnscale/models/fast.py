@@ -226,6 +226,20 @@ def subgraph_forward(
     return padded_forward(gnn, x, adj, num_nodes)[:num_nodes]
 
 
+def rowwise_in_eval(gnn: pyg_nn.models.basic_gnn.BasicGNN) -> bool:
+    """Whether each of ``gnn``'s norms treats every row on its own in eval mode.
+
+    None, or PyG's ``BatchNorm`` with running statistics: evaluation may then compute only the
+    rows the next layer reads (:func:`target_only`), as models without a norm always do.
+    Training may not: batch statistics span a layer's rows.
+    """
+    return all(
+        isinstance(norm, torch.nn.Identity)
+        or (isinstance(norm, pyg_nn.norm.BatchNorm) and norm.module.track_running_stats)
+        for norm in gnn.norms
+    )
+
+
 def target_only(
     gnn: pyg_nn.models.basic_gnn.BasicGNN,
     x: Tensor,

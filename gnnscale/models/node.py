@@ -96,12 +96,14 @@ class NodeClassifier(L.LightningModule):
             )
         x = x.to(self.dtype)
         if isinstance(layout, HopLayout):
+            # In eval mode a BatchNorm is row-wise too: evaluation computes the rows read next.
+            rowwise = not self.training and fast.rowwise_in_eval(self.gnn)
             return fast.hops_forward(
                 self.gnn,
                 x,
                 edge_index,
                 layout,
-                target_only_layers=self.target_only_layers,
+                target_only_layers=self.target_only_layers or rowwise,
                 sparse_aggregation=self.sparse_aggregation,
                 bucket_rows=self.bucket_rows,
             )
