@@ -277,8 +277,10 @@ def test_a_batch_norm_model_evaluates_only_the_rows_read_next(tmp_path, model_cl
         assert rows == [sum(nodes[:3]), sum(nodes[:2]), nodes[0]]
         torch.testing.assert_close(seeds, everything, rtol=1e-4, atol=1e-5)
         rows.clear()
-        model.train()(batch.x, batch.edge_index, batch.layout)
-    assert rows[0] == batch.x.size(0)  # training: the first layer over every sampled node
+        trimmed = model.train()(batch.x, batch.edge_index, batch.layout)
+    # Training: PyG's trim_to_layer, the first layer over every sampled node, then fewer.
+    assert rows == [batch.x.size(0), sum(nodes[:3]), sum(nodes[:2])]
+    assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs
 
 
 @requires_sampler
@@ -377,19 +379,6 @@ def test_a_first_layer_aggregate_reaches_only_a_model_that_takes_it(tmp_path):
     model = GraphSAGE(TINY.num_features, 5, aggregate_in_loader=False)
     with pytest.raises(ValueError, match="computes its first layer's aggregation itself"):
         model(batch.x, batch.edge_index, batch.layout)
-
-
-@requires_sampler
-def test_a_model_with_a_norm_keeps_trimming_after_each_layer(tmp_path):
-    # Batch norm's statistics span a layer's rows: computing fewer would change them.
-    batch = _neighbour_batch(tmp_path)
-    nodes = batch.layout.num_sampled_nodes
-    model = GraphSAGE(TINY.num_features, 5, num_layers=3, norm="batch_norm").eval()
-    with torch.no_grad():
-        everything = model(batch.x, batch.edge_index)[:64]
-        trimmed = model(batch.x, batch.edge_index, batch.layout)
-    assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs
-    torch.testing.assert_close(trimmed[:64], everything, rtol=1e-4, atol=1e-5)
 
 
 @requires_sampler
