@@ -220,6 +220,14 @@ def _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)):
     return next(iter(dm.train_dataloader()))
 
 
+def _rows_per_layer(model) -> list[int]:
+    """A list each of ``model``'s convs appends its output's row count to, as it runs."""
+    rows: list[int] = []
+    for conv in model.gnn.convs:
+        conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+    return rows
+
+
 # Rows as sampled (bucket_rows=0): the rows each layer computes are counted below; rounding them
 # up is tested on its own (test_bucketed_rows_change_no_output_or_gradient).
 TARGET_ONLY = {
@@ -238,9 +246,7 @@ def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
     nodes = batch.layout.num_sampled_nodes
     torch.manual_seed(0)
     model = TARGET_ONLY[name](in_channels=TINY.num_features, num_classes=5, num_layers=3).eval()
-    rows = []
-    for conv in model.gnn.convs:
-        conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+    rows = _rows_per_layer(model)
     with torch.no_grad():
         everything = model(batch.x, batch.edge_index)[:64]  # every layer, every node
         rows.clear()
@@ -266,9 +272,7 @@ def test_a_batch_norm_model_evaluates_only_the_rows_read_next(tmp_path, model_cl
     for norm in model.gnn.norms[:-1]:  # statistics other than the initial 0 and 1
         norm.module.running_mean.normal_()
         norm.module.running_var.uniform_(0.5, 2.0)
-    rows = []
-    for conv in model.gnn.convs:
-        conv.register_forward_hook(lambda module, args, out: rows.append(out.size(0)))
+    rows = _rows_per_layer(model)
     model.eval()
     with torch.no_grad():
         everything = model(batch.x, batch.edge_index)[:64]  # every layer, every node
