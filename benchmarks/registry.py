@@ -236,6 +236,10 @@ RECIPES: tuple[Recipe, ...] = (
             "--synthetic.train_fraction=0.3",
             "--synthetic.val_fraction=0.1",
         ),
+        variants=(
+            ("as shipped (exact layer-wise test)", ()),
+            ("test sampled around each test node", ("--data.init_args.eval.mode=sampled",)),
+        ),
     ),
     Recipe(
         "link_prediction_pinsage",

@@ -86,11 +86,14 @@ class BatchRequest:
         first_layer_aggr: Reduction the workers may apply to the raw features for the first
             layer of neighbour batches (``HopLayout.x_aggr``); none: the model aggregates.
         edge_dim: Edge feature dimension a graph-level model reads (none: a node model).
+        layerwise_channels: Values per node that exact layer-wise inference holds at once (a
+            layer's input and output); 0: unknown, not checked against the memory.
     """
 
     num_layers: int = 0
     first_layer_aggr: str | None = None
     edge_dim: int | None = None
+    layerwise_channels: int = 0
 
     @staticmethod
     def of(model: Any) -> BatchRequest:
@@ -121,14 +124,19 @@ class LayerwiseBatch:
     """One evaluation step that runs exact layer-wise inference over the whole graph.
 
     Args:
-        loader: Loader of full one-hop neighbourhoods of all nodes.
+        loader: Loader of full one-hop neighbourhoods of all nodes, seeds first: their ids
+            (``n_id``) and edges only, features not gathered (as in PyG's inference examples).
+        x: Every node's input features, in memory or mapped from a prepared graph's file.
         y: Labels of all nodes.
         mask: Nodes to score; ``None`` for all (predict).
+        read_threads: Threads that gather a batch's rows of ``x`` (a prepared graph's).
     """
 
     loader: NeighborLoader
+    x: Tensor
     y: Tensor
     mask: Tensor | None
+    read_threads: int = 1
 
 
 @dataclass

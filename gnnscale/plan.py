@@ -293,13 +293,15 @@ def _layerwise_mb(batch: LayerwiseBatch, model: Any, precision: str) -> float:
     # In the run's precision: under bf16-mixed the layers compute (and pass on) bf16.
     half = str(precision).startswith("bf16")
     dtype = torch.bfloat16 if half else torch.float32
+    rows = batch.x[biggest.n_id]  # the first layer's input rows, as read
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=half), PeakRSS() as peak:
         before = rss_mb()
         for i, d_in in enumerate(widths[:-1]):
-            x = biggest.x.float() if i == 0 else torch.randn(biggest.num_nodes, d_in, dtype=dtype)
+            x = rows.float() if i == 0 else torch.randn(biggest.num_nodes, d_in, dtype=dtype)
             seeds_layer(gnn, i, x, biggest.edge_index, biggest.batch_size)
             del x
-    step_mb = peak.peak_mb - before + tensor_mb(*[v for _, v in biggest if torch.is_tensor(v)])
+    batch_mb = tensor_mb(rows, *[v for _, v in biggest if torch.is_tensor(v)])
+    step_mb = peak.peak_mb - before + batch_mb
     value = {"64": 8, "32": 4}.get(str(precision).split("-")[0], 2) / MiB  # bytes, in MiB
     num = batch.y.numel()
     layers = [

@@ -528,16 +528,20 @@ def test_layerwise_inference_equals_pygs(tmp_path, name):
         root=tmp_path, batch_size=64, num_neighbors=[10, 5, 5], synthetic=TINY, eval=eval_args
     )
     dm.setup("fit")
-    loader = next(iter(dm.val_dataloader())).loader
+    batch = next(iter(dm.val_dataloader()))
+    assert "x" not in next(iter(batch.loader))  # ids and edges: each layer gathers its input
     torch.manual_seed(0)
     model = build(in_channels=TINY.num_features, num_classes=5, num_layers=3).eval()
     if name == "sage-batch-norm":  # running statistics that are not the identity
         for norm in model.gnn.norms[:-1]:  # the last layer has none
             norm.module.running_mean.normal_()
             norm.module.running_var.uniform_(0.5, 2)
-    ours = layerwise_inference(model.gnn, loader)
+    ours = layerwise_inference(model.gnn, batch)
     assert ours.shape == (TINY.num_nodes, 5)
-    torch.testing.assert_close(ours, model.gnn.inference(loader), rtol=1e-4, atol=1e-5)
+    pygs = NeighborLoader(dm.data, num_neighbors=[-1], batch_size=97)  # PyG's reads loader.data.x
+    torch.testing.assert_close(ours, model.gnn.inference(pygs), rtol=1e-4, atol=1e-5)
     # The loader's order does not matter: each seed's row is written where it belongs.
-    shuffled = NeighborLoader(loader.data, num_neighbors=[-1], batch_size=97, shuffle=True)
-    torch.testing.assert_close(layerwise_inference(model.gnn, shuffled), ours)
+    batch.loader = NeighborLoader(
+        batch.loader.data, num_neighbors=[-1], batch_size=97, shuffle=True
+    )
+    torch.testing.assert_close(layerwise_inference(model.gnn, batch), ours)

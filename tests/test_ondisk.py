@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 
 import lightning as L
 import numpy as np
@@ -307,8 +308,79 @@ def test_folder_without_manifest_is_refused_before_any_work(tiny_prepared):
 def test_prepared_graph_is_refused_where_it_would_be_copied(tiny_prepared):
     with pytest.raises(ValueError, match="ClusterData partitions and reorders the whole graph"):
         ClusterDataModule("prepared", tiny_prepared, num_parts=4, clusters_per_batch=2)
-    with pytest.raises(ValueError, match="use --data.eval.mode=sampled"):
-        NeighborDataModule("prepared", tiny_prepared)  # layer-wise evaluation by default
+    with pytest.raises(ValueError, match="full loads the whole graph.*use --data.eval.mode=sampl"):
+        NeighborDataModule("prepared", tiny_prepared, eval=EvalArgs(mode="full"))
+    with pytest.raises(ValueError, match="use --data.eval.val_mode=sampled"):
+        NeighborDataModule("prepared", tiny_prepared, eval=EvalArgs("sampled", val_mode="full"))
+
+
+@requires_sampler
+def test_layerwise_evaluation_of_a_prepared_graph_is_the_in_memory_graphs(
+    tmp_path, tiny_prepared, monkeypatch
+):
+    """Exact evaluation from the mapped files, the first layer's rows read by threads."""
+    from gnnscale.models.inference import layerwise_inference
+
+    monkeypatch.setattr(reads, "MIN_ROWS", 8)  # tiny batches still read by several threads
+    threads = []  # of each gather of feature rows (the sampler's read-ahead gathers ids)
+    gather = reads.gather
+
+    def counted(tensor, index, read_threads=1, out=None):
+        if tensor.dim() == 2:
+            threads.append(read_threads)
+        return gather(tensor, index, read_threads, out)
+
+    monkeypatch.setattr(reads, "gather", counted)
+    torch.manual_seed(0)
+    model = GraphSAGE(in_channels=TINY.num_features, num_classes=5, num_layers=2).eval()
+    layerwise = EvalArgs(mode="layerwise", batch_size=500)
+    memory = NeighborDataModule(root=tmp_path, num_neighbors=[5, 3], synthetic=TINY, eval=layerwise)
+    disk = NeighborDataModule("prepared", tiny_prepared, [5, 3], eval=layerwise, read_threads=4)
+    outs = []
+    for dm in (memory, disk):
+        dm.configure_batches(model.batch_request())
+        dm.setup("test")
+        batch = next(iter(dm.test_dataloader()))
+        assert "x" not in next(iter(batch.loader))  # ids and edges only, every layer
+        outs.append(layerwise_inference(model.gnn, batch))
+    assert threads == [1] * 6 + [4] * 6  # the first layer's 6 batches, each run
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_layerwise_evaluation_is_refused_where_its_activations_would_not_fit(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from gnnscale.data import node
+
+    sage = partial(GraphSAGE, TINY.num_features, num_classes=5, hidden_channels=64)
+    assert sage(num_layers=1).batch_request().layerwise_channels == 5  # the output alone
+    assert sage(num_layers=2).batch_request().layerwise_channels == 64 + 5
+    request = sage(num_layers=3).batch_request()
+    assert request.layerwise_channels == 128  # the middle layer's input and output
+    need = TINY.num_nodes * 128 * 4
+    for available, mode, val_mode, refused in [
+        (need + 1, "layerwise", None, None),
+        (need - 1, "layerwise", None, "use --data.eval.mode=sampled$"),
+        (need - 1, "sampled", "layerwise", "use --data.eval.val_mode=sampled$"),
+        (need - 1, "layerwise", "layerwise", "mode=sampled and --data.eval.val_mode=sampled$"),
+        (need - 1, "sampled", None, None),
+    ]:
+        memory = SimpleNamespace(available=available)
+        monkeypatch.setattr(node.psutil, "virtual_memory", lambda m=memory: m)
+        dm = NeighborDataModule(
+            root=tmp_path,
+            num_neighbors=[5, 3, 2],
+            synthetic=TINY,
+            eval=EvalArgs(mode, val_mode=val_mode),
+        )
+        dm.configure_batches(request)
+        if refused is None:
+            dm.setup("fit")
+        else:
+            with pytest.raises(
+                ConfigError, match=rf"hold 0\.0 GiB .*3,000 nodes x 128 .*{refused}"
+            ):
+                dm.setup("fit")
 
 
 def test_prepare_refuses_to_overwrite_another_graph(tmp_path, tiny_prepared):

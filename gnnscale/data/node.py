@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
+import psutil
 import torch
 import torch_geometric.transforms as T
 from lightning.pytorch.utilities import rank_zero_info
@@ -91,16 +92,13 @@ class NodeDataModule(L.LightningDataModule):
                     "--data.preprocess does not apply to --data.dataset prepared (the files are "
                     "mapped as written): preprocess before `gnnscale prepare`, or drop it"
                 )
-            if eval.mode != "sampled":
-                raise ConfigError(
-                    f"--data.eval.mode {eval.mode!r} holds every node's activations in memory; "
-                    "with --data.dataset prepared use --data.eval.mode=sampled"
-                )
-            if eval.validation != "sampled":
-                raise ConfigError(
-                    f"--data.eval.val_mode {eval.val_mode!r} holds every node's activations in "
-                    "memory; with --data.dataset prepared use --data.eval.val_mode=sampled"
-                )
+            for flag, mode in (("mode", eval.mode), ("val_mode", eval.validation)):
+                if mode == "full":
+                    raise ConfigError(
+                        f"--data.eval.{flag} full loads the whole graph into memory; with "
+                        f"--data.dataset prepared use --data.eval.{flag}=sampled (or layerwise: "
+                        "exact, every node's activations in memory)"
+                    )
         check_root(dataset, Path(root))  # after the checks of the settings alone
         self.dataset = dataset
         self.root = Path(root)
@@ -195,8 +193,32 @@ class NodeDataModule(L.LightningDataModule):
         log_backend_once()
         if self.trainer is not None and not self._configured:
             self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
+        self._check_layerwise_fits()
         if stage == "fit":
             self._setup_train()
+
+    def _check_layerwise_fits(self) -> None:
+        """Refuse exact layer-wise evaluation whose activations would not fit in memory.
+
+        It holds every node's input and output of a layer (float32: a bound under mixed
+        precision, whose layers pass on half). Refused before training, not when the final test
+        runs out of memory after it.
+        """
+        flags = [
+            f"--data.eval.{flag}=sampled"
+            for flag, mode in (("mode", self.eval.mode), ("val_mode", self.eval.val_mode))
+            if mode == "layerwise"
+        ]
+        if not flags or not self.request.layerwise_channels:
+            return
+        nodes, channels = self.data.num_nodes, self.request.layerwise_channels
+        need, available = nodes * channels * 4, psutil.virtual_memory().available
+        if need > available:
+            raise ConfigError(
+                f"exact layer-wise evaluation would hold {need / 2**30:.1f} GiB of activations "
+                f"({nodes:,} nodes x {channels} values x 4 bytes), more than the "
+                f"{available / 2**30:.1f} GiB available: use {' and '.join(flags)}"
+            )
 
     def _setup_train(self) -> None:
         """Precompute what the training loader needs (partitions, statistics); none by default."""
@@ -228,13 +250,16 @@ class NodeDataModule(L.LightningDataModule):
         sampler.perm = None
         return sampler
 
-    def _neighbor_loader(self, data: Data, fanout: list[int], **kwargs: Any) -> NeighborLoader:
+    def _neighbor_loader(
+        self, data: Data, fanout: list[int], node_files: bool = True, **kwargs: Any
+    ) -> NeighborLoader:
         """PyG's ``NeighborLoader`` over one CSC copy of the graph, shared by every loader.
 
         Each ``NeighborLoader`` would build its own sampler, and with it a CSC copy of the graph
         (``colptr``, ``row`` and ``perm``: about 16 bytes per edge). Training, validation and
         test loaders held three copies at once, 319 MiB each on sparse_embeddings' 2M-node graph.
         Here every loader gets a shallow copy of one sampler, with its own fan-out.
+        ``node_files``: a prepared graph's batches read their rows of its node files.
         """
         sampler = copy.copy(self._csc_sampler)
         sampler.num_neighbors = fanout
@@ -243,7 +268,8 @@ class NodeDataModule(L.LightningDataModule):
                 _checked_ids, graph=self.prepared
             )
             cache = self._feature_cache
-            if self.prepared.threads > 1 or cache is not None:  # not PyG's one-at-a-time gather
+            threaded = self.prepared.threads > 1 or cache is not None
+            if node_files and threaded:  # not PyG's one-at-a-time gather
                 data = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
                 kwargs["transform"] = functools.partial(
                     _with_node_files, graph=self.prepared, cache=cache, then=kwargs.get("transform")
@@ -283,14 +309,13 @@ class NodeDataModule(L.LightningDataModule):
             data = copy.copy(data)
             data.eval_mask = mask
             return single(data)
-        # PyG's layer-wise inference feeds x to the layers as is: in the parameters' dtype.
-        model = self.trainer.lightning_module if self.trainer is not None else None
-        dtype = model.dtype if isinstance(model, L.LightningModule) else torch.float32
-        if data.x.dtype != dtype:
-            data = copy.copy(data)
-            data.x = data.x.to(dtype)
-        loader = self._neighbor_loader(data, [-1], batch_size=self.eval.batch_size)
-        return single(LayerwiseBatch(loader, data.y, mask))
+        # Ids and edges only, as PyG's inference examples: each layer gathers its own input.
+        structure = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
+        loader = self._neighbor_loader(
+            structure, [-1], batch_size=self.eval.batch_size, node_files=False
+        )
+        threads = self.prepared.threads if self.dataset == "prepared" else 1
+        return single(LayerwiseBatch(loader, data.x, data.y, mask, threads))
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 from torch_geometric import nn as pyg_nn
 
+from gnnscale.batch import LayerwiseBatch
 from gnnscale.measure import trim_heap
+from gnnscale.stores import reads
 
 
 @torch.no_grad()
 def layerwise_inference(
-    gnn: pyg_nn.models.basic_gnn.BasicGNN, loader: Any, device: torch.device | None = None
+    gnn: pyg_nn.models.basic_gnn.BasicGNN, batch: LayerwiseBatch, device: torch.device | None = None
 ) -> Tensor:
     """Every node's output, one layer at a time over the whole graph (PyG's ``inference``).
 
-    ``loader`` yields every node's full one-hop neighbourhood, seeds first. As PyG's
+    ``batch.loader`` yields every node's full one-hop neighbourhood, seeds first: ids and edges;
+    the first layer gathers its input rows from ``batch.x`` (by the prepared graph's threads), in
+    the parameters' dtype, and each later layer from the one before's output. As PyG's
     ``BasicGNN.inference``, but each layer computes only the batch's seeds (``conv((x,
     x[:seeds]), edges)``, as :func:`target_only`; PyG's computes every node of the batch and keeps
     the seeds) and writes them into one tensor for the layer; PyG's keeps a list of the batches'
@@ -27,15 +29,19 @@ def layerwise_inference(
     would fault its pages in afresh (on the neighbour recipe's 200k-node test, 1.9M page
     faults and 5.6 s of system time against 0.7M and 1.6 s), for no lower peak.
     """
-    x_all = loader.data.x
+    dtype = next(gnn.parameters()).dtype
+    x_all = batch.x
     for i in range(gnn.num_layers):
         out: Tensor | None = None
-        for batch in loader:
-            x = x_all[batch.n_id].to(device)
-            h = seeds_layer(gnn, i, x, batch.edge_index.to(device), batch.batch_size)
+        for hop in batch.loader:
+            if i == 0:
+                x = reads.gather(x_all, hop.n_id, batch.read_threads).to(device, dtype)
+            else:
+                x = x_all[hop.n_id].to(device)
+            h = seeds_layer(gnn, i, x, hop.edge_index.to(device), hop.batch_size)
             if out is None:
                 out = torch.empty(x_all.size(0), h.size(-1), dtype=h.dtype)
-            out[batch.n_id[: batch.batch_size]] = h.to(out.device)
+            out[hop.n_id[: hop.batch_size]] = h.to(out.device)
             del x, h
         assert out is not None, "the loader yielded no batch"
         x_all = out

@@ -67,7 +67,11 @@ class NodeClassifier(L.LightningModule):
 
     def batch_request(self) -> BatchRequest:
         """What this model's batches must carry (``gnnscale.batch``): its DataModule's input."""
-        return BatchRequest(self.num_layers, self.first_layer_aggr)
+        held = 0  # values per node that layer-wise inference holds: a layer's input and output
+        if (gnn := getattr(self, "gnn", None)) is not None:  # a subclass may compute without one
+            outputs = [gnn.hidden_channels] * (gnn.num_layers - 1) + [gnn.out_channels]
+            held = max([outputs[0], *(a + b for a, b in zip(outputs, outputs[1:], strict=False))])
+        return BatchRequest(self.num_layers, self.first_layer_aggr, layerwise_channels=held)
 
     def forward(self, x: Tensor, edge_index: Tensor, layout: Layout | None = None) -> Tensor:
         """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
@@ -129,7 +133,7 @@ class NodeClassifier(L.LightningModule):
 
     def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
         if isinstance(batch, LayerwiseBatch):
-            out = layerwise_inference(self.gnn, batch.loader, self.device)
+            out = layerwise_inference(self.gnn, batch, self.device)
             y = batch.y
             if batch.mask is not None:
                 out, y = out[batch.mask], y[batch.mask]
