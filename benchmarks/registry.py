@@ -203,6 +203,10 @@ RECIPES: tuple[Recipe, ...] = (
         ),
         # As shipped, 10 epochs of 586 batches: the figures train 2 epochs of 150.
         figure_args=("--trainer.max_epochs=2", "--trainer.limit_train_batches=150"),
+        variants=(
+            ("as shipped (exact layer-wise test)", ()),
+            ("test sampled around each test node", ("--data.init_args.eval.mode=sampled",)),
+        ),
     ),
     Recipe(
         "multi_gpu_ddp",

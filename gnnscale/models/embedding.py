@@ -8,6 +8,7 @@ gnnscale.EmbeddingSAGE``), so ``gnnscale fit`` and ``gnnscale plan`` load it.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Literal, cast
 
 import torch
@@ -17,7 +18,7 @@ from torch import Tensor, nn
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 
-from gnnscale.batch import layout_of
+from gnnscale.batch import LayerwiseBatch, layout_of
 from gnnscale.errors import ConfigError, check_probabilities
 from gnnscale.models.fast import Dropout
 from gnnscale.models.node import NodeClassifier
@@ -95,20 +96,14 @@ class EmbeddingSAGE(NodeClassifier):
         hp["num_nodes"] = num_nodes
 
     def setup(self, stage: str) -> None:
-        """Size the table from the data; evaluation must sample (the model never reads ``x``)."""
+        """Size the table from the data; refuse full-graph evaluation (it would feed ``x``)."""
         datamodule = self.trainer.datamodule  # type: ignore[attr-defined]
-        if datamodule.eval.mode != "sampled":
-            raise ConfigError(
-                "--data.init_args.eval.mode must be 'sampled' for EmbeddingSAGE: layer-wise and "
-                "full evaluation feed node features, which it does not use (got "
-                f"{datamodule.eval.mode!r})"
-            )
-        if datamodule.eval.validation != "sampled":
-            raise ConfigError(
-                "--data.init_args.eval.val_mode must be 'sampled' (or unset) for EmbeddingSAGE: "
-                "layer-wise and full evaluation feed node features, which it does not use (got "
-                f"{datamodule.eval.val_mode!r})"
-            )
+        for flag, mode in (("mode", datamodule.eval.mode), ("val_mode", datamodule.eval.val_mode)):
+            if mode == "full":
+                raise ConfigError(
+                    f"--data.init_args.eval.{flag} full feeds node features, which EmbeddingSAGE "
+                    "does not use: use sampled or layerwise (the table is the first layer's input)"
+                )
         if self.embedding is None:
             self._make_table(datamodule.data.num_nodes)
 
@@ -131,7 +126,14 @@ class EmbeddingSAGE(NodeClassifier):
         self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
         return loss
 
-    def _logits(self, batch: Data) -> tuple[Tensor, Tensor]:  # type: ignore[override]
+    def layerwise_input(self, batch: LayerwiseBatch) -> LayerwiseBatch:
+        """``batch`` with the table as every node's input (the model never reads ``x``)."""
+        assert self.embedding is not None, "the table is sized in setup() or by num_nodes"
+        return dataclasses.replace(batch, x=self.embedding.weight, read_threads=1)
+
+    def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
+        if isinstance(batch, LayerwiseBatch):
+            return super()._logits(batch)
         out = self(self.embed(batch.n_id), batch.edge_index, layout_of(batch))  # sampled: seeds
         return out[: batch.batch_size], batch.y[: batch.batch_size]
 

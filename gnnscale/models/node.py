@@ -131,9 +131,13 @@ class NodeClassifier(L.LightningModule):
         self.log("train/loss", loss, prog_bar=True, on_epoch=True, batch_size=batch.num_loss_nodes)
         return loss
 
+    def layerwise_input(self, batch: LayerwiseBatch) -> LayerwiseBatch:
+        """``batch`` as exact layer-wise inference reads it: the first layer's input is ``x``."""
+        return batch
+
     def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
         if isinstance(batch, LayerwiseBatch):
-            out = layerwise_inference(self.gnn, batch, self.device)
+            out = layerwise_inference(self.gnn, self.layerwise_input(batch), self.device)
             y = batch.y
             if batch.mask is not None:
                 out, y = out[batch.mask], y[batch.mask]

@@ -8,8 +8,9 @@ import lightning as L
 import pytest
 import torch
 
-from gnnscale import EmbeddingSAGE
+from gnnscale import EmbeddingSAGE, NeighborDataModule, SyntheticGraph
 from gnnscale.cli import main
+from gnnscale.data import EvalArgs
 from gnnscale.testing import requires_sampler
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "sparse_embeddings"
@@ -116,3 +117,24 @@ def test_cpu_table_stays_on_host_when_the_model_moves():
     model.to("meta")
     assert model.embedding.weight.device.type == "cpu"
     assert all(p.device.type == "meta" for p in model.gnn.parameters())
+
+
+@requires_sampler
+def test_layerwise_evaluation_reads_the_table_as_sampling_at_full_fanout_does(tmp_path):
+    # The table, not x, is the first layer's input: exact layer-wise logits of the test nodes
+    # equal those of sampled evaluation over their whole two-hop neighbourhoods.
+    graph = SyntheticGraph(num_nodes=600, num_features=1, num_classes=5, avg_degree=6)
+    torch.manual_seed(0)
+    model = EmbeddingSAGE(1, 5, embedding_dim=8, num_nodes=600, hidden_channels=16).eval()
+    logits = []
+    for eval_args in (EvalArgs("layerwise"), EvalArgs("sampled", num_neighbors=[-1, -1])):
+        dm = NeighborDataModule(
+            root=tmp_path, num_neighbors=[3, 2], synthetic=graph, eval=eval_args
+        )
+        dm.configure_batches(model.batch_request())
+        dm.setup("test")
+        with torch.no_grad():
+            out = [model._logits(batch) for batch in dm.test_dataloader()]
+        logits.append(torch.cat([o for o, _ in out]))
+    assert logits[0].shape == (int(dm.data.test_mask.sum()), 5)
+    torch.testing.assert_close(logits[0], logits[1], rtol=1e-4, atol=1e-5)
