@@ -8,6 +8,7 @@ import sys
 import warnings
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from registry import recipe
@@ -314,3 +315,47 @@ def test_a_recipe_fit_prints_no_warning_a_user_cannot_act_on_and_one_test_table(
     printed = capsys.readouterr()
     assert "litlogger" not in printed.out + printed.err + caplog.text
     assert (printed.out + printed.err).count("test/acc") == 1
+
+
+NEIGHBOUR_BATCHES = ["--data=gnnscale.NeighborDataModule", "--data.batch_size=256"]  # 4 an epoch
+
+
+class AllocatorStages(L.Callback):
+    """Counts ``gnnscale.cli.keep_freed_memory``'s calls (``CALLS``) at the end of each stage."""
+
+    CALLS: list[bool] = []
+    stages: list[tuple[str, int]] = []
+
+    def on_train_end(self, trainer, pl_module):
+        self.stages.append(("fit", len(self.CALLS)))
+
+    def on_test_end(self, trainer, pl_module):
+        self.stages.append(("test", len(self.CALLS)))
+
+
+@requires_sampler
+@pytest.mark.parametrize(
+    ("args", "env", "switched"),
+    [
+        # layer-wise validation every epoch, then the test: switched for the test alone
+        ([*NEIGHBOUR_BATCHES, "--data.eval.mode=layerwise"], None, ["test"]),
+        ([*NEIGHBOUR_BATCHES, "--data.eval.mode=sampled"], None, []),
+        (["--data=gnnscale.FullBatchDataModule"], None, ["fit"]),  # one batch an epoch
+        ([*NEIGHBOUR_BATCHES, "--data.eval.mode=layerwise"], "131072", []),  # the user's
+    ],
+)
+def test_freed_memory_is_kept_where_steps_repeat_and_nothing_trains_after(
+    tmp_path, monkeypatch, args, env, switched
+):
+    calls, stages = [], []
+    monkeypatch.setattr(AllocatorStages, "CALLS", calls)
+    monkeypatch.setattr(AllocatorStages, "stages", stages)
+    monkeypatch.setattr(gnnscale.cli, "keep_freed_memory", lambda: calls.append(True))
+    monkeypatch.setattr(gnnscale.cli, "trim_heap", lambda: None)
+    if env is not None:  # a fixed threshold the user chose: left alone
+        monkeypatch.setenv("GNNSCALE_MMAP_THRESHOLD", env)
+    callback = f"--trainer.callbacks+={__name__}.AllocatorStages"
+    _fit(tmp_path, *args, "--model=gnnscale.GraphSAGE", "--trainer.max_epochs=2", callback)
+    assert [stage for stage, _ in stages] == ["fit", "test"]
+    made = {stage: n - before for (stage, n), before in zip(stages, [0, stages[0][1]], strict=True)}
+    assert made == {stage: int(stage in switched) for stage in ("fit", "test")}, stages
