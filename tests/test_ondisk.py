@@ -381,6 +381,13 @@ def test_layerwise_evaluation_is_refused_where_its_activations_would_not_fit(tmp
                 ConfigError, match=rf"hold 0\.0 GiB .*3,000 nodes x 128 .*{refused}"
             ):
                 dm.setup("fit")
+    # Each process of the machine computes every node: two DDP ranks hold twice as much.
+    dm = NeighborDataModule(root=tmp_path, num_neighbors=[5, 3, 2], synthetic=TINY)
+    dm.configure_batches(request)
+    dm.trainer = SimpleNamespace(num_devices=2)
+    monkeypatch.setattr(node.psutil, "virtual_memory", lambda: SimpleNamespace(available=need + 1))
+    with pytest.raises(ConfigError, match=r"\(2 processes x 3,000 nodes x 128 values"):
+        dm.setup("test")
 
 
 def test_prepare_refuses_to_overwrite_another_graph(tmp_path, tiny_prepared):

@@ -201,8 +201,9 @@ class NodeDataModule(L.LightningDataModule):
         """Refuse exact layer-wise evaluation whose activations would not fit in memory.
 
         It holds every node's input and output of a layer (float32: a bound under mixed
-        precision, whose layers pass on half). Refused before training, not when the final test
-        runs out of memory after it.
+        precision, whose layers pass on half), in each process of the machine (each DDP rank
+        computes every node). Refused before training, not when the final test runs out of
+        memory after it.
         """
         flags = [
             f"--data.eval.{flag}=sampled"
@@ -212,11 +213,13 @@ class NodeDataModule(L.LightningDataModule):
         if not flags or not self.request.layerwise_channels:
             return
         nodes, channels = self.data.num_nodes, self.request.layerwise_channels
-        need, available = nodes * channels * 4, psutil.virtual_memory().available
+        processes = self.trainer.num_devices if self.trainer is not None else 1
+        need, available = processes * nodes * channels * 4, psutil.virtual_memory().available
         if need > available:
+            each = f"{processes} processes x " if processes > 1 else ""
             raise ConfigError(
                 f"exact layer-wise evaluation would hold {need / 2**30:.1f} GiB of activations "
-                f"({nodes:,} nodes x {channels} values x 4 bytes), more than the "
+                f"({each}{nodes:,} nodes x {channels} values x 4 bytes), more than the "
                 f"{available / 2**30:.1f} GiB available: use {' and '.join(flags)}"
             )
 
