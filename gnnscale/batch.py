@@ -88,12 +88,15 @@ class BatchRequest:
         edge_dim: Edge feature dimension a graph-level model reads (none: a node model).
         layerwise_channels: Values per node that exact layer-wise inference holds at once (a
             layer's input and output); 0: unknown, not checked against the memory.
+        reads_x: Whether the model reads the nodes' features; one that does not (EmbeddingSAGE
+            reads node ids and its own table) cannot be evaluated on the whole graph at once.
     """
 
     num_layers: int = 0
     first_layer_aggr: str | None = None
     edge_dim: int | None = None
     layerwise_channels: int = 0
+    reads_x: bool = True
 
     @staticmethod
     def of(model: Any) -> BatchRequest:

@@ -171,6 +171,13 @@ class NodeDataModule(L.LightningDataModule):
             request: What the model's batches must carry: its depth, the first layer's
                 aggregation in the workers, the adjacency's transpose.
         """
+        for flag, mode in (("mode", self.eval.mode), ("val_mode", self.eval.val_mode)):
+            if mode == "full" and not request.reads_x:
+                raise ConfigError(
+                    f"--data.eval.{flag} full feeds node features, which the model does not read: "
+                    "use sampled or layerwise (whose first layer reads the model's own input, "
+                    "such as EmbeddingSAGE's table)"
+                )
         fanout = self.eval.num_neighbors
         if fanout is not None and request.num_layers and len(fanout) != request.num_layers:
             raise ConfigError(

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 
-from gnnscale.batch import LayerwiseBatch, layout_of
+from gnnscale.batch import BatchRequest, LayerwiseBatch, layout_of
 from gnnscale.errors import ConfigError, check_probabilities
 from gnnscale.models.fast import Dropout
 from gnnscale.models.node import NodeClassifier
@@ -95,15 +95,13 @@ class EmbeddingSAGE(NodeClassifier):
         self.embedding = cls(num_nodes, hp["embedding_dim"], sparse=hp["sparse"])
         hp["num_nodes"] = num_nodes
 
+    def batch_request(self) -> BatchRequest:
+        """As GraphSAGE's, without features: the model reads node ids (``gnnscale.batch``)."""
+        return dataclasses.replace(super().batch_request(), reads_x=False)
+
     def setup(self, stage: str) -> None:
-        """Size the table from the data; refuse full-graph evaluation (it would feed ``x``)."""
+        """Size the table from the data."""
         datamodule = self.trainer.datamodule  # type: ignore[attr-defined]
-        for flag, mode in (("mode", datamodule.eval.mode), ("val_mode", datamodule.eval.val_mode)):
-            if mode == "full":
-                raise ConfigError(
-                    f"--data.init_args.eval.{flag} full feeds node features, which EmbeddingSAGE "
-                    "does not use: use sampled or layerwise (the table is the first layer's input)"
-                )
         if self.embedding is None:
             self._make_table(datamodule.data.num_nodes)
 
