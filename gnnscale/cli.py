@@ -154,27 +154,19 @@ class _SameStepMemory(L.Callback):
         if trainer.num_training_batches == 1:
             _keep_freed_memory()
 
-    def _evaluating(self, trainer: L.Trainer, batch: Any) -> None:
+    def on_test_batch_start(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        """Switch the allocator over for a layer-wise pass that no training follows."""
         if isinstance(batch, LayerwiseBatch) and trainer.state.fn != "fit":
             _keep_freed_memory()
 
-    def on_validation_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any
-    ) -> None:
-        """Switch the allocator over for a layer-wise pass of ``gnnscale validate``."""
-        self._evaluating(trainer, batch)
-
-    def on_test_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any
-    ) -> None:
-        """Switch the allocator over for a layer-wise test (not while ``fit`` trains)."""
-        self._evaluating(trainer, batch)
-
-    def on_predict_batch_start(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, *args: Any
-    ) -> None:
-        """Switch the allocator over for a layer-wise prediction."""
-        self._evaluating(trainer, batch)
+    on_validation_batch_start = on_predict_batch_start = on_test_batch_start
 
 
 def _keep_freed_memory() -> None:

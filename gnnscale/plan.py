@@ -383,8 +383,8 @@ def plan(
     growth_mb = min(per_batch * run_epochs * per_epoch, step_mb)
     checkpoint_mb = _checkpoint_mb(trainer, model) if checkpoint else 0.0
     if profile.layerwise is not None:
-        node_model = cast(Any, model)  # a NodeClassifier: the layer-wise batch is its
-        batch = node_model.layerwise_input(profile.layerwise)  # (EmbeddingSAGE's: its table)
+        # As the model reads it (a NodeClassifier; EmbeddingSAGE's first input is its table).
+        batch = cast(Any, model).layerwise_input(profile.layerwise)
         eval_mb = _layerwise_mb(batch, model, trainer_kwargs["precision"])
     else:
         eval_mb = _validate_mb(datamodule, model, trainer_kwargs, num_batches, world_size)

@@ -108,6 +108,10 @@ class EvalArgs:
         """How validation runs: ``val_mode``, else ``mode``."""
         return self.val_mode or self.mode
 
+    def set_to(self, mode: str) -> list[str]:
+        """The flags (``mode``, ``val_mode``) set to ``mode``: what a refusal names."""
+        return [flag for flag in ("mode", "val_mode") if getattr(self, flag) == mode]
+
     def __post_init__(self) -> None:
         """Refuse non-positive sizes."""
         if self.batch_size < 1:

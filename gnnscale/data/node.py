@@ -92,13 +92,12 @@ class NodeDataModule(L.LightningDataModule):
                     "--data.preprocess does not apply to --data.dataset prepared (the files are "
                     "mapped as written): preprocess before `gnnscale prepare`, or drop it"
                 )
-            for flag, mode in (("mode", eval.mode), ("val_mode", eval.validation)):
-                if mode == "full":
-                    raise ConfigError(
-                        f"--data.eval.{flag} full loads the whole graph into memory; with "
-                        f"--data.dataset prepared use --data.eval.{flag}=sampled (or layerwise: "
-                        "exact, every node's activations in memory)"
-                    )
+            if full := eval.set_to("full"):
+                raise ConfigError(
+                    f"--data.eval.{full[0]} full loads the whole graph into memory; with "
+                    f"--data.dataset prepared use --data.eval.{full[0]}=sampled (or layerwise: "
+                    "exact, every node's activations in memory)"
+                )
         check_root(dataset, Path(root))  # after the checks of the settings alone
         self.dataset = dataset
         self.root = Path(root)
@@ -171,13 +170,12 @@ class NodeDataModule(L.LightningDataModule):
             request: What the model's batches must carry: its depth, the first layer's
                 aggregation in the workers, the adjacency's transpose.
         """
-        for flag, mode in (("mode", self.eval.mode), ("val_mode", self.eval.val_mode)):
-            if mode == "full" and not request.reads_x:
-                raise ConfigError(
-                    f"--data.eval.{flag} full feeds node features, which the model does not read: "
-                    "use sampled or layerwise (whose first layer reads the model's own input, "
-                    "such as EmbeddingSAGE's table)"
-                )
+        if (full := self.eval.set_to("full")) and not request.reads_x:
+            raise ConfigError(
+                f"--data.eval.{full[0]} full feeds node features, which the model does not read: "
+                "use sampled or layerwise (whose first layer reads the model's own input, such "
+                "as EmbeddingSAGE's table)"
+            )
         fanout = self.eval.num_neighbors
         if fanout is not None and request.num_layers and len(fanout) != request.num_layers:
             raise ConfigError(
@@ -212,11 +210,7 @@ class NodeDataModule(L.LightningDataModule):
         computes every node). Refused before training, not when the final test runs out of
         memory after it.
         """
-        flags = [
-            f"--data.eval.{flag}=sampled"
-            for flag, mode in (("mode", self.eval.mode), ("val_mode", self.eval.val_mode))
-            if mode == "layerwise"
-        ]
+        flags = [f"--data.eval.{flag}=sampled" for flag in self.eval.set_to("layerwise")]
         if not flags or not self.request.layerwise_channels:
             return
         nodes, channels = self.data.num_nodes, self.request.layerwise_channels
