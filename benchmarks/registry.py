@@ -220,6 +220,13 @@ RECIPES: tuple[Recipe, ...] = (
         ),
         figure_args=("--trainer.accelerator=cpu",),
         processes=2,
+        variants=(
+            ("as shipped (exact layer-wise test, a block of nodes per process)", ()),
+            (
+                "test sampled at full fan-out, a share of nodes per process",
+                ("--data.init_args.eval.mode=sampled",),
+            ),
+        ),
     ),
     Recipe(
         "on_disk_graph",

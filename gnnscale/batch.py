@@ -126,13 +126,20 @@ class ConfiguresBatches(Protocol):
 class LayerwiseBatch:
     """One evaluation step that runs exact layer-wise inference over the whole graph.
 
+    Under DDP each process computes its own block of nodes in each layer, and the processes sum
+    the layer's outputs (zero outside each block), so that every process holds all of them for
+    the next layer; each then scores the nodes of its block.
+
     Args:
-        loader: Loader of full one-hop neighbourhoods of all nodes, seeds first: their ids
-            (``n_id``) and edges only, features not gathered (as in PyG's inference examples).
+        loader: Loader of full one-hop neighbourhoods of all nodes (under DDP, of this process's
+            block), seeds first: their ids (``n_id``) and edges only, features not gathered (as
+            in PyG's inference examples).
         x: Every node's input features, in memory or mapped from a prepared graph's file.
         y: Labels of all nodes.
-        mask: Nodes to score; ``None`` for all (predict).
+        mask: Nodes to score (under DDP, of this process's block); ``None`` for all (predict).
         read_threads: Threads that gather a batch's rows of ``x`` (a prepared graph's).
+        shared: Whether the loader holds one block of the nodes, and the processes of the
+            default process group sum each layer's outputs.
     """
 
     loader: NeighborLoader
@@ -140,6 +147,7 @@ class LayerwiseBatch:
     y: Tensor
     mask: Tensor | None
     read_threads: int = 1
+    shared: bool = False
 
 
 @dataclass

@@ -545,3 +545,78 @@ def test_layerwise_inference_equals_pygs(tmp_path, name):
         batch.loader.data, num_neighbors=[-1], batch_size=97, shuffle=True
     )
     torch.testing.assert_close(layerwise_inference(model.gnn, batch), ours)
+
+
+SHARED_LAYERWISE = """
+import sys
+from types import SimpleNamespace
+import torch
+import torch.distributed as dist
+from gnnscale import GraphSAGE, NeighborDataModule
+from gnnscale.data.args import EvalArgs
+from gnnscale.models import inference
+from gnnscale.testing import TINY
+
+rank, folder, backend = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method=f"file://{folder}/rendezvous", rank=rank, world_size=2)
+if backend == "nccl":  # as a GPU run's default group: the sums need a gloo group of their own
+    inference.dist.get_backend = lambda group=None: "nccl"
+dm = NeighborDataModule(root=folder, batch_size=64, num_neighbors=[10, 5], synthetic=TINY,
+                        eval=EvalArgs(mode="layerwise", batch_size=97))
+dm.setup("test")
+dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+batch = next(iter(dm.test_dataloader()))
+torch.manual_seed(0)
+model = GraphSAGE(TINY.num_features, 5, hidden_channels=16).eval()
+seeds = torch.cat([hop.n_id[: hop.batch_size] for hop in batch.loader])
+out = inference.layerwise_inference(model.gnn, batch)
+torch.save({"out": out, "seeds": seeds, "mask": batch.mask}, f"{folder}/rank{rank}.pt")
+"""
+
+
+@requires_sampler
+@pytest.mark.parametrize("backend", ["gloo", "nccl"])
+def test_layerwise_inference_under_ddp_computes_each_node_once(tmp_path, backend):
+    """Two processes each compute half the nodes per layer, and both end with every node's
+    output, the single process's; each scores the test nodes of its half."""
+    import subprocess
+    import sys
+
+    from gnnscale.models.inference import layerwise_inference
+
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", SHARED_LAYERWISE, str(rank), str(tmp_path), backend],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    for process in ranks:
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, stderr[-3000:]
+    shares = [torch.load(tmp_path / f"rank{rank}.pt") for rank in (0, 1)]
+
+    dm = NeighborDataModule(
+        root=tmp_path,
+        batch_size=64,
+        num_neighbors=[10, 5],
+        synthetic=TINY,
+        eval=EvalArgs(mode="layerwise", batch_size=97),
+    )
+    dm.setup("test")
+    batch = next(iter(dm.test_dataloader()))
+    torch.manual_seed(0)
+    model = GraphSAGE(TINY.num_features, 5, hidden_channels=16).eval()
+    whole = layerwise_inference(model.gnn, batch)
+    half = TINY.num_nodes // 2
+    assert [s["seeds"].tolist() for s in shares] == [
+        list(range(half)),
+        list(range(half, TINY.num_nodes)),
+    ]
+    for share in shares:
+        torch.testing.assert_close(share["out"], whole)
+    # The test nodes, split between the ranks: each scored once.
+    assert not (shares[0]["mask"] & shares[1]["mask"]).any()
+    assert torch.equal(shares[0]["mask"] | shares[1]["mask"], batch.mask)
+    assert shares[0]["mask"].any() and shares[1]["mask"].any()

@@ -71,3 +71,13 @@ def rank_share(
         return loader_of(mask)
     nodes = torch.arange(num_nodes) if mask is None else mask.nonzero().view(-1)
     return RankShare(loader_of(nodes[trainer.global_rank :: trainer.world_size]))
+
+
+def rank_block(trainer: L.Trainer | None, num_nodes: int) -> Tensor | None:
+    """Under DDP, this rank's block of ``num_nodes`` nodes, which its layer-wise inference computes.
+
+    ``None`` in one process, or with fewer nodes than ranks (each then computes every node).
+    """
+    if trainer is None or trainer.world_size == 1 or num_nodes < trainer.world_size:
+        return None
+    return torch.arange(num_nodes).tensor_split(trainer.world_size)[trainer.global_rank]

@@ -39,7 +39,7 @@ from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOu
 from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
 from gnnscale.data.layout import hop_layout, subgraph_layout
-from gnnscale.data.loaders import rank_share, resumable, single
+from gnnscale.data.loaders import rank_block, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import (
     DATASETS,
@@ -207,8 +207,8 @@ class NodeDataModule(L.LightningDataModule):
 
         It holds every node's input and output of a layer (float32: a bound under mixed
         precision, whose layers pass on half), in each process of the machine (each DDP rank
-        computes every node). Refused before training, not when the final test runs out of
-        memory after it.
+        computes a block of the nodes, but holds every node's input and output). Refused before
+        training, not when the final test runs out of memory after it.
         """
         flags = [f"--data.eval.{flag}=sampled" for flag in self.eval.set_to("layerwise")]
         if not flags or not self.request.layerwise_channels:
@@ -315,11 +315,18 @@ class NodeDataModule(L.LightningDataModule):
             return single(data)
         # Ids and edges only, as PyG's inference examples: each layer gathers its own input.
         structure = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
+        block = rank_block(self.trainer, data.num_nodes)  # under DDP: this rank's nodes
+        if block is not None and mask is not None:  # each rank scores the nodes it computed
+            mask = torch.zeros_like(mask).index_fill_(0, block, True) & mask
         loader = self._neighbor_loader(
-            structure, [-1], batch_size=self.eval.batch_size, node_files=False
+            structure,
+            [-1],
+            batch_size=self.eval.batch_size,
+            node_files=False,
+            input_nodes=block,
         )
         threads = self.prepared.threads if self.dataset == "prepared" else 1
-        return single(LayerwiseBatch(loader, data.x, data.y, mask, threads))
+        return single(LayerwiseBatch(loader, data.x, data.y, mask, threads, block is not None))
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
