@@ -499,6 +499,17 @@ def _parse_error(message: str, command: str = "gnnscale fit") -> str:
     if not keys:  # not about a key: "unrecognized arguments: ...", a missing config file, ...
         return f"{' '.join(reasons)} (see `{command} --help`)"
     key = "--" + ".".join(keys)
+    match = re.match(r"NestedArg\(key='((.+)\.(\w+))', val=None\)$", given)
+    if match and re.search(rf'Parser key "{match[1]}":\s*\n.*\n\s*Subtypes: .*NoneType', message):
+        # jsonargparse 4.53 reads `null` for a key nested in a class's group only from a mapping
+        flag, field = f"--{keys[0]}.init_args.{match[2]}", match[3]
+        return (
+            f"{key}: null is not read for a nested key on the command line; write "
+            f"{flag}='{{{field}: null}}' (the group's other settings are kept) or set it in the "
+            "config file"
+        )
+    if match:
+        given = "null"
     if len(reasons) == 1 and (match := re.match(r"Option '(\w+)' is not accepted", reasons[0])):
         option = match[1]
         cls = pydoc.locate(class_path)

@@ -359,3 +359,20 @@ def test_freed_memory_is_kept_where_steps_repeat_and_nothing_trains_after(
     assert [stage for stage, _ in stages] == ["fit", "test"]
     made = {stage: n - before for (stage, n), before in zip(stages, [0, stages[0][1]], strict=True)}
     assert made == {stage: int(stage in switched) for stage in ("fit", "test")}, stages
+
+
+def test_null_for_a_nested_key_on_the_command_line_is_one_line_naming_the_flag_that_works(
+    capsys,
+):
+    # jsonargparse does not read `--data.init_args.eval.val_nodes=null`; its mapping form works.
+    config = ["fit", "--config", str(REPO / "recipes" / "neighbor_sage" / "config.yaml")]
+    flag = "--data.init_args.eval='{val_nodes: null}'"
+    with pytest.raises(ConfigError, match=re.escape(f"{flag} (the group's other settings")):
+        main([*config, "--data.init_args.eval.val_nodes=null", "--print_config"])
+    with pytest.raises(SystemExit):
+        main([*config, "--data.init_args.eval={val_nodes: null}", "--print_config"])
+    printed = capsys.readouterr().out
+    assert "val_nodes: null" in printed and "val_mode: sampled" in printed  # the rest kept
+    # A key that takes no null is not sent to the mapping form: its own types, the value null.
+    with pytest.raises(ConfigError, match=r"loader.num_workers: Expected a int.* got 'null'$"):
+        main([*config, "--data.init_args.loader.num_workers=null", "--print_config"])
