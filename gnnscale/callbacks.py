@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import grad_norm, rank_zero_info
 from torch import Tensor
 from torch.nn import Module
@@ -18,7 +23,7 @@ from torch_geometric.nn import MessagePassing
 
 from gnnscale.measure import peak_rss_mb
 
-__all__ = ["GradActivationMonitor", "ThroughputMonitor"]
+__all__ = ["GradActivationMonitor", "PredictionWriter", "ThroughputMonitor"]
 
 
 class ThroughputMonitor(L.Callback):
@@ -230,3 +235,63 @@ def _optimizer_steps(trainer: L.Trainer) -> int:
     two-optimizer models, both step together and each adds one.
     """
     return trainer.global_step // max(len(trainer.optimizers), 1)
+
+
+class PredictionWriter(BasePredictionWriter):
+    """Writes what ``predict_step`` returns to Parquet as it comes: ``part-<rank>.parquet``.
+
+    ``gnnscale predict`` adds it (unless the config names another prediction writer), writing
+    into the run's folder, ``runs/<name>/version_<n>/predictions``: one file per process, which
+    Parquet readers take as one table (``pyarrow.parquet.read_table(folder)``). ``predict_step``
+    returns a dict of 1-d tensors of equal length, ids first (node models: ``node``, ``class``).
+    A file appears under its name once complete: written beside it, flushed and renamed.
+
+    Args:
+        folder: Where the files go (default: the logger's folder, else the Trainer's root
+            folder, and ``predictions`` in it).
+    """
+
+    def __init__(self, folder: str | Path | None = None) -> None:
+        super().__init__(write_interval="batch")
+        self.folder = Path(folder) if folder is not None else None
+        self._writer: pq.ParquetWriter | None = None
+        self._partial = self._target = Path()
+
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Choose the folder in rank 0 (the logger's version) and tell the other ranks."""
+        folder = self.folder
+        if folder is None and trainer.global_rank == 0:
+            logger = trainer.logger
+            root = logger.log_dir if logger is not None and logger.log_dir else None
+            folder = Path(root or trainer.default_root_dir) / "predictions"
+        folder = Path(trainer.strategy.broadcast(str(folder)))
+        folder.mkdir(parents=True, exist_ok=True)
+        self._target = folder / f"part-{trainer.global_rank}.parquet"
+        self._partial = folder / f".{self._target.name}.partial"
+        self._writer = None
+
+    def write_on_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        prediction: Any,
+        batch_indices: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int,
+    ) -> None:
+        """Append the batch's rows."""
+        table = pa.table({k: v.detach().cpu().numpy() for k, v in prediction.items()})
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._partial, table.schema)
+        self._writer.write_table(table)
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Close the file, flush it to disk and give it its name."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        with self._partial.open("rb") as f:
+            os.fsync(f.fileno())
+        self._partial.rename(self._target)
+        rank_zero_info(f"gnnscale: predictions in {self._target.parent}")

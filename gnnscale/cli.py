@@ -32,6 +32,7 @@ import lightning as L
 import torch
 from jsonargparse import ArgumentError, Namespace
 from lightning.fabric.plugins import CheckpointIO
+from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -39,6 +40,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from gnnscale import checks, runs
 from gnnscale.batch import BatchRequest, ConfiguresBatches, LayerwiseBatch
+from gnnscale.callbacks import PredictionWriter
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.graphs import prepare_graphs
@@ -370,6 +372,10 @@ class GnnscaleCLI(LightningCLI):
             kwargs["plugins"] = [*plugins, StreamingCheckpointIO()]
         callbacks = kwargs.get("callbacks", trainer.get("callbacks")) or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+        if self.subcommand == "predict":
+            self._check_predicts()
+            if not any(isinstance(c, BasePredictionWriter) for c in callbacks):
+                callbacks.append(PredictionWriter())  # else predictions are computed and lost
         # A SIGTERM saves the run and exits 143; every checkpoint says what it continues.
         kwargs["callbacks"] = [
             *callbacks,
@@ -382,6 +388,22 @@ class GnnscaleCLI(LightningCLI):
         if self.subcommand == "fit":
             checks.check_monitors([*built.checkpoint_callbacks, *built.early_stopping_callbacks])
         return built
+
+    def _check_predicts(self) -> None:
+        """Refuse ``predict`` for a DataModule with no prediction loader (hetero, link, graphs)."""
+        datamodule = type(self.datamodule)
+        if datamodule.predict_dataloader is L.LightningDataModule.predict_dataloader:
+            raise ConfigError(
+                f"gnnscale predict writes the classes of a node DataModule's nodes; "
+                f"{datamodule.__name__} defines no predictions (its metrics: gnnscale test)"
+            )
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+        """As Lightning's; ``predict`` keeps no predictions in memory (its writer has them)."""
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        if subcommand == "predict" and kwargs.get("return_predictions") is None:
+            kwargs["return_predictions"] = False
+        return kwargs
 
     def _run_subcommand(self, subcommand: str) -> None:
         """Run it; if it fails before logging anything, remove the empty version folder it made."""
@@ -529,11 +551,13 @@ def _parse_error(message: str, command: str = "gnnscale fit") -> str:
 # Warnings no gnnscale user can act on, each silenced alone (the README explains the first):
 # PyG's advice to install pyg-lib, which is not on PyPI (torch-sparse samples instead); a
 # deprecation inside Lightning's own pytree helper; Lightning's note that its model summary
-# counts no FLOPs under bf16-mixed.
+# counts no FLOPs under bf16-mixed; its note, with a prediction writer, that a loader's batches
+# carry no dataset indices (gnnscale's predictions carry their own ids).
 _UNACTIONABLE = (
     "Using 'NeighborSampler' without a 'pyg-lib' installation is deprecated",
     "`isinstance(treespec, LeafSpec)` is deprecated",
     "Precision bf16-mixed is not supported by the model summary",
+    "Couldn't infer the batch indices fetched from your dataloader",
 )
 
 

@@ -376,3 +376,42 @@ def test_null_for_a_nested_key_on_the_command_line_is_one_line_naming_the_flag_t
     # A key that takes no null is not sent to the mapping form: its own types, the value null.
     with pytest.raises(ConfigError, match=r"loader.num_workers: Expected a int.* got 'null'$"):
         main([*config, "--data.init_args.loader.num_workers=null", "--print_config"])
+
+
+@requires_sampler
+@pytest.mark.parametrize("mode", ["layerwise", "sampled"])
+def test_predict_writes_each_nodes_class_to_parquet(tmp_path, mode):
+    import pyarrow.parquet as pq
+
+    common = [
+        "--data=gnnscale.NeighborDataModule",
+        "--model=gnnscale.GraphSAGE",
+        "--data.num_neighbors=[5, 5]",
+        f"--data.eval.mode={mode}",
+        "--data.eval.num_neighbors=[-1, -1]",  # sampled at full fan-out: exact too
+        "--data.eval.batch_size=700",  # several batches, one file
+    ]
+    _fit(tmp_path, *common, "--trainer.max_epochs=1")
+    (ckpt,) = (tmp_path / "runs").rglob("*.ckpt")
+    classes = [a for a in common if a.startswith(("--data=", "--model="))]
+    rest = [a for a in common if a not in classes]
+    cli = main(["predict", *classes, *cli_args(tmp_path), *rest, f"--ckpt_path={ckpt}"])
+    folder = Path(cli.trainer.logger.log_dir) / "predictions"
+    assert sorted(p.name for p in folder.iterdir()) == ["part-0.parquet"]  # no partial left
+    table = pq.read_table(folder)
+    data = cli.datamodule.data
+    assert table.column("node").to_pylist() == list(range(data.num_nodes))
+    model = cli.model.eval()  # the checkpoint's weights, loaded by predict
+    with torch.no_grad():
+        expected = model.gnn(data.x, data.edge_index).argmax(-1)
+    assert table.column("class").to_pylist() == expected.tolist()
+
+
+def test_predict_is_refused_where_the_datamodule_defines_no_predictions(tmp_path):
+    hetero = recipe("hetero_node_classification")
+    argv = ["predict", "--config", str(hetero.config), *hetero.tiny]
+    argv += ["--trainer.accelerator=cpu", f"--data.root={tmp_path / 'data'}"]
+    argv += [f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]
+    with pytest.raises(ConfigError, match="HeteroNeighborDataModule defines no predictions"):
+        main(argv)
+    assert not (tmp_path / "runs").exists()

@@ -555,6 +555,7 @@ import torch.distributed as dist
 from gnnscale import GraphSAGE, NeighborDataModule
 from gnnscale.data.args import EvalArgs
 from gnnscale.models import inference
+from gnnscale.models.node import _scored_nodes
 from gnnscale.testing import TINY
 
 rank, folder, backend = int(sys.argv[1]), sys.argv[2], sys.argv[3]
@@ -570,7 +571,9 @@ torch.manual_seed(0)
 model = GraphSAGE(TINY.num_features, 5, hidden_channels=16).eval()
 seeds = torch.cat([hop.n_id[: hop.batch_size] for hop in batch.loader])
 out = inference.layerwise_inference(model.gnn, batch)
-torch.save({"out": out, "seeds": seeds, "mask": batch.mask}, f"{folder}/rank{rank}.pt")
+predicted = _scored_nodes(next(iter(dm.predict_dataloader())))  # the rows predict_step writes
+torch.save({"out": out, "seeds": seeds, "mask": batch.mask, "predicted": predicted},
+           f"{folder}/rank{rank}.pt")
 """
 
 
@@ -578,7 +581,8 @@ torch.save({"out": out, "seeds": seeds, "mask": batch.mask}, f"{folder}/rank{ran
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_layerwise_inference_under_ddp_computes_each_node_once(tmp_path, backend):
     """Two processes each compute half the nodes per layer, and both end with every node's
-    output, the single process's; each scores the test nodes of its half."""
+    output, the single process's; each scores the test nodes of its half, and predicts its
+    half's nodes."""
     import subprocess
     import sys
 
@@ -620,3 +624,5 @@ def test_layerwise_inference_under_ddp_computes_each_node_once(tmp_path, backend
     assert not (shares[0]["mask"] & shares[1]["mask"]).any()
     assert torch.equal(shares[0]["mask"] | shares[1]["mask"], batch.mask)
     assert shares[0]["mask"].any() and shares[1]["mask"].any()
+    # Predictions: each rank writes its block's nodes.
+    assert [s["predicted"].tolist() for s in shares] == [s["seeds"].tolist() for s in shares]

@@ -316,8 +316,9 @@ class NodeDataModule(L.LightningDataModule):
         # Ids and edges only, as PyG's inference examples: each layer gathers its own input.
         structure = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
         block = rank_block(self.trainer, data.num_nodes)  # under DDP: this rank's nodes
-        if block is not None and mask is not None:  # each rank scores the nodes it computed
-            mask = torch.zeros_like(mask).index_fill_(0, block, True) & mask
+        if block is not None:  # each rank scores (or predicts) the nodes it computed
+            mine = torch.zeros(data.num_nodes, dtype=torch.bool).index_fill_(0, block, True)
+            mask = mine if mask is None else mine & mask
         loader = self._neighbor_loader(
             structure,
             [-1],

@@ -30,6 +30,17 @@ _ADAM_LR = 0.005
 _ADAM_WEIGHT_DECAY = 5e-4
 
 
+def _scored_nodes(batch: Data | LayerwiseBatch) -> Tensor:
+    """The ids of the nodes whose outputs ``NodeClassifier._logits`` returns, in its order."""
+    if isinstance(batch, LayerwiseBatch):
+        mask, num_nodes = batch.mask, batch.y.size(0)
+    elif "batch_size" in batch:  # sampled: the seeds come first
+        return batch.n_id[: batch.batch_size]
+    else:
+        mask, num_nodes = batch.get("eval_mask"), batch.num_nodes
+    return torch.arange(num_nodes) if mask is None else mask.nonzero().view(-1)
+
+
 class NodeClassifier(L.LightningModule):
     """Training, evaluation and optimisation shared by the gnnscale models.
 
@@ -161,9 +172,9 @@ class NodeClassifier(L.LightningModule):
         self.test_acc(out, y)
         self.log("test/acc", self.test_acc, batch_size=y.numel())
 
-    def predict_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> Tensor:
-        """Predicted class of each node (in node order for layer-wise evaluation)."""
-        return self._logits(batch)[0].argmax(-1)
+    def predict_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> dict[str, Tensor]:
+        """Each scored node's id and predicted class (``gnnscale predict`` writes them)."""
+        return {"node": _scored_nodes(batch), "class": self._logits(batch)[0].argmax(-1)}
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Flush the loggers: what was logged before a checkpoint is on disk beside it."""
