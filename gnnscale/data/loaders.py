@@ -18,6 +18,16 @@ def single(item: Any) -> DataLoader:
     return DataLoader([item], batch_size=None, collate_fn=_identity)  # type: ignore[arg-type]
 
 
+def rank_own(trainer: L.Trainer | None, item: Any) -> Any:
+    """:func:`single`; under DDP in a :class:`RankShare`: each rank's own ``item``, once.
+
+    Lightning gives a ``DataLoader`` a distributed sampler, which shares out its one item: to
+    every rank for validation and test (repeated), to rank 0 alone for predict.
+    """
+    loader = single(item)
+    return loader if trainer is None or trainer.world_size == 1 else RankShare(loader)
+
+
 def _identity(item: Any) -> Any:
     return item
 

@@ -39,7 +39,7 @@ from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOu
 from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
 from gnnscale.data.layout import hop_layout, subgraph_layout
-from gnnscale.data.loaders import rank_block, rank_share, resumable, single
+from gnnscale.data.loaders import rank_block, rank_own, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import (
     DATASETS,
@@ -312,7 +312,7 @@ class NodeDataModule(L.LightningDataModule):
         if mode == "full":
             data = copy.copy(data)
             data.eval_mask = mask
-            return single(data)
+            return rank_own(self.trainer, data)
         # Ids and edges only, as PyG's inference examples: each layer gathers its own input.
         structure = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
         block = rank_block(self.trainer, data.num_nodes)  # under DDP: this rank's nodes
@@ -327,7 +327,8 @@ class NodeDataModule(L.LightningDataModule):
             input_nodes=block,
         )
         threads = self.prepared.threads if self.dataset == "prepared" else 1
-        return single(LayerwiseBatch(loader, data.x, data.y, mask, threads, block is not None))
+        batch = LayerwiseBatch(loader, data.x, data.y, mask, threads, block is not None)
+        return rank_own(self.trainer, batch)
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""

@@ -12,6 +12,9 @@ import subprocess
 import sys
 
 import pytest
+from registry import recipe
+
+from gnnscale.testing import requires_sampler
 
 SCRIPT = """
 import json, sys
@@ -58,3 +61,40 @@ def test_accuracy_is_reduced_from_counts_over_unequal_shards(tmp_path):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     counts, mean_of_ranks = 60 / 160, (10 / 10 + 50 / 150) / 2
     assert result["test/acc"] == pytest.approx(counts, abs=1e-6), (result, mean_of_ranks)
+
+
+@pytest.mark.slow
+@requires_sampler
+def test_predict_under_ddp_writes_each_node_once_with_one_process_classes(tmp_path):
+    """The recipe's ranks each predict their block of nodes (exact, layer-wise) into a file of
+    their own: together every node once, with the classes one process predicts."""
+    import pyarrow.parquet as pq
+
+    ddp = recipe("multi_gpu_ddp")
+    common = [
+        "--config", str(ddp.config), "--trainer.accelerator=cpu",
+        "--trainer.enable_progress_bar=false", *ddp.tiny,
+        f"--data.init_args.root={tmp_path / 'data'}",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+    ]  # fmt: skip
+
+    def gnnscale(*args: str) -> None:
+        argv = [sys.executable, "-m", "gnnscale.cli", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    gnnscale("fit", *common, "--trainer.max_epochs=1")
+    (ckpt,) = (tmp_path / "runs").rglob("last.ckpt")
+    gnnscale("predict", *common, f"--ckpt_path={ckpt}")
+    gnnscale("predict", *common, f"--ckpt_path={ckpt}", "--trainer.devices=1")
+    two, one = sorted((tmp_path / "runs").rglob("predictions"))
+    assert sorted(p.name for p in two.iterdir()) == ["part-0.parquet", "part-1.parquet"]
+    parts = [pq.read_table(two / f"part-{r}.parquet") for r in (0, 1)]
+    nodes = [p.column("node").to_pylist() for p in parts]
+    assert nodes[0] and nodes[1] and sorted(nodes[0] + nodes[1]) == list(range(3000))
+    alone = pq.read_table(one)
+    ids, classes = alone.column("node").to_pylist(), alone.column("class").to_pylist()
+    by_node = dict(zip(ids, classes, strict=True))
+    assert len(by_node) == 3000
+    for part, ids in zip(parts, nodes, strict=True):
+        assert part.column("class").to_pylist() == [by_node[n] for n in ids]
