@@ -243,7 +243,8 @@ class PredictionWriter(BasePredictionWriter):
     ``gnnscale predict`` adds it (unless the config names another prediction writer), writing
     into the run's folder, ``runs/<name>/version_<n>/predictions``: one file per process, which
     Parquet readers take as one table (``pyarrow.parquet.read_table(folder)``). ``predict_step``
-    returns a dict of 1-d tensors of equal length, ids first (node models: ``node``, ``class``).
+    returns a dict of 1-d tensors of equal length, ids first (node models: ``node``, ``class``;
+    graph-level models: ``graph``, ``class`` or ``value``).
     A file appears under its name once complete: written beside it, flushed and renamed.
 
     Args:

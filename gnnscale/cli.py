@@ -390,11 +390,12 @@ class GnnscaleCLI(LightningCLI):
         return built
 
     def _check_predicts(self) -> None:
-        """Refuse ``predict`` for a DataModule with no prediction loader (hetero, link, graphs)."""
+        """Refuse ``predict`` for a DataModule with no prediction loader (link prediction)."""
         datamodule = type(self.datamodule)
         if datamodule.predict_dataloader is L.LightningDataModule.predict_dataloader:
             raise ConfigError(
-                f"gnnscale predict writes the classes of a node DataModule's nodes; "
+                "gnnscale predict writes each node's class (node and heterogeneous node "
+                f"DataModules) or each graph's prediction (GraphDataModule); "
                 f"{datamodule.__name__} defines no predictions (its metrics: gnnscale test)"
             )
 

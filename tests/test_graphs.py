@@ -425,3 +425,29 @@ def test_ddp_on_two_processes_trains_every_graph_exactly_once(store, tmp_path):
         assert len(ranks[0]) == len(ranks[1])
         seen = sorted(i for rank in ranks for batch in rank for i in batch)
         assert seen == sorted(train)
+
+
+def test_predict_writes_each_graphs_value_once(store, tmp_path):
+    """Every graph of the store once, under its index: the test split's rows give the test MAE."""
+    import pyarrow.parquet as pq
+
+    from gnnscale.callbacks import PredictionWriter
+
+    L.seed_everything(0)
+    dm = GraphDataModule(store, batch_size=16, split=GraphSplit(0.1, 0.2))
+    model = GraphGINE(dm.num_features, dm.num_classes, dm.num_edge_features, hidden_channels=8)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[PredictionWriter(tmp_path / "predictions")],
+    )
+    trainer.predict(model, dm, return_predictions=False)
+    table = pq.read_table(tmp_path / "predictions")
+    graphs, values = table.column("graph").to_numpy(), table.column("value").to_numpy()
+    assert sorted(graphs.tolist()) == list(range(len(dm.store)))
+    energy = np.array([dm.store[int(i)].y.item() for i in graphs])
+    test = np.isin(graphs, dm.splits["test"])
+    (result,) = trainer.test(model, dm, verbose=False)
+    assert np.abs(values[test] - energy[test]).mean() == pytest.approx(result["test/mae"], 1e-5)

@@ -378,3 +378,36 @@ def test_two_validation_passes_sample_the_same_batches():
     first = list(dm.val_dataloader())
     torch.rand(10)  # training moves the global stream between validations
     _same_batches(first, list(dm.val_dataloader()))
+
+
+@requires_sampler
+def test_predict_writes_each_target_nodes_class_once(tmp_path):
+    """Every item once, under its id; at full fan-out (exact) the test items' rows give the
+    test accuracy."""
+    import pyarrow.parquet as pq
+
+    from gnnscale.callbacks import PredictionWriter
+
+    L.seed_everything(0)
+    dm = _dm(eval=EvalArgs(mode="sampled", num_neighbors=[-1, -1], batch_size=700))
+    model = _model(dm, hidden_channels=16)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[PredictionWriter(tmp_path / "predictions")],
+    )
+    trainer.fit(model, dm)
+    trainer.predict(model, dm, return_predictions=False)
+    table = pq.read_table(tmp_path / "predictions")
+    items = table.column("node").to_pylist()
+    assert items == list(range(dm.num_nodes["item"]))
+    predicted = torch.tensor(table.column("class").to_pylist())
+    assert predicted.unique().numel() > 4  # trained: not one class for all (8 classes)
+    test = dm.data["item"].test_mask
+    accuracy = (predicted[test] == dm.data["item"].y[test]).float().mean().item()
+    (result,) = trainer.test(model, dm, verbose=False)
+    assert accuracy == pytest.approx(result["test/acc"], abs=1e-6)

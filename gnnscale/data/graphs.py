@@ -324,7 +324,8 @@ class GraphDataModule(L.LightningDataModule):
         return self._graphs
 
     def _loader(self, split: str) -> DataLoader:
-        dataset = _Split(self.graphs, self.splits[split])
+        indices = np.arange(len(self.store)) if split == "all" else self.splits[split]
+        dataset = _Split(self.graphs, indices)
         trainer = self.trainer
         world, rank = (trainer.world_size, trainer.global_rank) if trainer else (1, 0)
         return DataLoader(
@@ -366,6 +367,10 @@ class GraphDataModule(L.LightningDataModule):
     def test_dataloader(self) -> DataLoader:
         """Test graphs, each scored once across ranks."""
         return self._loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """Every graph of the store, each predicted once across ranks."""
+        return self._loader("all")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Under DDP, a training batch repeated to even out the ranks' counts weighs 0."""

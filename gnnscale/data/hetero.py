@@ -351,16 +351,17 @@ class HeteroNeighborDataModule(HeteroGraphData):
             **self.loader.kwargs(),
         )
 
-    def _eval_loader(self, split: str) -> Any:
-        mask = self._mask(split)
-        mask = self.eval.validated(mask) if split == "val_mask" else mask
+    def _eval_loader(self, split: str | None) -> Any:
+        """Seeds of ``split`` (``None``: every target node), sampled the same way each time."""
+        mask = None if split is None else self._mask(split)
+        mask = self.eval.validated(mask) if split == "val_mask" and mask is not None else mask
 
         def sampled(seeds: Tensor | None) -> NeighborLoader:
             loader = self._loader(seeds, self.eval.batch_size, self.eval.num_neighbors)
             loader.collate_fn = SeededSampling(loader.collate_fn)  # the same draw each time
             return loader
 
-        return rank_share(self.trainer, mask, mask.numel(), sampled)
+        return rank_share(self.trainer, mask, self.num_nodes[self.target_type], sampled)
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
@@ -388,6 +389,10 @@ class HeteroNeighborDataModule(HeteroGraphData):
     def test_dataloader(self) -> Any:
         """Test nodes of the target type, sampled (under DDP: this rank's share)."""
         return self._eval_loader("test_mask")
+
+    def predict_dataloader(self) -> Any:
+        """Every node of the target type, sampled (under DDP: this rank's share)."""
+        return self._eval_loader(None)
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Weight a training batch's seeds 1 / batch_size each (every training node the same).

@@ -179,10 +179,13 @@ class GraphGINE(L.LightningModule):
         name = "test/acc" if self.num_classes else "test/mae"
         self.log(name, self.test_metric, batch_size=y.numel())
 
-    def predict_step(self, batch: Batch, batch_idx: int) -> Tensor:
-        """The prediction (or class) per graph."""
-        out = self(batch)
-        return out.argmax(-1) if self.num_classes else out
+    def predict_step(self, batch: Batch, batch_idx: int) -> dict[str, Tensor]:
+        """Each graph's index in the store and its class (or value); ``gnnscale predict``."""
+        real = batch.loss_weight > 0  # DDP padding: predicted by its own rank
+        out = self(batch)[real]
+        if self.num_classes:
+            return {"graph": batch.idx[real], "class": out.argmax(-1)}
+        return {"graph": batch.idx[real], "value": out.float()}
 
     def configure_optimizers(self) -> Any:
         """The optimizer (and schedule) chosen in the config; none: Adam with lr 1e-3."""

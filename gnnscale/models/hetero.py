@@ -243,3 +243,8 @@ class HeteroSAGE(HeteroGNN):
         out, y, _ = self._seeds(batch)
         self.test_acc(out, y)
         self.log("test/acc", self.test_acc, batch_size=y.numel())
+
+    def predict_step(self, batch: HeteroData, batch_idx: int) -> dict[str, Tensor]:
+        """Each seed's id among the target type's nodes and its class; ``gnnscale predict``."""
+        out, _, store = self._seeds(batch)
+        return {"node": store.n_id[: store.batch_size], "class": out.argmax(-1)}
