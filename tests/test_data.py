@@ -538,3 +538,29 @@ def test_validation_on_a_fixed_subset_of_its_nodes(tmp_path):
     assert len(seeds(60, "test")[1]) == int(dm.data.test_mask.sum())
     with pytest.raises(ConfigError, match=r"--data.eval.val_nodes must be >= 1"):
         EvalArgs(val_nodes=0)
+
+
+@requires_sampler
+@pytest.mark.parametrize("mode", ["full", "layerwise"])
+def test_whole_graph_evaluation_under_ddp_scores_and_predicts_each_node_once(tmp_path, mode):
+    # Each rank's own batch (Lightning's predict sampler would give the one batch to rank 0
+    # alone), scoring the test nodes of its block; predicting, its block's nodes.
+    from types import SimpleNamespace
+
+    cls = FullBatchDataModule if mode == "full" else NeighborDataModule
+    dm = cls(root=tmp_path, synthetic=TINY, eval=EvalArgs(mode=mode))
+    dm.setup("test")
+    scored: dict[str, list[torch.Tensor]] = {"test": [], "predict": []}
+    for rank in (0, 1):
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=rank)
+        for stage, loader in (("test", dm.test_dataloader()), ("predict", dm.predict_dataloader())):
+            assert isinstance(loader, RankShare)  # not a DataLoader: Lightning leaves it
+            (batch,) = list(loader)
+            scored[stage].append(batch.eval_mask if mode == "full" else batch.mask)
+    for stage, whole in (
+        ("test", dm.data.test_mask),
+        ("predict", torch.ones_like(dm.data.test_mask)),
+    ):
+        first, second = scored[stage]
+        assert first.any() and second.any() and not (first & second).any()
+        assert torch.equal(first | second, whole)

@@ -309,16 +309,17 @@ class NodeDataModule(L.LightningDataModule):
                 return loader
 
             return rank_share(self.trainer, mask, data.num_nodes, sampled)
-        if mode == "full":
+        block = rank_block(self.trainer, data.num_nodes)  # under DDP: this rank's nodes
+        if block is not None:  # each rank scores (or predicts) its block's nodes once
+            mine = torch.zeros(data.num_nodes, dtype=torch.bool).index_fill_(0, block, True)
+            mask = mine if mask is None else mine & mask
+        if mode == "full":  # every rank computes the whole graph
             data = copy.copy(data)
             data.eval_mask = mask
             return rank_own(self.trainer, data)
-        # Ids and edges only, as PyG's inference examples: each layer gathers its own input.
+        # Ids and edges only, as PyG's inference examples: each layer gathers its own input;
+        # under DDP each rank computes its block (summed into every rank's copy).
         structure = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
-        block = rank_block(self.trainer, data.num_nodes)  # under DDP: this rank's nodes
-        if block is not None:  # each rank scores (or predicts) the nodes it computed
-            mine = torch.zeros(data.num_nodes, dtype=torch.bool).index_fill_(0, block, True)
-            mask = mine if mask is None else mine & mask
         loader = self._neighbor_loader(
             structure,
             [-1],
