@@ -244,7 +244,8 @@ class PredictionWriter(BasePredictionWriter):
     into the run's folder, ``runs/<name>/version_<n>/predictions``: one file per process, which
     Parquet readers take as one table (``pyarrow.parquet.read_table(folder)``). ``predict_step``
     returns a dict of 1-d tensors of equal length, ids first (node models: ``node``, ``class``;
-    graph-level models: ``graph``, ``class`` or ``value``).
+    graph-level models: ``graph``, ``class`` or ``value``; link prediction: ``source``,
+    ``rank``, ``target``, ``score``).
     A file appears under its name once complete: written beside it, flushed and renamed.
 
     Args:

@@ -372,10 +372,10 @@ class GnnscaleCLI(LightningCLI):
             kwargs["plugins"] = [*plugins, StreamingCheckpointIO()]
         callbacks = kwargs.get("callbacks", trainer.get("callbacks")) or []
         callbacks = list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
-        if self.subcommand == "predict":
-            self._check_predicts()
-            if not any(isinstance(c, BasePredictionWriter) for c in callbacks):
-                callbacks.append(PredictionWriter())  # else predictions are computed and lost
+        if self.subcommand == "predict" and not any(
+            isinstance(c, BasePredictionWriter) for c in callbacks
+        ):
+            callbacks.append(PredictionWriter())  # else predictions are computed and lost
         # A SIGTERM saves the run and exits 143; every checkpoint says what it continues.
         kwargs["callbacks"] = [
             *callbacks,
@@ -388,16 +388,6 @@ class GnnscaleCLI(LightningCLI):
         if self.subcommand == "fit":
             checks.check_monitors([*built.checkpoint_callbacks, *built.early_stopping_callbacks])
         return built
-
-    def _check_predicts(self) -> None:
-        """Refuse ``predict`` for a DataModule with no prediction loader (link prediction)."""
-        datamodule = type(self.datamodule)
-        if datamodule.predict_dataloader is L.LightningDataModule.predict_dataloader:
-            raise ConfigError(
-                "gnnscale predict writes each node's class (node and heterogeneous node "
-                f"DataModules) or each graph's prediction (GraphDataModule); "
-                f"{datamodule.__name__} defines no predictions (its metrics: gnnscale test)"
-            )
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         """As Lightning's; ``predict`` keeps no predictions in memory (its writer has them)."""

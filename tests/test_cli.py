@@ -405,13 +405,3 @@ def test_predict_writes_each_nodes_class_to_parquet(tmp_path, mode):
     with torch.no_grad():
         expected = model.gnn(data.x, data.edge_index).argmax(-1)
     assert table.column("class").to_pylist() == expected.tolist()
-
-
-def test_predict_is_refused_where_the_datamodule_defines_no_predictions(tmp_path):
-    link = recipe("link_prediction_pinsage")
-    argv = ["predict", "--config", str(link.config), *link.tiny]
-    argv += ["--trainer.accelerator=cpu", f"--data.root={tmp_path / 'data'}"]
-    argv += [f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"]
-    with pytest.raises(ConfigError, match="LinkDataModule defines no predictions"):
-        main(argv)
-    assert not (tmp_path / "runs").exists()

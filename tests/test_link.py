@@ -352,3 +352,39 @@ def test_two_evaluations_embed_with_the_same_neighbourhoods():
                 assert torch.equal(a[t].n_id, b[t].n_id), (node_type, t)
             for t in a.edge_types:
                 assert torch.equal(a[t].edge_index, b[t].edge_index), (node_type, t)
+
+
+@requires_sampler
+def test_predict_recommends_each_users_top_k_unknown_items(tmp_path):
+    """Every user's 10 best-scored items among those it has no edge to in the whole graph."""
+    import pyarrow.parquet as pq
+
+    from gnnscale.callbacks import PredictionWriter
+
+    torch.manual_seed(0)
+    dm = _dm(eval=LinkEvalArgs(k=10, candidates=50))  # predict ranks every item regardless
+    model = LinkPredictor(hidden_channels=16)
+    trainer = L.Trainer(
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[PredictionWriter(tmp_path / "predictions")],
+    )
+    trainer.fit(model, dm)
+    trainer.predict(model, dm, return_predictions=False)
+    table = pq.read_table(tmp_path / "predictions")
+    users, k = TINY.num_users, 10
+    assert table.column("source").to_pylist() == [u for u in range(users) for _ in range(k)]
+    assert table.column("rank").to_pylist() == list(range(k)) * users
+    items = torch.tensor(table.column("target").to_pylist()).view(users, k)
+    edges = make_recommender_graph(TINY)[RATES].edge_index  # every split's
+    known = torch.zeros(users, TINY.num_items, dtype=torch.bool)
+    known[edges[0], edges[1]] = True
+    assert not known.gather(1, items).any()
+    h = model.eval().embed_all(next(iter(dm.predict_dataloader())))  # the same seeded draws
+    scores = (h["user"] @ h["item"].T).masked_fill(known, float("-inf"))
+    assert torch.equal(items, scores.topk(k).indices)
+    written = torch.tensor(table.column("score").to_pylist()).view(users, k)
+    torch.testing.assert_close(written, scores.topk(k).values)

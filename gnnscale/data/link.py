@@ -42,7 +42,7 @@ from torch_geometric.typing import EdgeType
 from gnnscale.batch import LinkEval
 from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
 from gnnscale.data.hetero import HeteroGraphData, edge_key
-from gnnscale.data.loaders import resumable, single
+from gnnscale.data.loaders import rank_own, resumable
 from gnnscale.data.pinsage import (
     HardNegatives,
     PinSAGENeighbors,
@@ -490,11 +490,19 @@ class LinkDataModule(HeteroGraphData):
             return self._stage(stage)
         return self.splits[STAGES.index(stage)]
 
-    def _eval(self, stage: Literal["val", "test"]) -> Any:
-        graph = self._source(stage)
+    def _eval(self, stage: Literal["val", "test", "predict"]) -> Any:
+        """The one evaluation step of ``stage``.
+
+        ``predict`` ranks every destination for every source, embedded on the test's graph,
+        every known edge (training, validation, test) left out.
+        """
+        graph = self._source("test" if stage == "predict" else stage)
         target = self.target
         src_type, _, dst_type = target
-        label_index, label = self._labels(stage)
+        if stage == "predict":  # no labels: the sources are every node of the source type
+            label_index, label = torch.empty(2, 0, dtype=torch.long), torch.empty(0)
+        else:
+            label_index, label = self._labels(stage)
         fanout = self.fanout()
         if self.eval.num_neighbors is not None:
             fanout = {t: list(self.eval.num_neighbors) for t in fanout}
@@ -513,6 +521,9 @@ class LinkDataModule(HeteroGraphData):
         positives = label_index[:, label == 1]
         if self.undirected:
             positives = torch.cat([positives, positives.flip(0)], 1)
+        if stage == "predict":  # each source once, its destination unused
+            sources = torch.arange(self.num_nodes[src_type])
+            positives = torch.stack([sources, torch.full_like(sources, -1)])
         # Under DDP each rank ranks its share of the sources (id modulo the ranks) and scores its
         # share of the labelled pairs; recall and MRR add up sums and counts across ranks and AUC
         # gathers the scores, so the metrics are one process's. Every rank embeds every node.
@@ -521,14 +532,19 @@ class LinkDataModule(HeteroGraphData):
         )
         positives = positives[:, positives[0] % world == rank]
         label_index, label = label_index[:, rank::world], label[rank::world]
-        known = self._known("train") if stage == "val" else self._known("train", "val")
+        known = self._known(*STAGES[: {"val": 1, "test": 2, "predict": 3}[stage]])
         num_dst = self.num_nodes[dst_type]
         popularity = torch.bincount(known % num_dst, minlength=num_dst).float()
         candidates = None
-        if self.eval.candidates is not None and self.eval.candidates < num_dst:
+        if (
+            stage != "predict"
+            and self.eval.candidates is not None
+            and self.eval.candidates < num_dst
+        ):
             gen = torch.Generator().manual_seed(1)
             candidates = torch.randperm(num_dst, generator=gen)[: self.eval.candidates]
-        return single(
+        return rank_own(
+            self.trainer,
             LinkEval(
                 {t: self.num_nodes[t] for t in loaders},
                 target,
@@ -541,7 +557,7 @@ class LinkDataModule(HeteroGraphData):
                 candidates,
                 self.eval.k,
                 self.eval.batch_size,
-            )
+            ),
         )
 
     def val_dataloader(self) -> Any:
@@ -551,6 +567,10 @@ class LinkDataModule(HeteroGraphData):
     def test_dataloader(self) -> Any:
         """One step that ranks candidates for every test source (this rank's share)."""
         return self._eval("test")
+
+    def predict_dataloader(self) -> Any:
+        """One step that ranks every destination for every source (this rank's share)."""
+        return self._eval("predict")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Weight each labelled pair of a training batch: 1 / (expected pairs per batch).

@@ -189,3 +189,21 @@ class LinkPredictor(HeteroGNN):
     def test_step(self, batch: LinkEval, batch_idx: int) -> None:
         """Recall@k, MRR@k and AUC on test edges, and the popularity baseline's recall."""
         self._evaluate(batch, "test")
+
+    def predict_step(self, batch: LinkEval, batch_idx: int) -> dict[str, Tensor]:
+        """The top ``eval.k`` destinations of every source, known edges left out.
+
+        ``gnnscale predict`` writes them, a row per source and rank: ``source`` and ``target``
+        (ids among the relation's source and destination types), ``rank``, ``score``.
+        """
+        h = self.embed_all(batch)
+        src, _, dst = self.target
+        top, _ = batch.rank(lambda sources, dsts: h[src][sources] @ h[dst][dsts].T)
+        sources = torch.unique(batch.positives[0])  # rank's rows, in its order
+        k = top.size(1)
+        return {
+            "source": sources.repeat_interleave(k),
+            "rank": torch.arange(k).repeat(sources.numel()),
+            "target": top.reshape(-1),
+            "score": (h[src][sources].unsqueeze(1) * h[dst][top]).sum(-1).reshape(-1),
+        }
