@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import grad_norm, rank_zero_info
@@ -256,7 +254,7 @@ class PredictionWriter(BasePredictionWriter):
     def __init__(self, folder: str | Path | None = None) -> None:
         super().__init__(write_interval="batch")
         self.folder = Path(folder) if folder is not None else None
-        self._writer: pq.ParquetWriter | None = None
+        self._writer: Any = None  # a pyarrow.parquet.ParquetWriter once the first batch comes
         self._partial = self._target = Path()
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -283,6 +281,9 @@ class PredictionWriter(BasePredictionWriter):
         dataloader_idx: int,
     ) -> None:
         """Append the batch's rows."""
+        import pyarrow as pa  # here: a tenth of a second that no other command pays
+        import pyarrow.parquet as pq
+
         table = pa.table({k: v.detach().cpu().numpy() for k, v in prediction.items()})
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._partial, table.schema)
