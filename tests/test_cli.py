@@ -29,7 +29,9 @@ from gnnscale.testing import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-YAMLS = sorted(p for p in REPO.rglob("*.yaml") if ".venv" not in p.parts and "runs" not in p.parts)
+# The committed configs, not a run's dump (LightningCLI writes `config.yaml` where it runs).
+_TRACKED = subprocess.run(["git", "ls-files", "*.yaml"], cwd=REPO, capture_output=True, text=True)
+YAMLS = sorted(REPO / p for p in _TRACKED.stdout.split())
 
 
 def _metrics(log_dir: Path) -> list[dict[str, str]]:
