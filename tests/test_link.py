@@ -388,3 +388,34 @@ def test_predict_recommends_each_users_top_k_unknown_items(tmp_path):
     assert torch.equal(items, scores.topk(k).indices)
     written = torch.tensor(table.column("score").to_pylist()).view(users, k)
     torch.testing.assert_close(written, scores.topk(k).values)
+
+
+@requires_sampler
+def test_predict_gives_a_user_with_fewer_than_k_unknown_items_only_those(tmp_path):
+    """k above the item count: each user's rows are its unknown items, every one, best first."""
+    import pyarrow.parquet as pq
+
+    from gnnscale.callbacks import PredictionWriter
+
+    torch.manual_seed(0)
+    dm = _dm(eval=LinkEvalArgs(k=TINY.num_items))
+    model = LinkPredictor(hidden_channels=16)
+    trainer = L.Trainer(
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[PredictionWriter(tmp_path / "predictions")],
+    )
+    trainer.predict(model, dm, return_predictions=False)
+    table = pq.read_table(tmp_path / "predictions").to_pydict()
+    edges = make_recommender_graph(TINY)[RATES].edge_index
+    known = torch.zeros(TINY.num_users, TINY.num_items, dtype=torch.bool)
+    known[edges[0], edges[1]] = True
+    source, target = torch.tensor(table["source"]), torch.tensor(table["target"])
+    assert not known[source, target].any()
+    assert torch.equal(torch.bincount(source, minlength=TINY.num_users), (~known).sum(1))
+    for user in (0, TINY.num_users - 1):  # best first, ranks counted among the kept rows
+        mine = source == user
+        scores = torch.tensor(table["score"])[mine]
+        assert torch.equal(torch.tensor(table["rank"])[mine], torch.arange(int(mine.sum())))
+        assert torch.all(scores[:-1] >= scores[1:])

@@ -194,16 +194,21 @@ class LinkPredictor(HeteroGNN):
         """The top ``eval.k`` destinations of every source, known edges left out.
 
         ``gnnscale predict`` writes them, a row per source and rank: ``source`` and ``target``
-        (ids among the relation's source and destination types), ``rank``, ``score``.
+        (ids among the relation's source and destination types), ``rank``, ``score``. A source
+        with fewer than ``k`` unknown destinations gets only those.
         """
         h = self.embed_all(batch)
         src, _, dst = self.target
         top, _ = batch.rank(lambda sources, dsts: h[src][sources] @ h[dst][dsts].T)
         sources = torch.unique(batch.positives[0])  # rank's rows, in its order
         k = top.size(1)
+        row = torch.arange(sources.numel()).repeat_interleave(k)
+        pair = sources[row] * batch.popularity.numel() + top.reshape(-1)
+        new = ~torch.isin(pair, batch.known)  # a known edge is ranked only when nothing else is
+        row, target = row[new], top.reshape(-1)[new]
         return {
-            "source": sources.repeat_interleave(k),
-            "rank": torch.arange(k).repeat(sources.numel()),
-            "target": top.reshape(-1),
-            "score": (h[src][sources].unsqueeze(1) * h[dst][top]).sum(-1).reshape(-1),
+            "source": sources[row],
+            "rank": torch.arange(k).repeat(sources.numel())[new],
+            "target": target,
+            "score": (h[src][sources[row]] * h[dst][target]).sum(-1),
         }
