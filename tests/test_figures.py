@@ -4,9 +4,13 @@ Timings at this size mean nothing (and targets may fail); the test checks that t
 end to end, fills every marked block that the READMEs carry, and writes nothing at tiny size.
 """
 
+import contextlib
+import os
 import re
+import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,32 +31,71 @@ def _blocks_in_readmes() -> set[tuple[str, str]]:
     }
 
 
+SECTION_TIMEOUT_S = 600  # the longest section (recipes) takes about 4 minutes here
+
+
+def _tail(path: Path, chars: int = 2000) -> str:
+    return f"--- {path.name}:\n{path.read_text(errors='replace')[-chars:]}"
+
+
+def _run_section(name: str, folder: Path) -> tuple[str, str | None]:
+    """One section of the figure command at tiny size: its output, and what went wrong if not ok.
+
+    Each section in a session of its own, its output to files: one that hangs is named, with the
+    processes it left running, and killed with all of them at its timeout.
+    """
+    out, err = folder / f"{name}.out", folder / f"{name}.err"
+    argv = [sys.executable, str(REPO / "benchmarks" / "figures.py"), name, "--size", "tiny"]
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen(
+            argv, stdout=stdout, stderr=stderr, cwd=folder, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=SECTION_TIMEOUT_S)
+            problem = None if code == 0 else f"section {name} exited with {code}"
+        except subprocess.TimeoutExpired:
+            left = subprocess.run(
+                ["ps", "-o", "pid,etimes,args", "-s", str(proc.pid)], capture_output=True, text=True
+            )
+            problem = (
+                f"section {name} ran past {SECTION_TIMEOUT_S} s; its processes:\n{left.stdout}"
+            )
+        with contextlib.suppress(ProcessLookupError):  # a hung section's, or strays of any
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    if problem:
+        problem = "\n".join([problem, _tail(out), _tail(err)])
+    return out.read_text(), problem
+
+
 @pytest.mark.slow
 @requires_torch_sparse
 def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_path):
+    import figures
+
     written = [*REPO.rglob("README.md"), *(REPO / "benchmarks" / "results").iterdir()]
     before = {p: p.read_bytes() for p in written if ".venv" not in p.parts}
-    done = subprocess.run(
-        [sys.executable, str(REPO / "benchmarks" / "figures.py"), "--size", "tiny"],
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        cwd=tmp_path,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    printed = re.findall(r"^--- (\S+) \[(\w+)\]\n(.*?)(?=^--- |^== )", done.stdout, re.S | re.M)
+    outputs, problems = [], []
+    for name in figures.SECTIONS + figures.EXTRA_SECTIONS:  # every section, one at a time
+        output, problem = _run_section(name, tmp_path)
+        outputs.append(output)
+        problems += [problem] if problem else []
+    assert not problems, "\n\n".join(problems)
+    stdout = "".join(outputs)
+    printed = re.findall(r"^--- (\S+) \[(\w+)\]\n(.*?)(?=^--- |^== )", stdout, re.S | re.M)
     produced = {(str((REPO / path).resolve().relative_to(REPO)), name) for path, name, _ in printed}
     expected = _blocks_in_readmes()
     if not torch.cuda.is_available():  # the gpu section measures nothing without one
         expected.remove(("benchmarks/README.md", "gpu"))
     assert produced == expected
     for path, name, text in printed:
-        assert "Written by `python benchmarks/figures.py --size tiny` at commit" in text, name
+        stamp = r"Written by `python benchmarks/figures\.py \w[\w-]* --size tiny` at commit"
+        assert re.search(stamp, text), name
         assert "|---" in text, (path, name)  # a table
         body = text.split("<sub>")[0]
         assert not re.search(r"\bfailed\b|\bnan\b", body, re.I), (path, name)
     for target in ("(i)", "(ii)", "(iii)"):
-        assert re.search(rf"^(PASS|FAIL)\s+{re.escape(target)}", done.stdout, re.M), target
+        assert re.search(rf"^(PASS|FAIL)\s+{re.escape(target)}", stdout, re.M), target
     after = {p: p.read_bytes() for p in before}
     assert after == before  # tiny figures are printed, never written (READMEs, results, plots)
 
