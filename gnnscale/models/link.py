@@ -201,14 +201,13 @@ class LinkPredictor(HeteroGNN):
         src, _, dst = self.target
         top, _ = batch.rank(lambda sources, dsts: h[src][sources] @ h[dst][dsts].T)
         sources = torch.unique(batch.positives[0])  # rank's rows, in its order
-        k = top.size(1)
-        row = torch.arange(sources.numel()).repeat_interleave(k)
-        pair = sources[row] * batch.popularity.numel() + top.reshape(-1)
-        new = ~torch.isin(pair, batch.known)  # a known edge is ranked only when nothing else is
-        row, target = row[new], top.reshape(-1)[new]
+        pair = sources.unsqueeze(1) * batch.popularity.numel() + top  # as batch.known's keys
+        # A known edge is ranked (last) only when nothing else is: left out.
+        row, rank = (~torch.isin(pair, batch.known)).nonzero(as_tuple=True)
+        target = top[row, rank]
         return {
             "source": sources[row],
-            "rank": torch.arange(k).repeat(sources.numel())[new],
+            "rank": rank,
             "target": target,
             "score": (h[src][sources[row]] * h[dst][target]).sum(-1),
         }
