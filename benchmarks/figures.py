@@ -122,7 +122,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "ddp": "2 processes, torch's default threads each",
         "ondisk": "1 process with torch's default threads, or 2 ranks with 1 thread each",
         "ondisk-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
-        "reads": f"{torch.get_num_threads()} torch threads, 1 loader worker",
+        "reads": f"{torch.get_num_threads()} torch threads, 1 loader worker unless a row says 2",
         "roofline": f"{torch.get_num_threads()} torch threads, one process",
         "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",
         "workers": f"{torch.get_num_threads()} torch threads per process (torch's default)",
