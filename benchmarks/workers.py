@@ -4,9 +4,10 @@ Written by ``python benchmarks/figures.py workers`` (the ``workers`` block of be
 
 A loader worker samples the next batch while the main process trains on this one, at the cost
 of a process, of moving each batch to the main process through shared memory, and of the cores
-it takes from the training step's threads. Each setting runs ``neighbor_sage``, ``cluster_gcn``
-and ``graphsaint`` through ``gnnscale fit`` as shipped but for ``data.loader.num_workers``, in a
-fresh process, settings interleaved; the shipped setting is marked.
+it takes from the training step's threads. Each setting runs ``neighbor_sage``, ``cluster_gcn``,
+``graphsaint`` and ``on_disk_graph`` (its graph prepared, in the page cache) through ``gnnscale
+fit`` as shipped but for ``data.loader.num_workers``, in a fresh process, settings interleaved;
+the shipped setting is marked.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from registry import REPO, recipe
 from gnnscale.data.args import LoaderArgs
 from recipes import measure
 
-RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")
+RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint", "on_disk_graph")
 WORKERS = (0, 1, 2)
 
 
