@@ -16,8 +16,8 @@ lies (``$GNNSCALE_LARGE_DIR/gnnscale-large-full``), else prepared (40 GiB, minut
   (``read_threads: 1``, one page fault at a time; one epoch), with the default (32 threads, the
   sampler's pages prefetched), with a second loader worker, and with feature caches of 10% and
   25% of the feature file (two epochs each: the first cold, the second with what the caches
-  kept); the device's reads per second while each ran, its private memory, the
-  cache's hit rate.
+  kept); the device's reads per second while each ran, its private memory, the cache's hit
+  rate.
 """
 
 from __future__ import annotations
@@ -234,13 +234,12 @@ def measure(size: str, workdir: Path) -> dict:
     for i, (label, flags) in enumerate(runs.items()):
         probe()
         r["fits"][label] = fit(folder, workdir, f"run{i}", *flags)
-    r["disk"][DEPTH] = statistics.median(deep)
     r["deep"] = deep
     return r
 
 
 def _table(r: dict) -> str:
-    disk1, disk32 = r["disk"][1], r["disk"][DEPTH]
+    disk1, disk32 = r["disk"][1], statistics.median(r["deep"])
     lines = [
         "| reads | first epoch (cold), s | second epoch, s | feature cache hit rate (second) "
         "| device reads/s while busy (% of depth 32) | fit, whole run, s | peak private "
