@@ -28,6 +28,7 @@ from pathlib import Path
 import psutil
 from blocks import Block
 from registry import REPO, recipe
+from workers import shipped_workers
 
 from gnnscale.measure import anon_mb, read_metrics
 from recipes import number, run
@@ -186,6 +187,7 @@ def blocks(tiny: bool) -> list[Block]:
         r = measure(graph, epochs, Path(tmp), ("--data.init_args.batch_size=8",) if tiny else ())
     one, two = r["warm"]["pss_mb"], r["ddp_disk"]["pss_mb"]
     mem_s = r["memory"]["epoch_s"]
+    workers = shipped_workers(RECIPE.name)
     settings = " ".join(f"--synthetic.{k}={v}" for k, v in graph.items())
     lines = [
         "| one process | private peak (MiB) | peak RSS (MiB) | total PSS peak (MiB) | s/epoch "
@@ -210,12 +212,12 @@ def blocks(tiny: bool) -> list[Block]:
         f"({r['disk_mib']:,.0f} MiB on disk; no `--stream`, so it is the draw of "
         "`--data.dataset=synthetic` with the same `--data.synthetic.*`). Runs: `gnnscale fit "
         f"--config {RECIPE.folder.relative_to(REPO)}/config.yaml "
-        f"{' '.join(FIT)} --trainer.max_epochs={epochs}` (one loader worker per process, the "
-        "recipe's) with `--data.dataset=prepared --data.root=g` (from disk) or "
+        f"{' '.join(FIT)} --trainer.max_epochs={epochs}` ({workers} loader workers per "
+        "process, the recipe's) with `--data.dataset=prepared --data.root=g` (from disk) or "
         "`--data.dataset=synthetic` and those settings, `--data.preprocess.feature_dtype=bfloat16`"
         f" (in memory); two ranks: `torchrun {' '.join(TORCHRUN[2:])} -m gnnscale.cli fit ... "
         f"{' '.join(DDP)}` (gloo; torchrun gives each rank 1 thread). Private: `RssAnon` of the "
-        "training process (each rank), without its loader worker, mapped files or shared memory. "
+        "training process (each rank), without its loader workers, mapped files or shared memory. "
         "Total PSS: summed over every rank and loader worker, so the pages of the mapped files "
         "count once in all. Both sampled every 0.5 s; peak RSS is the largest process's "
         "`VmHWM`. s/epoch: median after one warm-up epoch. Cold: every file of the folder "

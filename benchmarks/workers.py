@@ -28,7 +28,7 @@ RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint", "on_disk_graph")
 WORKERS = (0, 1, 2)
 
 
-def _shipped_workers(name: str) -> int:
+def shipped_workers(name: str) -> int:
     """The workers the recipe's config gives on this machine (``auto`` resolved)."""
     config = yaml.safe_load(recipe(name).config.read_text())
     return LoaderArgs(config["data"]["init_args"].get("loader", {}).get("num_workers", 0)).workers
@@ -67,7 +67,7 @@ def blocks(tiny: bool) -> list[Block]:
         epoch = {n: statistics.median(r.epoch_s for r in runs[name, n]) for n in workers}
         peak = {n: statistics.median(r.peak_mb for r in runs[name, n]) for n in workers}
         fastest, leanest = min(epoch.values()), min(peak.values())
-        shipped = _shipped_workers(name)
+        shipped = shipped_workers(name)
         for count in workers:
             mark = " (config.yaml)" if count == shipped else ""
             lines.append(
