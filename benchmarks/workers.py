@@ -36,7 +36,11 @@ def shipped_workers(name: str) -> int:
 
 def blocks(tiny: bool) -> list[Block]:
     """benchmarks/README.md's ``workers`` block."""
-    workers = WORKERS[:2] if tiny else WORKERS
+
+    def workers(name: str) -> list[int]:
+        """The counts measured: tiny, 0 and 1 and the shipped one; else all of ``WORKERS``."""
+        return sorted({*WORKERS[:2], shipped_workers(name)}) if tiny else list(WORKERS)
+
     epochs, reps = (2, 1) if tiny else (4, 1)
     extra = [f"--trainer.max_epochs={epochs}", "--trainer.limit_val_batches=0"]
     runs: dict[tuple[str, int], list] = {}
@@ -44,7 +48,7 @@ def blocks(tiny: bool) -> list[Block]:
         for rep in range(reps):
             for name in RECIPES:
                 entry = recipe(name)
-                for count in workers:
+                for count in workers(name):
                     args = [
                         *extra,
                         *(entry.tiny if tiny else entry.figure_args),
@@ -64,11 +68,11 @@ def blocks(tiny: bool) -> list[Block]:
     ]
     fastest_counts = []
     for name in RECIPES:
-        epoch = {n: statistics.median(r.epoch_s for r in runs[name, n]) for n in workers}
-        peak = {n: statistics.median(r.peak_mb for r in runs[name, n]) for n in workers}
+        epoch = {n: statistics.median(r.epoch_s for r in runs[name, n]) for n in workers(name)}
+        peak = {n: statistics.median(r.peak_mb for r in runs[name, n]) for n in workers(name)}
         fastest, leanest = min(epoch.values()), min(peak.values())
         shipped = shipped_workers(name)
-        for count in workers:
+        for count in workers(name):
             mark = " (config.yaml)" if count == shipped else ""
             lines.append(
                 f"| {name} | {count}{mark} | {epoch[count]:.2f} | {epoch[count] / fastest:.2f}x "
