@@ -64,6 +64,7 @@ import time
 import blocks as block_io
 import torch
 from registry import RECIPES
+from workers import shipped_workers
 
 SECTIONS = (
     "recipes",
@@ -116,12 +117,14 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "gpu": "gpu",
         "store-large": "store_large",
     }[name]
+    ondisk_workers = shipped_workers("on_disk_graph")
     threads = {
         "gat": "1 torch thread per measurement",
         "sparse": f"{torch.get_num_threads()} torch threads",
         "ddp": "2 processes, torch's default threads each",
         "ondisk": "1 process with torch's default threads, or 2 ranks with 1 thread each",
-        "ondisk-large": f"{torch.get_num_threads()} torch threads, 2 loader workers (the recipe's)",
+        "ondisk-large": f"{torch.get_num_threads()} torch threads, {ondisk_workers} loader workers "
+        "(the recipe's)",
         "reads": f"{torch.get_num_threads()} torch threads, loader workers as each row says",
         "roofline": f"{torch.get_num_threads()} torch threads, one process",
         "allocator": f"{torch.get_num_threads()} torch threads per process (torch's default)",

@@ -179,7 +179,7 @@ def measure(size: str, workdir: Path) -> dict[str, float]:
         "val_acc": metrics["val/acc"][-1],
         "test_acc": metrics["test/acc"][-1],
         "private_mb": trainer,
-        "private_mb_second": worker,
+        "worker_mb": worker,
         "processes": len(sampler.peaks),
         "ram_gib": psutil.virtual_memory().total / 2**30,
         "gather_normal": gather["normal"],
@@ -215,7 +215,7 @@ def blocks(tiny: bool) -> list[Block]:
             f"`MADV_RANDOM` (as mapped) | {r['gather_normal']:,.0f} / "
             f"{r['gather_random']:,.0f} ({r['gather_random'] / r['gather_normal']:.1f}x) |",
             f"| peak private memory, trainer / largest loader worker | {r['private_mb']:,.0f} / "
-            f"{r['private_mb_second']:,.0f} MiB |",
+            f"{r['worker_mb']:,.0f} MiB |",
             "| val acc / test acc (2 batches of 1,024 seeds each) | "
             f"{r['val_acc']:.3f} / {r['test_acc']:.3f} |",
             "",

@@ -36,11 +36,9 @@ def shipped_workers(name: str) -> int:
 
 def blocks(tiny: bool) -> list[Block]:
     """benchmarks/README.md's ``workers`` block."""
-
-    def workers(name: str) -> list[int]:
-        """The counts measured: tiny, 0 and 1 and the shipped one; else all of ``WORKERS``."""
-        return sorted({*WORKERS[:2], shipped_workers(name)}) if tiny else list(WORKERS)
-
+    shipped = {name: shipped_workers(name) for name in RECIPES}
+    # tiny: 0, 1 and the shipped count; else all of WORKERS
+    counts = {n: sorted({*WORKERS[:2], s}) if tiny else list(WORKERS) for n, s in shipped.items()}
     epochs, reps = (2, 1) if tiny else (4, 1)
     extra = [f"--trainer.max_epochs={epochs}", "--trainer.limit_val_batches=0"]
     runs: dict[tuple[str, int], list] = {}
@@ -48,7 +46,7 @@ def blocks(tiny: bool) -> list[Block]:
         for rep in range(reps):
             for name in RECIPES:
                 entry = recipe(name)
-                for count in workers(name):
+                for count in counts[name]:
                     args = [
                         *extra,
                         *(entry.tiny if tiny else entry.figure_args),
@@ -68,20 +66,19 @@ def blocks(tiny: bool) -> list[Block]:
     ]
     fastest_counts = []
     for name in RECIPES:
-        epoch = {n: statistics.median(r.epoch_s for r in runs[name, n]) for n in workers(name)}
-        peak = {n: statistics.median(r.peak_mb for r in runs[name, n]) for n in workers(name)}
+        epoch = {n: statistics.median(r.epoch_s for r in runs[name, n]) for n in counts[name]}
+        peak = {n: statistics.median(r.peak_mb for r in runs[name, n]) for n in counts[name]}
         fastest, leanest = min(epoch.values()), min(peak.values())
-        shipped = shipped_workers(name)
-        for count in workers(name):
-            mark = " (config.yaml)" if count == shipped else ""
+        for count in counts[name]:
+            mark = " (config.yaml)" if count == shipped[name] else ""
             lines.append(
                 f"| {name} | {count}{mark} | {epoch[count]:.2f} | {epoch[count] / fastest:.2f}x "
                 f"| {peak[count]:,.0f} | {peak[count] / leanest:.2f}x |"
             )
         best = min(epoch, key=epoch.__getitem__)
         fastest_counts.append(
-            f"{name}: {best} ({epoch[shipped] / epoch[best]:.2f}x as long with config.yaml's "
-            f"{shipped})"
+            f"{name}: {best} ({epoch[shipped[name]] / epoch[best]:.2f}x as long with config.yaml's "
+            f"{shipped[name]})"
         )
     lines += [
         "",
