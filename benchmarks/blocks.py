@@ -83,13 +83,13 @@ def stamp(command: str, threads: str) -> str:
     import lightning
     import torch_geometric
 
-    import gnnscale
+    from gnnscale.data.sampler import describe
 
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return (
         f"<sub>Written by `{command}` at commit {commit()} on {machine()}; {threads}; torch "
         f"{torch.__version__}, PyG {torch_geometric.__version__}, Lightning "
-        f"{lightning.__version__}, sampling backend {gnnscale.sampling_backend()}; load average "
+        f"{lightning.__version__}, neighbour sampling by {describe('auto')}; load average "
         f"{load} when written; {datetime.date.today().isoformat()}.</sub>"
     )
 

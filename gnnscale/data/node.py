@@ -34,13 +34,14 @@ from torch_geometric.data import Data
 from torch_geometric.loader import (
     NeighborLoader,
 )
-from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOutput
+from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 
 from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_block, rank_own, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
+from gnnscale.data.sampler import HopSampler, describe, vectorized
 from gnnscale.data.sources import (
     DATASETS,
     check_root,
@@ -195,7 +196,7 @@ class NodeDataModule(L.LightningDataModule):
 
     def setup(self, stage: str) -> None:
         """Check the model agrees with the loaders, then build the training loader."""
-        log_backend_once()
+        log_backend_once(describe(self.loader.sampler))
         if self.trainer is not None and not self._configured:
             self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
         self._check_layerwise_fits()
@@ -241,17 +242,19 @@ class NodeDataModule(L.LightningDataModule):
         return self.eval.num_neighbors or [-1] * max(self.request.num_layers, 1)
 
     @cached_property
-    def _csc_sampler(self) -> NeighborSampler:
+    def _csc_sampler(self) -> HopSampler:
         if self.dataset != "prepared":
-            return NeighborSampler(self.data, [-1], share_memory=self.loader.workers > 0)
-        # The prepared CSC is already in the sampler's layout: map it instead of building one.
-        # (PyG builds the CSC in __init__; given a one-node graph that is free, then replaced.)
-        empty = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1)
-        sampler = PreparedSampler(empty, [-1])
-        sampler.graph = self.prepared
-        sampler.num_nodes = self.data.num_nodes
-        sampler.colptr, sampler.row = self.prepared.csc
-        sampler.perm = None
+            sampler = HopSampler(self.data, [-1], share_memory=self.loader.workers > 0)
+        else:
+            # The prepared CSC is already in the sampler's layout: map it instead of building
+            # one. (PyG builds the CSC in __init__; given a one-node graph that is free.)
+            empty = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1)
+            sampler = PreparedSampler(empty, [-1])
+            sampler.graph = self.prepared
+            sampler.num_nodes = self.data.num_nodes
+            sampler.colptr, sampler.row = self.prepared.csc
+            sampler.perm = None
+        sampler.vectorized = vectorized(self.loader.sampler)
         return sampler
 
     def _neighbor_loader(
@@ -386,7 +389,7 @@ def _checked_ids(out: SamplerOutput, graph: PreparedGraph) -> SamplerOutput:
     return out
 
 
-class PreparedSampler(NeighborSampler):
+class PreparedSampler(HopSampler):
     """PyG's sampler over a prepared graph's mapped CSC, read ahead and checked first.
 
     :func:`reads.read_ahead` checks every neighbour id the sampler may expand (a damaged one

@@ -57,9 +57,9 @@ def sampling_backend() -> str:
 
 
 @functools.cache
-def log_backend_once() -> None:
-    """Log which library PyG's neighbour sampling runs on, once a process."""
-    rank_zero_info(f"gnnscale: neighbour sampling backend is {sampling_backend()}")
+def log_backend_once(sampler: str | None = None) -> None:
+    """Log who samples neighbours, once a process: ``sampler``, else PyG's backend."""
+    rank_zero_info(f"gnnscale: neighbour sampling by {sampler or sampling_backend()}")
 
 
 def check_root(dataset: str, root: Path) -> None:

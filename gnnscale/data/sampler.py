@@ -1,0 +1,176 @@
+"""Neighbour sampling a hop at a time in tensor operations: PyG's ``NeighborSampler``, faster.
+
+PyG's ``NeighborSampler`` hands homogeneous sampling to pyg-lib or, where pyg-lib is not
+installed (it is not on PyPI), to torch-sparse. torch-sparse draws every sampled neighbour with a
+``torch::randint`` call of its own, which allocates a one-element tensor: a [15, 10] batch of 1,024
+seeds makes about 160,000 of them, most of the batch's time (``benchmarks/peers.py``).
+
+:class:`HopSampler` is PyG's sampler with one method replaced: ``_sample``, for the homogeneous,
+uniform, untimed case, draws each hop's neighbours for all of its nodes at once (a uniform subset of
+each node's in-edges, Floyd's algorithm run across the nodes) and relabels them with one sort.
+Everything else (heterogeneous graphs, time, weights, disjoint or induced subgraphs) goes to PyG's
+own ``_sample``. The output is what torch-sparse returns, plus the nodes and edges each hop added:
+seeds first, then each hop's new nodes; edges grouped by target, in target order; ``edge`` the
+edges' positions in the CSC (PyG maps them back to the input's edge ids). Draws come from torch's
+global generator, so a batch sampled under a seed is the same batch every time.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch_geometric.typing
+from torch import Tensor
+from torch_geometric.sampler import NeighborSampler, SamplerOutput
+from torch_geometric.sampler.base import SubgraphType
+
+from gnnscale.data.sources import sampling_backend
+
+__all__ = ["HopSampler", "describe", "sample_hops", "vectorized"]
+
+
+def vectorized(sampler: str) -> bool:
+    """Whether ``--data.loader.sampler`` ``sampler`` means :func:`sample_hops` on this install.
+
+    ``auto``: where pyg-lib is not installed (torch-sparse is the slow backend).
+    """
+    return sampler == "vectorized" or (
+        sampler == "auto" and not torch_geometric.typing.WITH_PYG_LIB
+    )
+
+
+def _uniform_subsets(degree: Tensor, k: int) -> Tensor:
+    """Row ``i``: ``k`` distinct positions in ``[0, degree[i])``, uniformly (each ``> k``).
+
+    Floyd's algorithm (Bentley and Floyd, 1987), step ``t`` for every row at once: draw ``r`` in
+    ``[0, j]`` for ``j = degree - k + t``; keep ``r`` unless this row holds it already, else ``j``.
+    """
+    # float64: exact below 2**53 neighbours
+    draws = torch.rand(degree.numel(), k, dtype=torch.float64, device=degree.device)
+    picks = torch.empty(degree.numel(), k, dtype=degree.dtype)
+    for t in range(k):
+        j = degree - k + t
+        r = (draws[:, t] * (j + 1)).to(degree.dtype).clamp_(max=j)
+        if t:
+            r = torch.where((picks[:, :t] == r.unsqueeze(1)).any(1), j, r)
+        picks[:, t] = r
+    return picks
+
+
+def _sample_edges(colptr: Tensor, frontier: Tensor, k: int, replace: bool) -> tuple[Tensor, Tensor]:
+    """The CSC positions of ``k`` in-edges of each ``frontier`` node (all: ``k < 0`` or fewer).
+
+    Returns the positions, grouped by node in ``frontier``'s order, and each one's node index.
+    """
+    start = colptr[frontier].long()
+    degree = colptr[frontier + 1].long() - start
+    if k < 0:
+        counts = degree
+    elif replace:
+        counts = torch.where(degree > 0, k, 0)
+    else:
+        counts = degree.clamp(max=k)
+    owner = torch.repeat_interleave(torch.arange(frontier.numel(), device=start.device), counts)
+    first = counts.cumsum(0) - counts  # each node's first slot
+    if k >= 0 and replace:
+        draws = torch.rand(owner.numel(), dtype=torch.float64, device=start.device)
+        offset = (draws * degree[owner]).long()
+    else:
+        offset = torch.arange(owner.numel(), device=start.device) - first[owner]
+        if k >= 0 and (many := degree > k).any():
+            slots = first[many].unsqueeze(1) + torch.arange(k, device=start.device)
+            offset[slots.view(-1)] = _uniform_subsets(degree[many], k).view(-1)
+    return start[owner] + offset, owner
+
+
+def sample_hops(
+    colptr: Tensor, row: Tensor, seeds: Tensor, fanouts: list[int], replace: bool = False
+) -> SamplerOutput:
+    """Sample ``fanouts[h]`` in-neighbours of each node hop ``h`` reached (hop 0: ``seeds``).
+
+    Args:
+        colptr: The graph's CSC pointer: node ``v``'s in-edges are ``colptr[v]:colptr[v + 1]``.
+        row: The CSC's source nodes.
+        seeds: The batch's seed nodes (distinct).
+        fanouts: Neighbours per node at each hop; ``-1``: all of them.
+        replace: Draw with replacement.
+
+    Returns:
+        PyG's ``SamplerOutput``: ``node`` (seeds first, then each hop's new nodes), ``row`` and
+        ``col`` (each edge's source and target, as positions in ``node``), ``edge`` (positions
+        in the CSC), ``num_sampled_nodes`` and ``num_sampled_edges`` per hop.
+    """
+    seeds = seeds.long()
+    rows, cols, edges = [], [], []
+    num_nodes, num_edges = [seeds.numel()], []
+    known, first_new = seeds, 0  # every node so far, in local order; where the last hop begins
+    for k in fanouts:
+        frontier = known[first_new:]
+        position, owner = _sample_edges(colptr, frontier, k, replace)
+        source = row[position].long()
+        # Local ids: known nodes keep theirs; new ones follow, in the order of their global ids.
+        unique, inverse = torch.unique(torch.cat([known, source]), return_inverse=True)
+        local = torch.full_like(unique, -1)
+        local[inverse[: known.numel()]] = torch.arange(known.numel(), device=known.device)
+        new = local < 0
+        added = unique[new]
+        local[new] = torch.arange(known.numel(), known.numel() + added.numel(), device=known.device)
+        rows.append(local[inverse[known.numel() :]])
+        cols.append(owner + first_new)
+        edges.append(position)
+        num_nodes.append(added.numel())
+        num_edges.append(position.numel())
+        first_new, known = known.numel(), torch.cat([known, added])
+    return SamplerOutput(
+        node=known,
+        row=torch.cat(rows) if rows else seeds.new_empty(0),
+        col=torch.cat(cols) if cols else seeds.new_empty(0),
+        edge=torch.cat(edges) if edges else seeds.new_empty(0),
+        num_sampled_nodes=num_nodes,
+        num_sampled_edges=num_edges,
+    )
+
+
+def describe(sampler: str) -> str:
+    """Who samples neighbours under ``--data.loader.sampler`` ``sampler``, in a few words."""
+    backend = sampling_backend()
+    if vectorized(sampler):
+        return f"gnnscale's vectorized sampler (heterogeneous graphs: {backend})"
+    return backend
+
+
+class HopSampler(NeighborSampler):
+    """PyG's ``NeighborSampler``; homogeneous uniform sampling by :func:`sample_hops`.
+
+    Takes PyG's arguments; whatever :func:`sample_hops` does not cover goes to PyG's backend,
+    as does everything with ``vectorized`` set to false.
+    """
+
+    vectorized = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        with warnings.catch_warnings():  # its advice to install pyg-lib, needless here
+            warnings.filterwarnings("ignore", "Using '.*' without a 'pyg-lib' installation")
+            super().__init__(*args, **kwargs)
+
+    def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
+        simple = (
+            self.vectorized
+            and isinstance(seed, Tensor)
+            and seed_time is None
+            and self.node_time is None
+            and getattr(self, "edge_time", None) is None
+            and getattr(self, "edge_weight", None) is None
+            and self.subgraph_type == SubgraphType.directional
+            and not self.disjoint
+        )
+        if not simple:
+            return super()._sample(seed, seed_time, **kwargs)
+        out = sample_hops(
+            self.colptr, self.row, seed, list(self.num_neighbors.get_mapped_values()), self.replace
+        )
+        if self.sample_direction == "backward":
+            out.row, out.col = out.col, out.row
+        return out
