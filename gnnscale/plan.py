@@ -41,6 +41,7 @@ import torch
 from gnnscale.batch import HopLayout, LayerwiseBatch, LinkEval
 from gnnscale.measure import PeakRSS, SavedTensors, rss_mb
 from gnnscale.memory import MemoryProfile, MiB, Plannable, tensor_mb
+from gnnscale.models import fast
 from gnnscale.models.inference import seeds_layer
 
 __all__ = ["BatchStats", "MemoryPlan", "format_plan", "plan"]
@@ -298,7 +299,10 @@ def _layerwise_mb(batch: LayerwiseBatch, model: Any, precision: str) -> float:
         before = rss_mb()
         for i, d_in in enumerate(widths[:-1]):
             x = rows.float() if i == 0 else torch.randn(biggest.num_nodes, d_in, dtype=dtype)
-            seeds_layer(gnn, i, x, biggest.edge_index, biggest.batch_size)
+            edges = biggest.edge_index
+            if getattr(model, "sparse_aggregation", False):  # as layerwise_inference
+                edges = fast.seeds_adjacency(x, edges, biggest.batch_size)
+            seeds_layer(gnn, i, x, edges, biggest.batch_size)
             del x
     batch_mb = tensor_mb(rows, *[v for _, v in biggest if torch.is_tensor(v)])
     step_mb = peak.peak_mb - before + batch_mb

@@ -519,7 +519,7 @@ def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, d
 @pytest.mark.parametrize(
     "name", ["sage-sparse", "sage-max", "gatv2", "gatv2-linear-head", "sage-batch-norm"]
 )
-def test_layerwise_inference_equals_pygs(tmp_path, name):
+def test_layerwise_inference_equals_pygs(tmp_path, monkeypatch, name):
     # Seeds only, written in place, in any order of batches: the same outputs as PyG's.
     from gnnscale.models.inference import layerwise_inference
 
@@ -537,15 +537,47 @@ def test_layerwise_inference_equals_pygs(tmp_path, name):
         for norm in model.gnn.norms[:-1]:  # the last layer has none
             norm.module.running_mean.normal_()
             norm.module.running_var.uniform_(0.5, 2)
-    ours = layerwise_inference(model.gnn, batch)
+    ours = layerwise_inference(model.gnn, batch, sparse=model.sparse_aggregation)
     assert ours.shape == (TINY.num_nodes, 5)
     pygs = NeighborLoader(dm.data, num_neighbors=[-1], batch_size=97)  # PyG's reads loader.data.x
     torch.testing.assert_close(ours, model.gnn.inference(pygs), rtol=1e-4, atol=1e-5)
+    if model.sparse_aggregation:  # the sparse product, on edges in any order: the scatter's
+        from gnnscale.models import fast
+
+        calls = []
+        real = fast.seeds_adjacency
+        monkeypatch.setattr(fast, "seeds_adjacency", lambda *a: calls.append(1) or real(*a))
+        torch.testing.assert_close(layerwise_inference(model.gnn, batch), ours)
+        assert calls == []  # sparse=False: PyG's scatter
+        with_shuffled_edges = _shuffled_edges(batch.loader)
+        batch.loader = with_shuffled_edges
+        torch.testing.assert_close(layerwise_inference(model.gnn, batch, sparse=True), ours)
+        assert len(calls) == 3 * len(with_shuffled_edges.loader)  # every batch of every layer
+        batch.loader = with_shuffled_edges.loader
+        # Rows gathered first (a prepared graph read by threads, another device or dtype).
+        from gnnscale.models import inference
+
+        monkeypatch.setattr(inference, "_in_place", lambda *a: False)
+        torch.testing.assert_close(layerwise_inference(model.gnn, batch, sparse=True), ours)
+        assert len(calls) == 6 * len(with_shuffled_edges.loader)
     # The loader's order does not matter: each seed's row is written where it belongs.
     batch.loader = NeighborLoader(
         batch.loader.data, num_neighbors=[-1], batch_size=97, shuffle=True
     )
     torch.testing.assert_close(layerwise_inference(model.gnn, batch), ours)
+
+
+class _shuffled_edges:
+    """A loader whose batches list their edges in a random order."""
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        for hop in self.loader:
+            perm = torch.randperm(hop.edge_index.size(1))
+            hop.edge_index = hop.edge_index[:, perm]
+            yield hop
 
 
 SHARED_LAYERWISE = """

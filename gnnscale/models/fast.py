@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric import nn as pyg_nn
+from torch_geometric.index import index2ptr
 
 from gnnscale.batch import HopLayout, SubgraphLayout
 from gnnscale.data.layout import csr_adjacency
@@ -224,6 +225,26 @@ def subgraph_forward(
         x, rowptr = pad_rows(x, rowptr, bucket_rows)
     adj = csr_adjacency(x, edge_index, rowptr, x.size(0), edge_index.size(1))
     return padded_forward(gnn, x, adj, num_nodes)[:num_nodes]
+
+
+def seeds_adjacency(x: Tensor, edge_index: Tensor, num_seeds: int) -> Any:
+    """A one-hop batch's edges as its seeds' sparse adjacency (CSR; columns: ``x``'s rows).
+
+    Exact layer-wise inference then aggregates each layer with a sparse-dense product, as the
+    training step does, instead of PyG's scatter, which first copies a row of ``x`` per edge: on
+    the neighbour recipe's 200k-node test, 3.8M rows of 100 and then 256 values a layer.
+    Edges not in target order (other samplers) are sorted first.
+
+    Args:
+        x: The batch's input rows, seeds first.
+        edge_index: Its edges, every target a seed.
+        num_seeds: The seeds: the adjacency's rows.
+    """
+    dst = edge_index[1]
+    if dst.numel() and not bool((dst[1:] >= dst[:-1]).all()):
+        edge_index = edge_index[:, torch.argsort(dst, stable=True)]
+    rowptr = index2ptr(edge_index[1], num_seeds)
+    return csr_adjacency(x, edge_index, rowptr, num_seeds, edge_index.size(1))
 
 
 def rowwise_in_eval(gnn: pyg_nn.models.basic_gnn.BasicGNN) -> bool:

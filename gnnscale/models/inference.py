@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
@@ -9,12 +11,16 @@ from torch_geometric import nn as pyg_nn
 
 from gnnscale.batch import LayerwiseBatch
 from gnnscale.measure import trim_heap
+from gnnscale.models import fast
 from gnnscale.stores import reads
 
 
 @torch.no_grad()
 def layerwise_inference(
-    gnn: pyg_nn.models.basic_gnn.BasicGNN, batch: LayerwiseBatch, device: torch.device | None = None
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    batch: LayerwiseBatch,
+    device: torch.device | None = None,
+    sparse: bool = False,
 ) -> Tensor:
     """Every node's output, one layer at a time over the whole graph (PyG's ``inference``).
 
@@ -31,6 +37,13 @@ def layerwise_inference(
     faults and 5.6 s of system time against 0.7M and 1.6 s), for no lower peak. Under DDP
     (``batch.shared``) each process computes its block of nodes and the processes sum each
     layer's outputs, by gloo (:func:`_cpu_group`), into every process's copy.
+
+    ``sparse``: the convs aggregate a sparse adjacency (``fast.seeds_adjacency``; GraphSAGE's
+    ``sparse_aggregation``), not PyG's scatter over the edges, which copies a row per edge.
+    Where the layer's input is in memory, on the model's device and in its dtype, the
+    adjacency's columns are the graph's node ids: the product reads each batch's rows where
+    they are, with no gathered copy of them (the neighbour recipe's 200k-node test: 3.75 s,
+    then 2.15 s with the sparse product on gathered rows, 1.5 s in place).
     """
     dtype = next(gnn.parameters()).dtype
     x_all = batch.x
@@ -38,17 +51,30 @@ def layerwise_inference(
     try:
         for i in range(gnn.num_layers):
             out: Tensor | None = None
+            threads = batch.read_threads if i == 0 else 1
+            in_place = sparse and _in_place(x_all, device, dtype if i == 0 else None, threads)
             for hop in batch.loader:
-                if i == 0:
-                    x = reads.gather(x_all, hop.n_id, batch.read_threads).to(device, dtype)
+                if in_place:  # the product reads the batch's rows where they are: no copy
+                    src = hop.n_id[hop.edge_index[0]]
+                    edges = torch.stack([src, hop.edge_index[1]])
+                    edges = fast.seeds_adjacency(x_all, edges, hop.batch_size)
+                    seeds = x_all[hop.n_id[: hop.batch_size]]
+                    h = seeds_layer(gnn, i, x_all, edges, hop.batch_size, seeds)
                 else:
-                    x = x_all[hop.n_id].to(device)
-                h = seeds_layer(gnn, i, x, hop.edge_index.to(device), hop.batch_size)
+                    if i == 0:
+                        x = reads.gather(x_all, hop.n_id, threads).to(device, dtype)
+                    else:
+                        x = x_all[hop.n_id].to(device)
+                    edges = hop.edge_index.to(device)
+                    if sparse:
+                        edges = fast.seeds_adjacency(x, edges, hop.batch_size)
+                    h = seeds_layer(gnn, i, x, edges, hop.batch_size)
+                    del x
                 if out is None:
                     new = torch.zeros if batch.shared else torch.empty
                     out = new(x_all.size(0), h.size(-1), dtype=h.dtype)
                 out[hop.n_id[: hop.batch_size]] = h.to(out.device)
-                del x, h
+                del h
             assert out is not None, "the loader yielded no batch"
             if batch.shared:  # each block from its process: one term of each sum is not zero
                 dist.all_reduce(out, group=group)
@@ -58,6 +84,18 @@ def layerwise_inference(
         if group is not None:
             dist.destroy_process_group(group)
     return x_all
+
+
+def _in_place(
+    x: Tensor, device: torch.device | None, dtype: torch.dtype | None, threads: int
+) -> bool:
+    """Whether a layer may read ``x``'s rows where they are.
+
+    On ``device``, in ``dtype`` (none: any), and not a prepared graph's file read by threads,
+    whose reads go out together rather than one page fault at a time.
+    """
+    on_device = device is None or torch.device(device).type == x.device.type
+    return threads <= 1 and on_device and (dtype is None or x.dtype == dtype)
 
 
 def _cpu_group() -> dist.ProcessGroup | None:
@@ -70,13 +108,19 @@ def _cpu_group() -> dist.ProcessGroup | None:
 
 
 def seeds_layer(
-    gnn: pyg_nn.models.basic_gnn.BasicGNN, i: int, x: Tensor, edge_index: Tensor, num_seeds: int
+    gnn: pyg_nn.models.basic_gnn.BasicGNN,
+    i: int,
+    x: Tensor,
+    edge_index: Any,
+    num_seeds: int,
+    x_seeds: Tensor | None = None,
 ) -> Tensor:
     """Layer ``i`` of ``gnn`` on a one-hop batch, for its first ``num_seeds`` nodes only.
 
     PyG's ``BasicGNN.inference_per_layer``, with a bipartite conv instead of a slice after it.
+    ``x_seeds``: the seeds' rows, where ``x`` does not list them first (the whole input).
     """
-    h = gnn.convs[i]((x, x[:num_seeds]), edge_index)
+    h = gnn.convs[i]((x, x[:num_seeds] if x_seeds is None else x_seeds), edge_index)
     last = gnn.num_layers - 1
     if i < last or gnn.jk_mode is not None:
         if gnn.act is not None and gnn.act_first:

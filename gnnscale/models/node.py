@@ -148,7 +148,8 @@ class NodeClassifier(L.LightningModule):
 
     def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
         if isinstance(batch, LayerwiseBatch):
-            out = layerwise_inference(self.gnn, self.layerwise_input(batch), self.device)
+            batch, sparse = self.layerwise_input(batch), self.sparse_aggregation
+            out = layerwise_inference(self.gnn, batch, self.device, sparse)
             y = batch.y
             if batch.mask is not None:
                 out, y = out[batch.mask], y[batch.mask]
