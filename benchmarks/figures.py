@@ -47,6 +47,10 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``gpu``: the sampler, hetero and link recipes on one GPU, and the planner's CUDA peak against
   the fit's (``gpu`` in benchmarks/README.md; under 10 minutes on one H100; without CUDA it
   measures and writes nothing).
+- ``peers``: the default recipe's job trained by gnnscale, DGL and GraphBolt on the same graph,
+  alternated, at 0 and 1 loader workers, and where an epoch of each one's loader goes (``peers``
+  in benchmarks/README.md and README.md; builds DGL's environment once, about 5 GB; about 15
+  minutes; run at full size only when named).
 - ``store-large``: a heterogeneous graph shaped like MAG240M, its paper features larger than
   memory, written as ``.npy``, prepared by streaming and trained from the store (``store_large``
   in on_disk_graph's README; most of an hour, 60 GiB of disk; run at full size only when named).
@@ -83,7 +87,7 @@ SECTIONS = (
     "store-tasks",
     "gpu",
 )
-EXTRA_SECTIONS = ("ondisk-large", "reads", "store-large")  # run only when named
+EXTRA_SECTIONS = ("ondisk-large", "reads", "store-large", "peers")  # run only when named
 
 
 def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[block_io.Block], str]:
@@ -116,6 +120,7 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "store-tasks": "store_tasks",
         "gpu": "gpu",
         "store-large": "store_large",
+        "peers": "peers",
     }[name]
     ondisk_workers = shipped_workers("on_disk_graph")
     threads = {
@@ -136,6 +141,8 @@ def _section(name: str, tiny: bool, args: argparse.Namespace) -> tuple[list[bloc
         "store-tasks": "1 process with torch's default threads, or 2 ranks with 1 thread each",
         "gpu": f"one GPU; {torch.get_num_threads()} torch threads on the host",
         "store-large": f"{torch.get_num_threads()} torch threads, 1 loader worker",
+        "peers": f"{torch.get_num_threads()} torch threads per process (torch's default), "
+        "loader workers as each row says",
     }[name]
     return __import__(module).blocks(tiny), threads
 

@@ -92,8 +92,11 @@ def _replay_ms(calls: list, repeats: int) -> float:
     return total
 
 
-def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
-    """The recipe's model and DataModule (set up, batches in this process) and precision."""
+def build(name: str, tiny: bool, extra: list[str] | None = None) -> tuple[Any, Any, str]:
+    """The recipe's model and DataModule (set up, batches in this process) and precision.
+
+    ``extra``: more command-line overrides.
+    """
     from gnnscale.cli import main
 
     args = [
@@ -102,6 +105,7 @@ def _build(name: str, tiny: bool) -> tuple[Any, Any, str]:
         "--data.init_args.loader.num_workers=0",
         "--data.init_args.loader.persistent_workers=false",
         *(TINY if tiny else []),
+        *(extra or []),
     ]
     torch.manual_seed(0)
     cli = main(args, run=False)
@@ -140,7 +144,7 @@ def _worker(batches: list[Any], step: Callable[[Any], Any]) -> tuple[list[Any], 
     return out, statistics.median(times)
 
 
-def _step_fn(model: Any, precision: str, forward: Callable | None = None) -> Callable:
+def step_fn(model: Any, precision: str, forward: Callable | None = None) -> Callable:
     """One optimizer step on a batch, as ``training_step`` computes it (``forward``: another)."""
     optimizer = model.configure_optimizers()
     optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
@@ -241,25 +245,25 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     """Every figure of one recipe's step."""
     from gnnscale.data.layout import aggregate_first_layer
 
-    model, dm, precision = _build(name, tiny)
+    model, dm, precision = build(name, tiny)
     batches = _batches(dm, 2 if tiny else 8)  # as sampled: the default model's input
     passes, repeats = (1, 1) if tiny else (5, 5)
-    steps = {"gnnscale": (_step_fn(model, precision), batches)}
+    steps = {"gnnscale": (step_fn(model, precision), batches)}
     bucketed = copy.deepcopy(model)
     bucketed.bucket_rows = 1024  # as --model.bucket_rows=1024: rows rounded up
-    steps["bucketed"] = (_step_fn(bucketed, precision), batches)
+    steps["bucketed"] = (step_fn(bucketed, precision), batches)
     aggregate_ms = None
     if isinstance(batches[0].layout, HopLayout) and model.sparse_aggregation:  # GraphSAGE
         aggr = model.gnn.convs[0].aggr
         aggregated, aggregate_ms = _worker(batches, lambda b: aggregate_first_layer(b, aggr))
         in_loader = copy.deepcopy(model)
         in_loader.first_layer_aggr = aggr  # as --model.aggregate_in_loader=true
-        steps["in_loader"] = (_step_fn(in_loader, precision), aggregated)
+        steps["in_loader"] = (step_fn(in_loader, precision), aggregated)
     if name == "neighbor_sage":
         before, hand = copy.deepcopy(model), copy.deepcopy(model)
-        steps["before"] = (_step_fn(before, precision, _pyg_trim_forward(before)), batches)
+        steps["before"] = (step_fn(before, precision, _pyg_trim_forward(before)), batches)
         hand.gnn.dropout = torch.nn.Dropout(hand.gnn.dropout.p)
-        hand_step = _step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
+        hand_step = step_fn(hand, precision, lambda b: hand.gnn(b.x.float(), b.edge_index))
         steps["hand"] = (hand_step, batches)
     result: dict[str, Any] = {"precision": precision, "step_ms": _time_ms(steps, passes)}
     result["aggregate_ms"] = aggregate_ms
@@ -294,7 +298,7 @@ def _compiled(model: Any, precision: str, batches: list, passes: int) -> dict:
     """torch.compile(dynamic=True) on the model's forward: compile time and step, or why not."""
     compiled = copy.deepcopy(model)
     forward = torch.compile(compiled.forward, dynamic=True)
-    step = _step_fn(compiled, precision, lambda b: forward(b.x, b.edge_index, b.layout))
+    step = step_fn(compiled, precision, lambda b: forward(b.x, b.edge_index, b.layout))
     start = time.perf_counter()
     try:
         with warnings.catch_warnings():
