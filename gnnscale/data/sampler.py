@@ -73,16 +73,16 @@ def _sample_edges(colptr: Tensor, frontier: Tensor, k: int, replace: bool) -> tu
     else:
         counts = degree.clamp(max=k)
     owner = torch.repeat_interleave(torch.arange(frontier.numel(), device=start.device), counts)
-    first = counts.cumsum(0) - counts  # each node's first slot
     if k >= 0 and replace:
         draws = torch.rand(owner.numel(), dtype=torch.float64, device=start.device)
-        offset = (draws * degree[owner]).long()
-    else:
-        offset = torch.arange(owner.numel(), device=start.device) - first[owner]
-        if k >= 0 and (many := degree > k).any():
-            slots = first[many].unsqueeze(1) + torch.arange(k, device=start.device)
-            offset[slots.view(-1)] = _uniform_subsets(degree[many], k).view(-1)
-    return start[owner] + offset, owner
+        return start[owner] + (draws * degree[owner]).long(), owner
+    first = counts.cumsum(0) - counts  # each node's first slot
+    position = (start - first)[owner] + torch.arange(owner.numel(), device=start.device)
+    if k >= 0 and (many := degree > k).any():  # these draw k of their edges, the rest all
+        slots = first[many].unsqueeze(1) + torch.arange(k, device=start.device)
+        drawn = start[many].unsqueeze(1) + _uniform_subsets(degree[many], k)
+        position[slots.view(-1)] = drawn.view(-1)
+    return position, owner
 
 
 def sample_hops(
