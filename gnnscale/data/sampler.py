@@ -49,7 +49,7 @@ def _uniform_subsets(degree: Tensor, k: int) -> Tensor:
     """
     # float64: exact below 2**53 neighbours
     draws = torch.rand(degree.numel(), k, dtype=torch.float64, device=degree.device)
-    picks = torch.empty(degree.numel(), k, dtype=degree.dtype)
+    picks = torch.empty(degree.numel(), k, dtype=degree.dtype, device=degree.device)
     for t in range(k):
         j = degree - k + t
         r = (draws[:, t] * (j + 1)).to(degree.dtype).clamp_(max=j)
