@@ -16,10 +16,11 @@ README's one line); ``--size tiny`` checks the pipeline on a small graph.
   seeds a batch, Adam 0.003, gradient accumulation 2, 4 epochs, validation of the same 1,024
   nodes sampled each epoch, an exact layer-wise test; fp32 everywhere (gnnscale's recipe trains
   in bf16 where the CPU has bf16 kernels: a row of its own), torch's default threads.
-- **Where a batch goes**: the training loader alone over an epoch, its time split into the
-  sampler, PyG's gather of the batch's rows (features, labels, edges), gnnscale's layout and the
-  rest (collation, the resumable order); then the step alone on the same batches. DGL's and
-  GraphBolt's the same way (``peer_dgl.py --profile``).
+- **Where an epoch goes**: two epochs of each tool's training loop in one process, each step
+  timed inside the loop; the loader's share (what the steps leave) split into the sampler,
+  PyG's gather of the batch's rows, gnnscale's layout (with the first layer's aggregation) and
+  the rest (collation, the resumable order). DGL's and GraphBolt's sampling and gather are
+  timed apart on the same seed batches (``peer_dgl.py --profile``).
 """
 
 from __future__ import annotations
@@ -164,15 +165,18 @@ class _Timed:
 
 
 def profile_gnnscale(tiny: bool) -> dict[str, Any]:
-    """Where an epoch of the recipe's training loader goes, and the step alone on its batches.
+    """Where an epoch of the recipe's training goes: its loader's parts, and the steps.
 
-    In this process, loader in the main process (workers 0), fp32: the sampler
-    (``HopSampler._sample``), PyG's gather of the batch (``filter_data``: rows of features,
-    labels and masks, the edges), gnnscale's layout (``hop_layout``) and the rest (collation,
-    ``ResumableLoader``, the DataLoader); two epochs, the second reported.
+    In this process, loader in the main process (workers 0), fp32, two epochs of the training
+    loop (accumulation 2, as the recipe), the second reported: each step (forward, backward,
+    Adam) timed inside the loop; the loader's share split into the sampler
+    (``HopSampler._sample``), PyG's gather of the batch (``filter_data``: labels, masks, ids
+    and edges, and the features where the loader does not aggregate them), gnnscale's layout
+    (``hop_layout``: edges sorted by target, and the first layer's aggregation with its
+    targets' feature rows) and the rest (collation, ``ResumableLoader``, the DataLoader).
     """
     import torch_geometric.loader.node_loader as node_loader
-    from roofline import build, step_fn
+    from roofline import build
 
     import gnnscale.data.node as node
     from gnnscale.data.sampler import HopSampler
@@ -187,34 +191,40 @@ def profile_gnnscale(tiny: bool) -> dict[str, Any]:
     try:
         for owner, name, label in patches:
             setattr(owner, name, timed.wrap(label, getattr(owner, name)))
-        model, dm, precision = build("neighbor_sage", False, [FP32, *_graph_args(tiny)])
-        loader = dm.train_dataloader()
+        model, dm, _ = build("neighbor_sage", False, [FP32, *_graph_args(tiny)])
+        optimizer = model.configure_optimizers()
+        optimizer = optimizer["optimizer"] if isinstance(optimizer, dict) else optimizer
+        loader, accumulate = dm.train_dataloader(), 2
+        model.train()
         for _ in range(2):  # the first epoch warms the allocator and the caches
             timed.seconds.clear()
-            start, batches = time.perf_counter(), []
-            for batch in loader:
-                batches.append(batch)
-            total = time.perf_counter() - start
+            steps, nodes, edges = [], [], []
+            start = time.perf_counter()
+            for i, batch in enumerate(loader):
+                step_start = time.perf_counter()
+                batch.loss_weight, batch.num_loss_nodes = dm._loss_weight(batch)
+                (model.training_step(batch, i) / accumulate).backward()
+                if i % accumulate == accumulate - 1:
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                steps.append(time.perf_counter() - step_start)
+                nodes.append(sum(batch.layout.num_sampled_nodes))
+                edges.append(sum(batch.layout.num_sampled_edges))
+            epoch_s = time.perf_counter() - start
     finally:
         for owner, name, fn in saved:
             setattr(owner, name, fn)
-    for batch in batches:
-        batch.loss_weight, batch.num_loss_nodes = dm._loss_weight(batch)
-    step = step_fn(model, precision)
-    step(batches[0])
-    start = time.perf_counter()
-    for batch in batches:
-        step(batch)
-    step_s = time.perf_counter() - start
     parts = dict(timed.seconds)
-    parts["rest"] = total - sum(parts.values())
+    loader_s = epoch_s - sum(steps)
+    parts["rest"] = loader_s - sum(parts.values())
     return {
-        "loader_s": total,
+        "epoch_s": epoch_s,
+        "loader_s": loader_s,
         "parts": parts,
-        "step_s": step_s,
-        "batches": len(batches),
-        "nodes": statistics.mean(b.num_nodes for b in batches),
-        "edges": statistics.mean(b.edge_index.size(1) for b in batches),
+        "step_s": sum(steps),
+        "batches": len(steps),
+        "nodes": statistics.mean(nodes),
+        "edges": statistics.mean(edges),
     }
 
 
@@ -257,19 +267,20 @@ def _row(label: str, workers: int, runs: list[dict[str, Any]]) -> str:
 def _profile_rows(profiles: dict[str, Any]) -> list[str]:
     g = profiles["gnnscale"]
     rows = [
-        "| per epoch, loader in the main process | batches | nodes / edges a batch | sampling "
-        "| gather of rows | layout | rest of the loader | loader | step alone |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| seconds, the second epoch of a training loop (loader in the main process) "
+        "| batches | nodes / edges a batch | sampling | gather of rows | layout and first "
+        "layer's aggregation | rest of the loader | loader | steps | epoch |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     p = g["parts"]
     rows.append(
         f"| gnnscale | {g['batches']} | {g['nodes']:,.0f} / {g['edges']:,.0f} | "
         f"{p.get('sample', 0):.2f} | {p.get('gather', 0):.2f} | {p.get('layout', 0):.2f} | "
-        f"{p['rest']:.2f} | {g['loader_s']:.2f} | {g['step_s']:.2f} |"
+        f"{p['rest']:.2f} | {g['loader_s']:.2f} | {g['step_s']:.2f} | {g['epoch_s']:.2f} |"
     )
     for tool in ("dgl", "graphbolt"):
         d = profiles[tool]
-        loader = statistics.median(d["loader_s"])
+        loader = d["loader_s"]
         sample, gather = d.get("sample_s"), d.get("gather_s")
         # Timed in passes of their own: what is left of the loader's time, or nothing.
         rest = max(loader - (sample or 0) - (gather or 0), 0.0) if sample is not None else None
@@ -277,7 +288,8 @@ def _profile_rows(profiles: dict[str, Any]) -> list[str]:
         rows.append(
             f"| {TOOLS[tool]} | {d.get('batches', '–')} | {d['batch_nodes_mean']:,.0f} / "
             f"{d['batch_edges_mean']:,.0f} | {cells[0]} | {cells[1]} | – | "
-            f"{'–' if rest is None else f'{rest:.2f}'} | {loader:.2f} | {d['step_s']:.2f} |"
+            f"{'–' if rest is None else f'{rest:.2f}'} | {loader:.2f} | {d['step_s']:.2f} "
+            f"| {d['epoch_s']:.2f} |"
         )
     return rows
 
@@ -314,7 +326,7 @@ def blocks(tiny: bool) -> list[Block]:
         f"gnnscale's training epoch is {ours / dgl:.2f}x DGL's and {ours / gb:.2f}x "
         f"GraphBolt's (0 workers, fp32); its whole `fit` {fit:.2f}x DGL's whole run."
     )
-    lines += ["", summary, "", "Where an epoch goes (seconds, the second epoch of one pass):", ""]
+    lines += ["", summary, "", "Where an epoch goes:", ""]
     lines += _profile_rows(m["profiles"])
     versions = res[("dgl", 0)][0].get("versions", {})
     lines += [

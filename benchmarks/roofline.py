@@ -17,10 +17,11 @@ CLI; a few training batches are drawn once, and on the same batches, in one proc
 * **gather**: a batch's feature bytes over the machine's random-row gather bandwidth
   (``x.index_select`` of as many random rows of the same matrix): the time the loader's worker
   spends gathering features, against the step.
-* **first layer's aggregation** (opt-in, ``--model.aggregate_in_loader=true``): for GraphSAGE
-  on neighbour batches, the worker's ``aggregate_first_layer`` timed on the same batches (each
-  batch's first call: its output is fresh memory, as in a worker); that variant's step then
-  gets the cut batches.
+* **first layer's aggregation** (GraphSAGE's default on neighbour batches,
+  ``--model.aggregate_in_loader``): the worker's ``aggregate_first_layer`` timed on the same
+  batches (each batch's first call: its output is fresh memory, as in a worker); that
+  variant's step then gets the cut batches. The recipe's own row is the step aggregating
+  every layer itself (``--model.aggregate_in_loader=false``).
 * **top operators**: ``torch.profiler``'s self CPU time per operator over the batches.
 
 Each recipe's step also runs with its rows rounded up to 1,024s (opt-in,
@@ -257,7 +258,7 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
         aggr = model.gnn.convs[0].aggr
         aggregated, aggregate_ms = _worker(batches, lambda b: aggregate_first_layer(b, aggr))
         in_loader = copy.deepcopy(model)
-        in_loader.first_layer_aggr = aggr  # as --model.aggregate_in_loader=true
+        in_loader.first_layer_aggr = aggr  # as shipped: the loader aggregated
         steps["in_loader"] = (step_fn(in_loader, precision), aggregated)
     if name == "neighbor_sage":
         before, hand = copy.deepcopy(model), copy.deepcopy(model)
@@ -328,8 +329,8 @@ def blocks(tiny: bool) -> list[Block]:
         "gnnscale": "{}",
         "bucketed": "{}, rows rounded up to 1,024s (`--model.bucket_rows=1024`; held to the "
         "unpadded GEMMs)",
-        "in_loader": "{}, first layer aggregated in the loader "
-        "(`--model.aggregate_in_loader=true`)",
+        "in_loader": "{}, first layer aggregated in the loader (GraphSAGE's default on "
+        "neighbour batches; the row above: `--model.aggregate_in_loader=false`)",
         "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
         "hand": "{}, the hand loop's forward (no trimming)",
     }
@@ -384,7 +385,7 @@ def blocks(tiny: bool) -> list[Block]:
         "primitive), summed. Headroom: step / GEMMs. Feature gather: a batch's feature bytes "
         f"at the measured random-row gather bandwidth ({gbps:.2f} GB/s), which the loader's "
         "worker spends beside the step; the first layer's aggregation (GraphSAGE on neighbour "
-        "batches, `gnnscale.data.layout.aggregate_first_layer`, opt-in) is the worker's too, "
+        "batches, `gnnscale.data.layout.aggregate_first_layer`) is the worker's too, "
         "timed on the same batches. Each timed pass of a step follows one untimed batch "
         "(the variant before it evicted its cached primitives). Rows marked before / hand "
         "loop: the same model and batches through PyG's own forward (`benchmarks/roofline.py` "

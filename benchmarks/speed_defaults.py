@@ -13,7 +13,7 @@ A trick is a default when the run without it takes at least 3% longer than the r
 some recipe (the median of the pairs' ratios); else it is opt-in, or it goes.
 
 Tricks with a setting are switched with it (``--model.init_args.sparse_aggregation=false``,
-``bucket_rows=1024``, ``aggregate_in_loader=true``, ``optimizer.init_args.fused=true``); the
+``bucket_rows=1024``, ``aggregate_in_loader=false``, ``optimizer.init_args.fused=true``); the
 others (``dropout``, ``target_only``) are switched off by running the same command through
 ``benchmarks/without.py``, which puts back what PyG or PyTorch does in their place, in that
 process only.
@@ -84,9 +84,8 @@ TRICKS = (
     Trick(
         "aggregate_in_loader",
         "first layer aggregated in the loader",
-        args=("--model.init_args.aggregate_in_loader=true",),
+        args=("--model.init_args.aggregate_in_loader=false",),
         recipes=NEIGHBOUR,
-        opt_in=True,
     ),
     Trick(
         "fused_adam",

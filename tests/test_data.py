@@ -391,11 +391,46 @@ def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(
 
 
 @requires_sampler
+@pytest.mark.parametrize("aggr", ["mean", "max"])
+def test_features_in_memory_are_aggregated_in_place_as_if_gathered_first(tmp_path, aggr):
+    import copy
+
+    from gnnscale.data.layout import aggregate_first_layer
+
+    batches, loaders = [], []
+    for request in (BatchRequest(3), BatchRequest(3, first_layer_aggr=aggr)):
+        dm = NeighborDataModule(
+            root=tmp_path, synthetic=TINY, num_neighbors=[5, 4, 3], batch_size=64
+        )
+        dm.configure_batches(request)
+        dm.setup("fit")
+        torch.manual_seed(0)  # the same seed for both loaders: the same sample
+        loaders.append(dm.train_dataloader())
+        batches.append(next(iter(loaders[-1])))
+    # PyG gathers no features where the loader aggregates them in place.
+    assert "x" in loaders[0].loader.data and "x" not in loaders[1].loader.data
+    assert "x" in dm.data  # the DataModule's graph keeps them
+    whole, in_place = batches
+    expected = aggregate_first_layer(copy.copy(whole), aggr)
+    assert sorted(in_place.keys()) == sorted(expected.keys())
+    for key in expected.keys():
+        if key == "layout":
+            torch.testing.assert_close(in_place.layout.x_aggr, expected.layout.x_aggr)
+            assert torch.equal(in_place.layout.rowptr, expected.layout.rowptr)
+            assert in_place.layout[:2] == expected.layout[:2]
+        elif isinstance(expected[key], torch.Tensor):
+            assert torch.equal(in_place[key], expected[key]), key
+        else:
+            assert in_place[key] == expected[key], key
+    assert in_place.num_nodes == expected.num_nodes < whole.num_nodes
+
+
+@requires_sampler
 @pytest.mark.parametrize(
     ("model", "aggregated"),
     [
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggregate_in_loader=True), True),
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2), False),  # opt-in
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2), True),  # the default
+        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggregate_in_loader=False), False),
         (
             lambda: GraphSAGE(TINY.num_features, 5, norm="batch_norm", aggregate_in_loader=True),
             False,

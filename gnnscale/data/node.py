@@ -59,6 +59,10 @@ from gnnscale.stores.reads import RowCache
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
+# Features the loader aggregates in place (``_hop_loader``); others are gathered, then cast.
+FULL_PRECISION = (torch.float32, torch.float64)
+
+
 class NodeDataModule(L.LightningDataModule):
     """What every gnnscale DataModule shares: loading, checks, evaluation loaders."""
 
@@ -185,10 +189,24 @@ class NodeDataModule(L.LightningDataModule):
             )
         self.request, self._configured = request, True
 
-    def _hop_layout(self, num_layers: int) -> Callable[[Data], Data]:
-        """The neighbour batches' transform, run in the loader's workers."""
-        aggr = self.request.first_layer_aggr
-        return functools.partial(hop_layout, num_layers=num_layers, first_layer_aggr=aggr)
+    def _hop_loader(self, fanout: list[int], **kwargs: Any) -> NeighborLoader:
+        """A loader of neighbour batches laid out hop by hop (``hop_layout``, in its workers).
+
+        Where the model asks for its first layer aggregated in the loader and the features are
+        float32 or float64 in memory, PyG gathers no ``x``: the layout aggregates from the
+        feature matrix in place and gathers the first layer's targets' rows only
+        (``aggregate_first_layer``).
+        """
+        data, features, aggr = self.data, None, self.request.first_layer_aggr
+        x = data.get("x")
+        if aggr and self.dataset != "prepared" and x is not None and x.dtype in FULL_PRECISION:
+            data, features = copy.copy(data), x
+            del data.x
+            data.num_nodes = x.size(0)
+        layout = functools.partial(
+            hop_layout, num_layers=len(fanout), first_layer_aggr=aggr, features=features
+        )
+        return self._neighbor_loader(data, fanout, transform=layout, **kwargs)
 
     def _subgraph_layout(self) -> Callable[[Data], Data]:
         """Cluster-GCN and GraphSAINT training batches' transform, run in the workers."""
@@ -301,12 +319,8 @@ class NodeDataModule(L.LightningDataModule):
             fanout = self._eval_fanout()
 
             def sampled(seeds: Tensor | None) -> DataLoader:
-                loader = self._neighbor_loader(
-                    data,
-                    fanout,
-                    input_nodes=seeds,
-                    batch_size=self.eval.batch_size,
-                    transform=self._hop_layout(len(fanout)),
+                loader = self._hop_loader(
+                    fanout, input_nodes=seeds, batch_size=self.eval.batch_size
                 )
                 loader.collate_fn = SeededSampling(loader.collate_fn)  # the same draw each time
                 return loader
@@ -578,12 +592,8 @@ class NeighborDataModule(NodeDataModule):
 
     def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of ``batch_size`` training seeds with their sampled neighbourhoods."""
-        loader = self._neighbor_loader(
-            self.data,
-            self.num_neighbors,
-            input_nodes=self.data.train_mask,
-            batch_size=self.batch_size,
-            transform=self._hop_layout(len(self.num_neighbors)),
+        loader = self._hop_loader(
+            self.num_neighbors, input_nodes=self.data.train_mask, batch_size=self.batch_size
         )
         return self._resumable(loader, shuffle=True)
 

@@ -8,8 +8,8 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
   built (``gnnscale.data.layout.csr_layout``), not a scatter: neighbour, Cluster-GCN and SAINT
   batches.
 - On neighbour batches GraphSAGE's first layer takes its aggregation of the raw features from
-  the loader's worker (``gnnscale.data.layout.aggregate_first_layer``): one matrix product in
-  the step.
+  the loader (``gnnscale.data.layout.aggregate_first_layer``, which reads features held in
+  memory in place and gathers only the layer's targets' rows): one matrix product in the step.
 - :class:`Dropout` draws its CPU mask from 1, 8 or 16 random bits an element, in one pass with
   the ReLU before it.
 - Cluster-GCN and GraphSAINT batches are padded to a few row counts (``bucket_rows``), each
@@ -18,7 +18,7 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
 Each earns its place at the epoch level: ``python benchmarks/figures.py speed`` measures every
 one switched off in turn on the sampler recipes (benchmarks/README.md). Tricks that bought less
 than 3% there are gone (the backward from the adjacency's transpose, the in-place gradient of
-the targets' rows) or opt-in (``bucket_rows``, ``aggregate_in_loader``).
+the targets' rows) or opt-in (``bucket_rows``).
 """
 
 from __future__ import annotations

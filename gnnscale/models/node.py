@@ -219,12 +219,13 @@ class GraphSAGE(NodeClassifier):
             :func:`padded_forward`). bf16 products on CPU then reuse a few oneDNN primitives
             instead of building one a batch. It bought less than 3% of s/epoch on any sampler
             recipe (benchmarks/README.md, ``speed_defaults``; 1024 is the size measured).
-        aggregate_in_loader: Opt-in. Let neighbour batches' workers aggregate the first layer's
-            raw features (the same sparse product, which has no parameters): the training step
-            then runs that layer as one matrix product on its targets' rows, and only those
-            travel to the model (``gnnscale.data.layout.aggregate_first_layer``). Needs
-            ``sparse_aggregation`` and no ``norm``; evaluation batches get it too. It bought
-            less than 3% of neighbor_sage's s/epoch (``speed_defaults``).
+        aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
+            features (the same sparse product, which has no parameters), reading features held
+            in memory in place: only the first layer's targets' rows are gathered, and the
+            training step runs that layer as one matrix product on them
+            (``gnnscale.data.layout.aggregate_first_layer``). Needs ``sparse_aggregation`` and
+            no ``norm``; sampled evaluation batches get it too. Measured on neighbor_sage in
+            fp32 (``speed_defaults``, ``peers``).
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -241,7 +242,7 @@ class GraphSAGE(NodeClassifier):
         aggr: str = "mean",
         sparse_aggregation: bool = True,
         bucket_rows: int = 0,
-        aggregate_in_loader: bool = False,
+        aggregate_in_loader: bool = True,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
