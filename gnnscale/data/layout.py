@@ -145,10 +145,10 @@ def aggregate_first_layer(batch: Data, aggr: str, features: Tensor | None = None
     nodes, edges = layout.num_sampled_nodes, layout.num_sampled_edges
     num_dst, num_edges = sum(nodes[:-1]), sum(edges)
     if features is not None:
-        sources = batch.n_id[batch.edge_index[0, :num_edges]].unsqueeze(0)
+        sources = batch.n_id.index_select(0, batch.edge_index[0, :num_edges]).unsqueeze(0)
         adj = csr_adjacency(features, sources, layout.rowptr, num_dst, num_edges)
         x_aggr = spmm(adj, features, reduce=aggr)
-        batch.x = features[batch.n_id[:num_dst]]
+        batch.x = features.index_select(0, batch.n_id[:num_dst])  # 4x x[ids] on CPU here
     else:
         x = batch.x if batch.x.dtype in (torch.float32, torch.float64) else batch.x.float()
         adj = csr_adjacency(x, batch.edge_index, layout.rowptr, num_dst, num_edges)

@@ -63,9 +63,11 @@ def _sample_edges(colptr: Tensor, frontier: Tensor, k: int, replace: bool) -> tu
     """The CSC positions of ``k`` in-edges of each ``frontier`` node (all: ``k < 0`` or fewer).
 
     Returns the positions, grouped by node in ``frontier``'s order, and each one's node index.
+    (Gathers here are ``index_select`` and ``index_copy_``: indexing with ``[ids]`` took up to
+    4x as long on the CPU, and the sampler about 15% longer.)
     """
-    start = colptr[frontier].long()
-    degree = colptr[frontier + 1].long() - start
+    start = colptr.index_select(0, frontier).long()
+    degree = colptr.index_select(0, frontier + 1).long() - start
     if k < 0:
         counts = degree
     elif replace:
@@ -75,13 +77,16 @@ def _sample_edges(colptr: Tensor, frontier: Tensor, k: int, replace: bool) -> tu
     owner = torch.repeat_interleave(torch.arange(frontier.numel(), device=start.device), counts)
     if k >= 0 and replace:
         draws = torch.rand(owner.numel(), dtype=torch.float64, device=start.device)
-        return start[owner] + (draws * degree[owner]).long(), owner
+        return start.index_select(0, owner) + (draws * degree.index_select(0, owner)).long(), owner
     first = counts.cumsum(0) - counts  # each node's first slot
-    position = (start - first)[owner] + torch.arange(owner.numel(), device=start.device)
-    if k >= 0 and (many := degree > k).any():  # these draw k of their edges, the rest all
-        slots = first[many].unsqueeze(1) + torch.arange(k, device=start.device)
-        drawn = start[many].unsqueeze(1) + _uniform_subsets(degree[many], k)
-        position[slots.view(-1)] = drawn.view(-1)
+    position = (start - first).index_select(0, owner)
+    position += torch.arange(owner.numel(), device=start.device)
+    many = (degree > k).nonzero().view(-1) if k >= 0 else None
+    if many is not None and many.numel():  # these draw k of their edges, the rest all
+        slots = first.index_select(0, many).unsqueeze(1) + torch.arange(k, device=start.device)
+        drawn = start.index_select(0, many).unsqueeze(1)
+        drawn = drawn + _uniform_subsets(degree.index_select(0, many), k)
+        position.index_copy_(0, slots.view(-1), drawn.view(-1))
     return position, owner
 
 
@@ -109,15 +114,17 @@ def sample_hops(
     for k in fanouts:
         frontier = known[first_new:]
         position, owner = _sample_edges(colptr, frontier, k, replace)
-        source = row[position].long()
+        source = row.index_select(0, position).long()
         # Local ids: known nodes keep theirs; new ones follow, in the order of their global ids.
         unique, inverse = torch.unique(torch.cat([known, source]), return_inverse=True)
         local = torch.full_like(unique, -1)
-        local[inverse[: known.numel()]] = torch.arange(known.numel(), device=known.device)
+        count = known.numel()
+        local.index_copy_(0, inverse[:count], torch.arange(count, device=known.device))
         new = local < 0
-        added = unique[new]
-        local[new] = torch.arange(known.numel(), known.numel() + added.numel(), device=known.device)
-        rows.append(local[inverse[known.numel() :]])
+        added = unique.masked_select(new)
+        ids = torch.arange(count, count + added.numel(), device=known.device)
+        local[new] = ids
+        rows.append(local.index_select(0, inverse[count:]))
         cols.append(owner + first_new)
         edges.append(position)
         num_nodes.append(added.numel())
