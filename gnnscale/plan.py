@@ -294,7 +294,7 @@ def _layerwise_mb(batch: LayerwiseBatch, model: Any, precision: str) -> float:
     # In the run's precision: under bf16-mixed the layers compute (and pass on) bf16.
     half = str(precision).startswith("bf16")
     dtype = torch.bfloat16 if half else torch.float32
-    rows = batch.x[biggest.n_id]  # the first layer's input rows, as read
+    rows = batch.x.index_select(0, biggest.n_id)  # the first layer's input rows, as read
     with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=half), PeakRSS() as peak:
         before = rss_mb()
         for i, d_in in enumerate(widths[:-1]):

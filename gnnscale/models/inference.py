@@ -58,13 +58,13 @@ def layerwise_inference(
                     src = hop.n_id[hop.edge_index[0]]
                     edges = torch.stack([src, hop.edge_index[1]])
                     edges = fast.seeds_adjacency(x_all, edges, hop.batch_size)
-                    seeds = x_all[hop.n_id[: hop.batch_size]]
+                    seeds = x_all.index_select(0, hop.n_id[: hop.batch_size])
                     h = seeds_layer(gnn, i, x_all, edges, hop.batch_size, seeds)
                 else:
                     if i == 0:
                         x = reads.gather(x_all, hop.n_id, threads).to(device, dtype)
                     else:
-                        x = x_all[hop.n_id].to(device)
+                        x = x_all.index_select(0, hop.n_id).to(device)  # 4x x_all[ids]
                     edges = hop.edge_index.to(device)
                     if sparse:
                         edges = fast.seeds_adjacency(x, edges, hop.batch_size)
