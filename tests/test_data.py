@@ -426,6 +426,28 @@ def test_features_in_memory_are_aggregated_in_place_as_if_gathered_first(tmp_pat
 
 
 @requires_sampler
+@pytest.mark.parametrize("source", ["prepared", "bfloat16"])
+def test_features_not_read_in_place_reach_the_model_whole(tmp_path, source):
+    """Where the loader would gather every row first, the model aggregates its first layer."""
+    from gnnscale.data.synthetic import make_synthetic_graph
+    from gnnscale.stores.prepared import write_graph
+
+    if source == "prepared":
+        folder = write_graph(make_synthetic_graph(TINY), tmp_path / "tiny", {"test": "tiny"})
+        dm = NeighborDataModule("prepared", folder, [5, 4], 64)
+    else:
+        half = Preprocess(feature_dtype="bfloat16")
+        dm = NeighborDataModule(
+            root=tmp_path, synthetic=TINY, num_neighbors=[5, 4], batch_size=64, preprocess=half
+        )
+    dm.configure_batches(BatchRequest(2, first_layer_aggr="mean"))
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.layout.x_aggr is None
+    assert batch.x.size(0) == sum(batch.layout.num_sampled_nodes)
+
+
+@requires_sampler
 @pytest.mark.parametrize(
     ("model", "aggregated"),
     [

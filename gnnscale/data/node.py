@@ -195,7 +195,9 @@ class NodeDataModule(L.LightningDataModule):
         Where the model asks for its first layer aggregated in the loader and the features are
         float32 or float64 in memory, PyG gathers no ``x``: the layout aggregates from the
         feature matrix in place and gathers the first layer's targets' rows only
-        (``aggregate_first_layer``).
+        (``aggregate_first_layer``). Elsewhere the model aggregates: once every row is gathered
+        (a prepared graph's reads, half-precision features cast), the product in the loader
+        bought nothing (on_disk_graph: 8.6 s/epoch against 7.9).
         """
         data, features, aggr = self.data, None, self.request.first_layer_aggr
         x = data.get("x")
@@ -203,6 +205,8 @@ class NodeDataModule(L.LightningDataModule):
             data, features = copy.copy(data), x
             del data.x
             data.num_nodes = x.size(0)
+        else:
+            aggr = None
         layout = functools.partial(
             hop_layout, num_layers=len(fanout), first_layer_aggr=aggr, features=features
         )

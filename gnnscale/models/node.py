@@ -220,12 +220,13 @@ class GraphSAGE(NodeClassifier):
             instead of building one a batch. It bought less than 3% of s/epoch on any sampler
             recipe (benchmarks/README.md, ``speed_defaults``; 1024 is the size measured).
         aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
-            features (the same sparse product, which has no parameters), reading features held
-            in memory in place: only the first layer's targets' rows are gathered, and the
-            training step runs that layer as one matrix product on them
-            (``gnnscale.data.layout.aggregate_first_layer``). Needs ``sparse_aggregation`` and
-            no ``norm``; sampled evaluation batches get it too. Measured on neighbor_sage in
-            fp32 (``speed_defaults``, ``peers``).
+            features (the same sparse product, which has no parameters) where they are held in
+            memory in float32 or float64, reading them in place: only the first layer's
+            targets' rows are gathered, and the training step runs that layer as one matrix
+            product on them (``gnnscale.data.layout.aggregate_first_layer``; 0.91x
+            neighbor_sage's fp32 epoch). Needs ``sparse_aggregation`` and no ``norm``; sampled
+            evaluation batches get it too. Elsewhere (a prepared graph, half-precision
+            features) the model aggregates.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
