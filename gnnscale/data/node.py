@@ -59,10 +59,6 @@ from gnnscale.stores.reads import RowCache
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-# Features the loader aggregates in place (``_hop_loader``); others are gathered, then cast.
-FULL_PRECISION = (torch.float32, torch.float64)
-
-
 class NodeDataModule(L.LightningDataModule):
     """What every gnnscale DataModule shares: loading, checks, evaluation loaders."""
 
@@ -201,7 +197,8 @@ class NodeDataModule(L.LightningDataModule):
         """
         data, features, aggr = self.data, None, self.request.first_layer_aggr
         x = data.get("x")
-        if aggr and self.dataset != "prepared" and x is not None and x.dtype in FULL_PRECISION:
+        in_place = x is not None and x.dtype in (torch.float32, torch.float64)
+        if aggr and self.dataset != "prepared" and in_place:
             data, features = copy.copy(data), x
             del data.x
             data.num_nodes = x.size(0)

@@ -81,8 +81,7 @@ def _sample_edges(colptr: Tensor, frontier: Tensor, k: int, replace: bool) -> tu
     first = counts.cumsum(0) - counts  # each node's first slot
     position = (start - first).index_select(0, owner)
     position += torch.arange(owner.numel(), device=start.device)
-    many = (degree > k).nonzero().view(-1) if k >= 0 else None
-    if many is not None and many.numel():  # these draw k of their edges, the rest all
+    if k >= 0 and (many := (degree > k).nonzero().view(-1)).numel():  # k drawn; others: all
         slots = first.index_select(0, many).unsqueeze(1) + torch.arange(k, device=start.device)
         drawn = start.index_select(0, many).unsqueeze(1)
         drawn = drawn + _uniform_subsets(degree.index_select(0, many), k)
