@@ -141,13 +141,13 @@ def test_the_feature_cache_keeps_to_its_budget_and_holds_rows_the_sampler_draws(
     )
     dm.configure_batches(BatchRequest(num_layers=2))
     dm.setup("fit")
-    _ = dm.data, dm._csc_sampler  # mapped before measuring
+    _ = dm.data  # mapped before measuring
     # Private memory (the mapped files' pages are the page cache's) with the heap's free pages
     # given back: what the process holds, whether or not its allocator keeps freed memory
     # (gnnscale's CLI, run earlier in this process by other tests, sets it to keep it).
     trim_heap()
     before = anon_mb()
-    cache = dm._feature_cache
+    cache = dm.store[0].cache[None]
     trim_heap()
     grown = (anon_mb() - before) * 2**20
     assert cache.nbytes <= budget and cache.ids.numel() == budget // (64 * 4 + 8)

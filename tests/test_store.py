@@ -120,26 +120,52 @@ def _batches(data, seed, **kwargs):
     return list(NeighborLoader(data, shuffle=True, is_sorted=is_sorted, **kwargs))
 
 
+# threads, and a feature cache's budget in bytes (0: none)
+READS = [(1, 0), (4, 0), (4, 4000)]
+READ_IDS = ["one gather", "threaded reads", "threaded reads and a feature cache"]
+
+
+def _check_cache(fs, budget):
+    """The cache keeps to its budget and held some of the batches' rows (none without one)."""
+    held = fs.count_held(Data())
+    if not budget:
+        assert not fs.cache and held.feature_rows == 0
+        return
+    rows = sum(c.ids.numel() for c in fs.cache.values())
+    assert 0 < sum(c.nbytes for c in fs.cache.values()) <= budget and rows > 0
+    assert 0 < held.cached_rows < held.feature_rows, (held.cached_rows, held.feature_rows)
+
+
 @requires_sampler
-@pytest.mark.parametrize("read_threads", [1, 4], ids=["one gather", "threaded reads"])
+@pytest.mark.parametrize(("read_threads", "cache_bytes"), READS, ids=READ_IDS)
 def test_pygs_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_memory(
-    tmp_path, homogeneous, read_threads, monkeypatch
+    tmp_path, homogeneous, read_threads, cache_bytes, monkeypatch
 ):
     monkeypatch.setattr(reads, "MIN_ROWS", 8)  # threads share even a small batch's rows
     folder, data = homogeneous
     out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
-    fs, gs = stores.open(out, read_threads=read_threads)
     kwargs = {
         "num_neighbors": [5, 3],
         "input_nodes": data.train_mask.nonzero().view(-1),
         "batch_size": 64,
     }
+    cache = {"feature_cache_gib": cache_bytes / 2**30, "num_neighbors": [5, 3], "batch_size": 64}
+    fs, gs = stores.open(out, read_threads=read_threads, **cache)
     memory, disk = _batches(data, 1, **kwargs), _batches((fs, gs), 1, **kwargs)
     assert len(memory) == len(disk) == 5
     for a, b in zip(memory, disk, strict=True):
         for key in ("x", "y", "edge_index", "n_id", "e_id", "train_mask", "val_mask", "test_mask"):
             assert torch.equal(a[key], b[key]), key
         assert a.batch_size == b.batch_size
+    _check_cache(fs, cache_bytes)
+
+
+def test_a_feature_cache_needs_the_fan_out_it_is_drawn_with(tmp_path, homogeneous):
+    out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
+    with pytest.raises(ConfigError, match="num_neighbors you train with"):
+        stores.open(out, feature_cache_gib=0.1)
+    with pytest.raises(ConfigError, match="size >= 0"):
+        stores.open(out, feature_cache_gib=-1, num_neighbors=[2])
 
 
 @requires_sampler
@@ -171,14 +197,15 @@ def test_pygs_link_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_i
 
 
 @requires_sampler
-@pytest.mark.parametrize("read_threads", [1, 4], ids=["one gather", "threaded reads"])
+@pytest.mark.parametrize(("read_threads", "cache_bytes"), READS, ids=READ_IDS)
 def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(
-    tmp_path, heterogeneous, read_threads, monkeypatch
+    tmp_path, heterogeneous, read_threads, cache_bytes, monkeypatch
 ):
     monkeypatch.setattr(reads, "MIN_ROWS", 8)
     folder, data, train = heterogeneous
     out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
-    fs, gs = stores.open(out, read_threads=read_threads)
+    cache = {"feature_cache_gib": cache_bytes / 2**30, "num_neighbors": [4, 2], "batch_size": 50}
+    fs, gs = stores.open(out, read_threads=read_threads, **cache)
     kwargs = {"num_neighbors": [4, 2], "input_nodes": ("paper", train), "batch_size": 50}
     memory, disk = _batches(data, 3, **kwargs), _batches((fs, gs), 3, **kwargs)
     assert len(memory) == len(disk) == 4
@@ -195,6 +222,10 @@ def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(
         assert b["author"].x.dtype == torch.float16
         for edge_type in RELATIONS:
             assert torch.equal(a[edge_type].edge_index, b[edge_type].edge_index), edge_type
+    _check_cache(fs, cache_bytes)
+    if cache_bytes:  # one budget for both featured types, by how often the pass drew a row
+        assert set(fs.cache) == {"paper", "author"}
+        assert all(c.ids.numel() for c in fs.cache.values())
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["num_nodes"] == COUNTS
     assert manifest["num_classes"] == {"paper": int(data["paper"].y.max()) + 1}
@@ -441,6 +472,33 @@ def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp
     assert acc > bar + 0.3, (acc, bar)
     with pytest.raises(ConfigError, match="'user' has no labels"):
         HeteroNeighborDataModule("prepared", tmp_path / "store", target_type="user").prepare_data()
+
+
+@requires_sampler
+def test_the_heterogeneous_datamodules_feature_cache_changes_no_batch(tmp_path):
+    """With a cache, a training epoch's batches are those without one (the pass that fills it
+    moves no draw), and the batches say how many of their rows it held."""
+    from test_hetero import TINY as RECOMMENDER
+
+    memory = HeteroNeighborDataModule(synthetic=RECOMMENDER)
+    store = stores.prepare_npy(stores.save_npy(memory.data, tmp_path / "npy"), tmp_path / "store")
+
+    def epoch(**cache):
+        dm = HeteroNeighborDataModule("prepared", store, batch_size=64, **cache)
+        torch.manual_seed(0)
+        return list(dm.train_dataloader())
+
+    plain, cached = epoch(), epoch(feature_cache_gib=20_000 / 2**30)
+    assert len(plain) == len(cached) > 1
+    for a, b in zip(plain, cached, strict=True):
+        for node_type in a.node_types:
+            for key, value in a[node_type].items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(b[node_type][key]))
+    held = sum(b.cached_rows for b in cached)
+    assert 0 < held < sum(b.feature_rows for b in cached)
+    assert "cached_rows" not in plain[0]
+    with pytest.raises(ConfigError, match="applies to --data.dataset prepared only"):
+        HeteroNeighborDataModule(feature_cache_gib=1.0)
 
 
 def test_the_recipes_recommender_graph_prepares_to_the_graph_they_draw_in_memory(tmp_path):

@@ -19,13 +19,22 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import NeighborLoader
+from torch_geometric.sampler import NeighborSampler
 from torch_geometric.typing import EdgeType
 
 from gnnscale.batch import BatchRequest
-from gnnscale.data.args import EvalArgs, LoaderArgs, NodeSplit, check_dataset, check_positive
+from gnnscale.data.args import (
+    EvalArgs,
+    LoaderArgs,
+    NodeSplit,
+    check_cache,
+    check_dataset,
+    check_positive,
+)
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import check_root, log_backend_once
@@ -187,6 +196,9 @@ class HeteroNeighborDataModule(HeteroGraphData):
             folder is opened (a read of every file); ``size`` only the files' sizes.
         read_threads: ``dataset: prepared`` only: threads that read a batch's rows at once
             (default: 32 where the folder is larger than the page cache can keep, else 1).
+        feature_cache_gib: ``dataset: prepared`` only: feature rows held in memory, of every
+            node type within one budget: those a sampling pass over the training seeds draws
+            most often (``MappedFeatureStore.hold_drawn_rows``).
     """
 
     def __init__(
@@ -202,10 +214,12 @@ class HeteroNeighborDataModule(HeteroGraphData):
         eval: EvalArgs = EvalArgs(mode="sampled"),  # noqa: B008
         verify: Literal["full", "size"] = "full",
         read_threads: int | None = None,
+        feature_cache_gib: float = 0.0,
     ) -> None:
         super().__init__()
         check_dataset(dataset, (*_LABELLED, "prepared"))
         check_positive(batch_size=batch_size, read_threads=read_threads)
+        check_cache(feature_cache_gib, dataset)
         if eval.mode != "sampled":
             raise ConfigError(
                 f"--data.eval.mode {eval.mode!r}: heterogeneous graphs are evaluated on sampled "
@@ -217,7 +231,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
                 "sampled neighbourhoods; use --data.eval.val_mode=sampled or drop it"
             )
         self.dataset, self.root, self.verify = dataset, Path(root), verify
-        self.read_threads = read_threads
+        self.read_threads, self.feature_cache_gib = read_threads, feature_cache_gib
         self.target_type = target_type or _LABELLED.get(dataset, "")
         if dataset == "prepared":
             check_root(dataset, self.root)
@@ -251,8 +265,17 @@ class HeteroNeighborDataModule(HeteroGraphData):
 
     @cached_property
     def store(self) -> tuple[MappedFeatureStore, MappedGraphStore]:
-        """The prepared folder as PyG's ``(FeatureStore, GraphStore)`` pair."""
-        return stores_of(self.prepared)
+        """The prepared folder as PyG's ``(FeatureStore, GraphStore)`` pair, its cache filled."""
+        fs, gs = stores_of(self.prepared)
+        if self.feature_cache_gib:
+            fanout = per_edge_type_fanout(self._num_neighbors, self.metadata[1])
+            sampler = NeighborSampler((fs, gs), fanout)  # type: ignore[arg-type]
+            seeds: dict[str | None, Tensor] = {
+                self.target_type: self._mask("train_mask").nonzero().view(-1)
+            }
+            held = fs.hold_drawn_rows(sampler, seeds, self.batch_size, self.feature_cache_gib)
+            rank_zero_info(f"gnnscale: {held}")
+        return fs, gs
 
     def _check_target(self, node_types: list[str], labelled: list[str], name: str) -> None:
         t = self.target_type
@@ -341,6 +364,9 @@ class HeteroNeighborDataModule(HeteroGraphData):
         self, seeds: Tensor | None, batch_size: int, fanout: list[int] | None = None
     ) -> NeighborLoader:
         given = self._num_neighbors if fanout is None else fanout
+        kwargs: dict[str, Any] = {}
+        if self.dataset == "prepared" and self.store[0].cache:
+            kwargs["transform"] = self.store[0].count_held
         return NeighborLoader(
             self.store if self.dataset == "prepared" else self.data,  # type: ignore[arg-type]
             num_neighbors=per_edge_type_fanout(given, self.metadata[1]),  # type: ignore[arg-type]
@@ -349,6 +375,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
             # Its own generator: starting workers must not move the model's random stream.
             generator=torch.Generator(),
             **self.loader.kwargs(),
+            **kwargs,
         )
 
     def _eval_loader(self, split: str | None) -> Any:

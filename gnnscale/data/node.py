@@ -34,10 +34,16 @@ from torch_geometric.data import Data
 from torch_geometric.loader import (
     NeighborLoader,
 )
-from torch_geometric.sampler import NodeSamplerInput, SamplerOutput
 
 from gnnscale.batch import BatchRequest, LayerwiseBatch
-from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_dataset, check_positive
+from gnnscale.data.args import (
+    EvalArgs,
+    LoaderArgs,
+    Preprocess,
+    check_cache,
+    check_dataset,
+    check_positive,
+)
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_block, rank_own, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
@@ -52,9 +58,8 @@ from gnnscale.data.sources import (
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MemoryProfile, MiB, tensor_mb
-from gnnscale.stores import reads
-from gnnscale.stores.prepared import NODE_FILES, PreparedGraph
-from gnnscale.stores.reads import RowCache
+from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, stores_of
+from gnnscale.stores.prepared import PreparedGraph
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -66,7 +71,7 @@ class NodeDataModule(L.LightningDataModule):
     _not_on_disk: str | None = "it needs the whole graph in memory"
     verify: Literal["full", "size"] = "full"
     read_threads: int | None = None
-    _feature_cache: RowCache | None = None  # feature rows held in memory (NeighborDataModule)
+    feature_cache_gib = 0.0  # feature rows held in memory (NeighborDataModule)
     # What the model asked batches to carry (``configure_batches``); until then, nothing extra.
     request: BatchRequest = BatchRequest()
     _configured = False
@@ -119,6 +124,28 @@ class NodeDataModule(L.LightningDataModule):
             f"{time.perf_counter() - start:.1f} s)"
         )
         return graph
+
+    @cached_property
+    def store(self) -> tuple[MappedFeatureStore, MappedGraphStore]:
+        """``dataset: prepared``: the folder as PyG's ``(FeatureStore, GraphStore)`` pair.
+
+        What the loaders read a batch's rows through (``gnnscale.stores.open``), with its
+        feature cache filled (``feature_cache_gib``) before any loader's workers start.
+        """
+        fs, gs = stores_of(self.prepared)
+        if self.feature_cache_gib:
+            sampler = HopSampler((fs, gs), self._train_fanout())
+            sampler.vectorized = vectorized(self.loader.sampler)
+            seeds, size = self.data.train_mask.nonzero().view(-1), self._train_batch_size()
+            held = fs.hold_drawn_rows(sampler, seeds, size, self.feature_cache_gib)
+            rank_zero_info(f"gnnscale: {held}")
+        return fs, gs
+
+    def _train_fanout(self) -> list[int]:
+        raise NotImplementedError
+
+    def _train_batch_size(self) -> int:
+        raise NotImplementedError
 
     @cached_property
     def data(self) -> Data:
@@ -264,15 +291,8 @@ class NodeDataModule(L.LightningDataModule):
     def _csc_sampler(self) -> HopSampler:
         if self.dataset != "prepared":
             sampler = HopSampler(self.data, [-1], share_memory=self.loader.workers > 0)
-        else:
-            # The prepared CSC is already in the sampler's layout: map it instead of building
-            # one. (PyG builds the CSC in __init__; given a one-node graph that is free.)
-            empty = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1)
-            sampler = PreparedSampler(empty, [-1])
-            sampler.graph = self.prepared
-            sampler.num_nodes = self.data.num_nodes
-            sampler.colptr, sampler.row = self.prepared.csc
-            sampler.perm = None
+        else:  # the mapped CSC, as it lies on disk: nothing sorted or copied
+            sampler = HopSampler(self.store, [-1])
         sampler.vectorized = vectorized(self.loader.sampler)
         return sampler
 
@@ -285,23 +305,22 @@ class NodeDataModule(L.LightningDataModule):
         (``colptr``, ``row`` and ``perm``: about 16 bytes per edge). Training, validation and
         test loaders held three copies at once, 319 MiB each on sparse_embeddings' 2M-node graph.
         Here every loader gets a shallow copy of one sampler, with its own fan-out.
-        ``node_files``: a prepared graph's batches read their rows of its node files.
+        ``node_files``: a prepared graph's batches read their rows of its node files through
+        its store pair (:attr:`store`); else they hold ``data``'s.
         """
         sampler = copy.copy(self._csc_sampler)
         sampler.num_neighbors = fanout
-        if self.dataset == "prepared":  # mapped ids read unchecked with verify: size
-            kwargs["transform_sampler_output"] = functools.partial(
-                _checked_ids, graph=self.prepared
-            )
-            cache = self._feature_cache
-            threaded = self.prepared.threads > 1 or cache is not None
-            if node_files and threaded:  # not PyG's one-at-a-time gather
-                data = Data(edge_index=data.edge_index, num_nodes=data.num_nodes)
+        source: Data | tuple[MappedFeatureStore, MappedGraphStore] = data
+        if self.dataset == "prepared" and node_files:
+            source = self.store
+            if kwargs.get("input_nodes") is None:  # PyG's default for a Data, not for a store
+                kwargs["input_nodes"] = torch.arange(data.num_nodes)
+            if source[0].cache:
                 kwargs["transform"] = functools.partial(
-                    _with_node_files, graph=self.prepared, cache=cache, then=kwargs.get("transform")
+                    _with_cache_counts, store=source[0], then=kwargs.get("transform")
                 )
         return NeighborLoader(
-            data,
+            source,  # type: ignore[arg-type]
             num_neighbors=fanout,
             neighbor_sampler=sampler,
             # Workers' seeds from a generator of its own: starting workers must not move the
@@ -398,46 +417,9 @@ class NodeDataModule(L.LightningDataModule):
         raise NotImplementedError
 
 
-def _checked_ids(out: SamplerOutput, graph: PreparedGraph) -> SamplerOutput:
-    """``out``, once its node ids are in the prepared graph's range (in the loader's workers)."""
-    graph.check_ids(out.node)
-    return out
-
-
-class PreparedSampler(HopSampler):
-    """PyG's sampler over a prepared graph's mapped CSC, read ahead and checked first.
-
-    :func:`reads.read_ahead` checks every neighbour id the sampler may expand (a damaged one
-    crashed PyG's sampler) and, for a graph read from disk, reads the CSC pages the sampler
-    will read with the graph's threads: PyG's sampler faults them in one at a time, half of a
-    cold batch's time here once its features were read by threads.
-    """
-
-    graph: PreparedGraph
-
-    def sample_from_nodes(self, inputs: NodeSamplerInput) -> SamplerOutput:
-        """Read ahead and check ``inputs``' neighbourhood, then sample it (PyG's own sampling)."""
-        colptr, row = self.graph.csc
-        fanout = list(self.num_neighbors.values)
-        reads.read_ahead(colptr, row, inputs.node, fanout, self.graph.threads, self.graph.check_ids)
-        return super().sample_from_nodes(inputs)
-
-
-def _with_node_files(
-    batch: Data, graph: PreparedGraph, cache: RowCache | None, then: Callable | None
-) -> Data:
-    """``batch`` with its rows of every node file, read by the graph's threads; then ``then``.
-
-    Features, labels and masks: PyG's gather would read each with one page fault at a time.
-    Features held by ``cache`` come from memory; ``batch.cached_rows`` counts them, of
-    ``batch.feature_rows``.
-    """
-    for name in NODE_FILES:
-        if name == "x" and cache is not None:
-            batch.x, batch.cached_rows = cache.gather(graph.data.x, batch.n_id, graph.threads)
-            batch.feature_rows = batch.n_id.numel()
-        else:
-            batch[name] = graph.gather(graph.data[name], batch.n_id)
+def _with_cache_counts(batch: Data, store: MappedFeatureStore, then: Callable | None) -> Data:
+    """``batch`` with the rows its feature cache held (``cached_rows``) of ``feature_rows``."""
+    batch = store.count_held(batch)
     return batch if then is None else then(batch)
 
 
@@ -521,12 +503,7 @@ class NeighborDataModule(NodeDataModule):
     ) -> None:
         super().__init__(dataset, root, synthetic, preprocess, loader, eval)
         check_positive(batch_size=batch_size, read_threads=read_threads)
-        if feature_cache_gib < 0 or (feature_cache_gib and dataset != "prepared"):
-            raise ConfigError(
-                f"--data.feature_cache_gib must be >= 0, and applies to --data.dataset prepared "
-                f"only: other graphs' features are in memory already (got {feature_cache_gib} "
-                f"with --data.dataset {dataset})"
-            )
+        check_cache(feature_cache_gib, dataset)
         self.feature_cache_gib = feature_cache_gib
         if not num_neighbors or any(k == 0 or k < -1 for k in num_neighbors):
             raise ConfigError(
@@ -554,42 +531,11 @@ class NeighborDataModule(NodeDataModule):
     def _eval_fanout(self) -> list[int]:
         return self.eval.num_neighbors or self.num_neighbors
 
-    @cached_property
-    def _feature_cache(self) -> RowCache | None:  # type: ignore[override]
-        """The feature rows a sampling pass over the training seeds drew most often.
+    def _train_fanout(self) -> list[int]:
+        return self.num_neighbors
 
-        As many as ``feature_cache_gib`` holds (rows and their ids), never a row the pass did not
-        draw: on the papers100M-sized graph, the rows one epoch drew were 75% of the next
-        epoch's rows, against 10% for as many rows of the highest in-degree, or at random
-        (``benchmarks/store_reads.py``). The pass samples without reading features (it warms
-        the sampler's pages for the first epoch); the rows are then read in one sequential pass
-        over the feature file. Built once, before the loader's workers start, which share it.
-        """
-        if not self.feature_cache_gib:
-            return None
-        start, graph = time.perf_counter(), self.prepared
-        sampler = copy.copy(self._csc_sampler)
-        sampler.num_neighbors = self.num_neighbors
-        seeds = self.data.train_mask.nonzero().view(-1)
-        counts = torch.zeros(self.data.num_nodes, dtype=torch.int32)
-        with torch.random.fork_rng(devices=[]):  # the run's own draws are not moved
-            torch.manual_seed(0)
-            for batch in seeds[torch.randperm(seeds.numel())].split(self.batch_size):
-                node = sampler.sample_from_nodes(NodeSamplerInput(None, batch)).node
-                counts.index_add_(0, node, torch.ones(node.numel(), dtype=torch.int32))
-        x = graph.data.x
-        budget = int(self.feature_cache_gib * 2**30) // (x[:1].nbytes + 8)  # a row and its id
-        ids = counts.nonzero().view(-1)
-        if ids.numel() > budget:
-            ids = ids[counts[ids].topk(budget, sorted=False).indices].sort().values
-        cache = RowCache(ids, graph.read_rows("x", ids))
-        rank_zero_info(
-            f"gnnscale: holding {ids.numel():,} feature rows in memory "
-            f"({cache.nbytes / 2**30:.2f} GiB, {ids.numel() / x.size(0):.1%} of the file): those "
-            f"a sampling pass drew most often, {int(counts[ids].sum()) / int(counts.sum()):.0%} "
-            f"of its rows ({time.perf_counter() - start:.0f} s)"
-        )
-        return cache
+    def _train_batch_size(self) -> int:
+        return self.batch_size
 
     def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of ``batch_size`` training seeds with their sampled neighbourhoods."""

@@ -23,10 +23,11 @@ from typing import Any
 import torch
 import torch_geometric.typing
 from torch import Tensor
-from torch_geometric.sampler import NeighborSampler, SamplerOutput
+from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import SubgraphType
 
 from gnnscale.data.sources import sampling_backend
+from gnnscale.stores.mapped import MappedGraphStore
 
 __all__ = ["HopSampler", "describe", "sample_hops", "vectorized"]
 
@@ -151,15 +152,29 @@ class HopSampler(NeighborSampler):
     """PyG's ``NeighborSampler``; homogeneous uniform sampling by :func:`sample_hops`.
 
     Takes PyG's arguments; whatever :func:`sample_hops` does not cover goes to PyG's backend,
-    as does everything with ``vectorized`` set to false.
+    as does everything with ``vectorized`` set to false. Over a prepared folder's store pair
+    (``gnnscale.stores.open``) it reads each batch's neighbour lists ahead with the folder's
+    threads and checks the ids it drew (``MappedGraphStore.read_ahead``, ``check_sampled``).
     """
 
     vectorized = True
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, data: Any, *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():  # its advice to install pyg-lib, needless here
             warnings.filterwarnings("ignore", "Using '.*' without a 'pyg-lib' installation")
-            super().__init__(*args, **kwargs)
+            super().__init__(data, *args, **kwargs)
+        mapped = isinstance(data, tuple) and isinstance(data[1], MappedGraphStore)
+        self.store: MappedGraphStore | None = data[1] if mapped else None
+
+    def sample_from_nodes(self, inputs: NodeSamplerInput) -> Any:
+        """PyG's, read ahead and checked over a prepared folder's store pair."""
+        if self.store is None:
+            return super().sample_from_nodes(inputs)
+        if not self.is_hetero:
+            self.store.read_ahead(inputs.node, list(self.num_neighbors.values))
+        out = super().sample_from_nodes(inputs)
+        self.store.check_sampled(out.node)
+        return out
 
     def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
         simple = (
