@@ -1,8 +1,10 @@
 """PyG's FeatureStore/GraphStore over a prepared folder, prepared by streaming a .npy folder."""
 
+import dataclasses
 import functools
 import json
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -12,7 +14,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from torch_geometric.data import Data, HeteroData
+from torch_geometric.data import Data, HeteroData, TensorAttr
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.nn import GraphSAGE as PyGSAGE
 
@@ -34,7 +36,7 @@ from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.errors import ConfigError
 from gnnscale.stores import reads
-from gnnscale.stores.prepared import PreparedGraph, PreparedGraphError, write_graph
+from gnnscale.stores.prepared import MappedTensor, PreparedGraph, PreparedGraphError, write_graph
 from gnnscale.testing import TINY, centroid_accuracy, requires_sampler
 
 SPLITS = ("train", "val", "test")
@@ -744,3 +746,70 @@ def test_two_torchrun_ranks_train_links_from_one_store_as_one_process_would(tmp_
     assert ddp.keys() == single.keys()
     for key, value in single.items():
         assert ddp[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_the_stores_tensors_are_read_only_and_a_callers_bad_index_is_named(tmp_path):
+    """A write into a tensor the stores hand out, or into a view of it, is an error (the pages
+    are mapped read-only: it was a segmentation fault); the file is unchanged. An index past
+    the node count, or negative, is named as the caller's."""
+    folder = write_graph(make_synthetic_graph(TINY), tmp_path / "g", {"test": "read-only"})
+    fs, gs = stores.open(folder)
+    x = fs.get_tensor(TensorAttr(None, "x", None))
+    row, colptr, _ = gs.csc()
+    before = x.clone()
+    writes = [
+        lambda: x.add_(1),
+        lambda: x.__setitem__(0, 1.0),
+        lambda: x[:2].zero_(),
+        lambda: torch.add(x, 1, out=x),
+        lambda: row.fill_(0),
+        lambda: colptr.__iadd__(1),
+    ]
+    for write in writes:
+        with pytest.raises(PreparedGraphError, match="is read-only; write into a copy"):
+            write()
+    assert torch.equal(x, before) and torch.equal(x.clone().add_(1), before + 1)
+    assert (
+        type(x + 1) is torch.Tensor and type(x.index_select(0, torch.tensor([1]))) is torch.Tensor
+    )
+    for bad in (3000, -1):
+        with pytest.raises(IndexError, match=f"an index given to the store holds node {bad:,}"):
+            fs.get_tensor(TensorAttr(None, "x", torch.tensor([0, bad])))
+
+
+def _spawned_batches(folder, context):
+    fs, gs = stores.open(folder, verify="size")
+    loader = NeighborLoader(
+        (fs, gs),
+        num_neighbors=[5, 3],
+        input_nodes=torch.arange(200),
+        batch_size=50,
+        num_workers=1,
+        multiprocessing_context=context,
+    )
+    torch.manual_seed(0)  # the workers' seeds (a generator of its own would not pickle)
+    return list(loader)
+
+
+@requires_sampler
+def test_the_stores_pickle_as_their_files_so_a_spawned_worker_maps_them(tmp_path):
+    """Pickled, the store pair is its files' names, not their contents (a worker or a DDP rank
+    started with ``spawn`` maps the files again and shares the page cache's copy), and a
+    spawned loader worker gives the batches a forked one does."""
+    cfg = dataclasses.replace(TINY, num_nodes=20_000, num_features=64)
+    folder = write_graph(make_synthetic_graph(cfg), tmp_path / "g", {"test": "pickle"})
+    fs, gs = stores.open(folder)
+    files = PreparedGraph(folder).nbytes  # 5 MiB of features, 2 of edges
+    assert len(pickle.dumps((fs, gs))) < files / 200
+    again, _ = pickle.loads(pickle.dumps((fs, gs)))
+    x = again.get_tensor(TensorAttr(None, "x", None))
+    assert isinstance(x, MappedTensor) and torch.equal(
+        x, fs.get_tensor(TensorAttr(None, "x", None))
+    )
+    rows = pickle.loads(pickle.dumps(x[10:12]))  # a view travels as its own values
+    assert type(rows) is torch.Tensor and torch.equal(rows, x[10:12])
+    forked, spawned = _spawned_batches(folder, "fork"), _spawned_batches(folder, "spawn")
+    assert len(forked) == len(spawned) == 4
+    for a, b in zip(forked, spawned, strict=True):
+        for key in ("x", "y", "edge_index", "n_id"):
+            assert torch.equal(a[key], b[key]), key

@@ -23,7 +23,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import NeighborLoader
-from torch_geometric.sampler import NeighborSampler
 from torch_geometric.typing import EdgeType
 
 from gnnscale.batch import BatchRequest
@@ -37,6 +36,7 @@ from gnnscale.data.args import (
 )
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader, SeededSampling
+from gnnscale.data.sampler import HopSampler
 from gnnscale.data.sources import check_root, log_backend_once
 from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
@@ -269,7 +269,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
         fs, gs = stores_of(self.prepared)
         if self.feature_cache_gib:
             fanout = per_edge_type_fanout(self._num_neighbors, self.metadata[1])
-            sampler = NeighborSampler((fs, gs), fanout)  # type: ignore[arg-type]
+            sampler = HopSampler((fs, gs), fanout)
             seeds: dict[str | None, Tensor] = {
                 self.target_type: self._mask("train_mask").nonzero().view(-1)
             }
@@ -364,12 +364,15 @@ class HeteroNeighborDataModule(HeteroGraphData):
         self, seeds: Tensor | None, batch_size: int, fanout: list[int] | None = None
     ) -> NeighborLoader:
         given = self._num_neighbors if fanout is None else fanout
+        per_type = per_edge_type_fanout(given, self.metadata[1])
         kwargs: dict[str, Any] = {}
-        if self.dataset == "prepared" and self.store[0].cache:
-            kwargs["transform"] = self.store[0].count_held
+        if self.dataset == "prepared":  # its sampler checks the ids it draws
+            kwargs["neighbor_sampler"] = HopSampler(self.store, per_type)
+            if self.store[0].cache:
+                kwargs["transform"] = self.store[0].count_held
         return NeighborLoader(
             self.store if self.dataset == "prepared" else self.data,  # type: ignore[arg-type]
-            num_neighbors=per_edge_type_fanout(given, self.metadata[1]),  # type: ignore[arg-type]
+            num_neighbors=per_type,  # type: ignore[arg-type]
             input_nodes=(self.target_type, seeds),
             batch_size=batch_size,
             # Its own generator: starting workers must not move the model's random stream.

@@ -302,7 +302,7 @@ class LinkDataModule(HeteroGraphData):
                     split.tensor(f"{stage}/{key}/colptr"),
                     size,
                 )
-        return fs, MappedGraphStore(csc)
+        return fs, MappedGraphStore(csc, self.prepared)
 
     def _labels(self, stage: str) -> tuple[Tensor, Tensor]:
         """A stage's supervision pairs and their labels (1: an edge)."""

@@ -78,7 +78,7 @@ class MappedFeatureStore(FeatureStore):
     def _check(self, attr: TensorAttr) -> None:
         index, group = attr.index, attr.group_name
         if isinstance(index, Tensor) and index.dtype != torch.bool and group in self.num_nodes:
-            self.graph.check_ids(index, group)
+            self.graph.check_ids(index, group, given=True)
 
     def _read(self, attr: TensorAttr) -> Tensor | None:
         index, group = attr.index, attr.group_name

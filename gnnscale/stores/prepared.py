@@ -348,6 +348,78 @@ def write_streamed_synthetic(
 
 # --- reading -------------------------------------------------------------------------------
 
+# The in-place ops that Python spells as operators (``t += 1``, ``t[i] = v``); the others end
+# in one underscore (``add_``, ``copy_``).
+_WRITES = {f"__{op}__" for op in ("setitem", "iadd", "isub", "imul", "itruediv", "ifloordiv")}
+_WRITES |= {f"__{op}__" for op in ("imod", "ipow", "iand", "ior", "ixor", "ilshift", "irshift")}
+
+
+class MappedTensor(Tensor):
+    """A prepared file's tensor, mapped read-only: a write is an error, and it pickles as its file.
+
+    The pages are mapped ``ACCESS_READ``: a write into them killed the process (a segmentation
+    fault). An in-place op on it or on a view of it raises :class:`PreparedGraphError` instead;
+    ops that read it return plain tensors, views stay mapped tensors. Pickled (a loader worker or
+    a DDP rank started with ``spawn``, ``torch.save``), it is its file's path and place, mapped
+    again where it is unpickled: no copy of the file's contents travels, and processes on one
+    machine share the page cache's one copy. (An op's cost: one Python call, microseconds.)
+    """
+
+    _file: tuple[str, int, str, tuple[int, ...], bool]  # path, offset, dtype, shape, random
+
+    @classmethod
+    def __torch_function__(
+        cls, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        write = name in _WRITES or (name.endswith("_") and not name.endswith("__"))
+        for target in (args[0] if write and args else None, kwargs.get("out")):
+            if isinstance(target, MappedTensor):
+                raise PreparedGraphError(
+                    f"{name}: a tensor of a prepared graph ({target._file[0]}) is read-only; "
+                    "write into a copy (.clone()) or prepare a new folder"
+                )
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        source = args[0] if args and isinstance(args[0], MappedTensor) else None
+        if (
+            source is not None
+            and type(out) is Tensor
+            and out.numel()
+            and out.untyped_storage().data_ptr() == source.untyped_storage().data_ptr()
+        ):  # a view of the file: read-only too, pickled as a copy (its own bytes only)
+            out = out.as_subclass(MappedTensor)
+            out._file = source._file
+        return out
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        with torch._C.DisableTorchFunctionSubclass():
+            whole = tuple(self.shape) == self._file[3] and self.storage_offset() == 0
+            if not whole:  # a view: its own values, copied
+                return Tensor.__reduce_ex__(self.clone(), protocol)
+        return _mapped, self._file
+
+
+def _mapped(
+    path: str, offset: int, dtype: str, shape: tuple[int, ...], random: bool
+) -> MappedTensor:
+    """A file's tensor, mapped read-only (``PreparedGraph.tensor``; unpickling one)."""
+    torch_dtype = DTYPES[dtype]
+    with open(path, "rb") as f:
+        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    if random:
+        mapped.madvise(mmap.MADV_RANDOM)
+    # numpy has no bfloat16: read 2-byte floats as integers and view them as torch's dtype.
+    half = torch_dtype.itemsize == 2 and torch_dtype.is_floating_point
+    np_dtype = np.dtype(np.uint16) if half else torch.empty(0, dtype=torch_dtype).numpy().dtype
+    array = np.frombuffer(mapped, dtype=np_dtype, count=math.prod(shape), offset=offset)
+    with warnings.catch_warnings():  # read-only on purpose: see MappedTensor
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        tensor = torch.from_numpy(array.reshape(shape)).view(torch_dtype).as_subclass(MappedTensor)
+    tensor._file = (path, offset, dtype, tuple(shape), random)
+    return tensor
+
 
 @dataclass
 class PreparedGraph:
@@ -452,7 +524,7 @@ class PreparedGraph:
         if problem:
             raise PreparedGraphError(f"{path} is damaged ({problem}); prepare the graph again")
 
-    def check_ids(self, node: Tensor, node_type: str | None = None) -> None:
+    def check_ids(self, node: Tensor, node_type: str | None = None, given: bool = False) -> None:
         """Refuse a sampled batch's node ids outside ``0..count - 1`` (a damaged ``row``).
 
         ``verify: size`` reads no ``row`` id, and PyG's samplers and gathers trust them; an id
@@ -465,6 +537,8 @@ class PreparedGraph:
         Args:
             node: The batch's node ids (of ``node_type``, in a heterogeneous graph).
             node_type: Their node type; ``None`` in a homogeneous graph.
+            given: The ids were given to a store by its caller (an ``IndexError`` names them
+                as theirs), not drawn by gnnscale's sampler.
         """
         if not node.numel():
             return
@@ -480,10 +554,18 @@ class PreparedGraph:
             if name == "row" or (name.endswith("/row") and name.split("__")[0] == node_type)
         ]
         kind = "" if node_type is None else f" of type {node_type!r}"
+        node_id, files = f"{low if low < 0 else high:,}{kind}", " or ".join(rows)
+        if given:
+            raise IndexError(
+                f"an index given to the store holds node {node_id}, outside 0..{count - 1:,} (the "
+                f"node count): pass node ids below the count (if a sampler drew it, {files} "
+                "holds a damaged neighbour id: prepare the graph again, or open it with verify: "
+                "full to find the damaged block)"
+            )
         raise PreparedGraphError(
-            f"a sampled batch holds node {low if low < 0 else high:,}{kind}, outside "
-            f"0..{count - 1:,} (the node count): {' or '.join(rows)} holds a damaged neighbour id; "
-            "prepare the graph again, or open it with verify: full to find the damaged block"
+            f"a sampled batch holds node {node_id}, outside 0..{count - 1:,} (the node count): "
+            f"{files} holds a damaged neighbour id; prepare the graph again, or open it with "
+            "verify: full to find the damaged block"
         )
 
     def tensor(self, name: str) -> Tensor:
@@ -502,21 +584,11 @@ class PreparedGraph:
         (``figures.py ondisk``).
         """
         entry = self.manifest["files"][name]
-        dtype = DTYPES[entry["dtype"]]
         if math.prod(entry["shape"]) == 0:
-            return torch.empty(entry["shape"], dtype=dtype)
-        with self.path(name).open("rb") as f:
-            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        if not name.endswith("_mask") and self._larger_than_cache:
-            mapped.madvise(mmap.MADV_RANDOM)
-        # numpy has no bfloat16: read 2-byte floats as integers and view them as torch's dtype.
-        half = dtype.itemsize == 2 and dtype.is_floating_point
-        np_dtype = np.dtype(np.uint16) if half else torch.empty(0, dtype=dtype).numpy().dtype
-        count, offset = math.prod(entry["shape"]), entry.get("offset", 0)
-        array = np.frombuffer(mapped, dtype=np_dtype, count=count, offset=offset)
-        with warnings.catch_warnings():  # read-only on purpose: see above
-            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-            return torch.from_numpy(array.reshape(entry["shape"])).view(dtype)
+            return torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])
+        random = not name.endswith("_mask") and self._larger_than_cache
+        path, offset = str(self.path(name)), entry.get("offset", 0)
+        return _mapped(path, offset, entry["dtype"], tuple(entry["shape"]), random)
 
     @cached_property
     def _larger_than_cache(self) -> bool:
