@@ -633,7 +633,8 @@ def prepare(
         split: How its items are split (``dataset: recommender``), as ``--data.split`` of
             ``HeteroNeighborDataModule``.
         feature_dtype: Dtype of the stored features: ``float32``, ``bfloat16``, ``float16``;
-            default: as stored for ``npy`` (a C-order ``x.npy`` is then used where it lies) and
+            default: as stored for ``npy`` (float64 as float32; a C-order ``x.npy`` of the
+            stored dtype is then used where it lies) and
             OGB's downloads (float32, papers100M's as its ``data.npz`` holds them), else
             ``float32``.
         stream: Generate the synthetic graph chunk by chunk (memory of one chunk, any size; a

@@ -160,15 +160,19 @@ def _batches(data, seed, **kwargs):
     return list(NeighborLoader(data, shuffle=True, is_sorted=is_sorted, **kwargs))
 
 
-def _same_batches(out, data):
+def _same_batches(out, data, edges):
+    """The store's batches are memory's (whose edges are sorted by destination); their edge
+    ids are positions in ``edges``, the edge list OGB's loader gives."""
     fs, gs = stores.open(out)
     kwargs = {"num_neighbors": [5, 3], "input_nodes": data.train_mask, "batch_size": 64}
     memory, disk = _batches(data, 1, **kwargs), _batches((fs, gs), 1, **kwargs)
     assert len(memory) == len(disk) == 3
     for a, b in zip(memory, disk, strict=True):
-        for key in ("x", "y", "edge_index", "n_id", "e_id", "train_mask", "val_mask", "test_mask"):
+        for key in ("x", "y", "edge_index", "n_id", "train_mask", "val_mask", "test_mask"):
             assert torch.equal(a[key], b[key]), key
             assert a[key].dtype == b[key].dtype, key
+        assert b.e_id.dtype == torch.long
+        assert torch.equal(edges[:, b.e_id], b.n_id[b.edge_index])
 
 
 def _prefix(key):
@@ -201,13 +205,17 @@ def _same_graph(out, data):
 @pytest.mark.parametrize("name", ["ogbn-arxiv", "ogbn-products"])
 def test_a_csv_download_prepares_to_the_graph_in_memory(tmp_path, name):
     """Small chunks (64 edges, 128 rows): boundaries fall inside pyarrow's blocks and across."""
-    data = csv_download(tmp_path, name, _graph(0))
+    g = _graph(0)
+    data = csv_download(tmp_path, name, g)
+    edges = torch.from_numpy(g["edges"])
+    if name == "ogbn-products":  # OGB's loader: each edge followed by its reverse
+        edges = torch.stack([edges, edges.flip(0)], 2).view(2, -1)
     out = prepare_ogb(name, tmp_path, tmp_path / "store", chunk_bytes=4096)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["num_edges"] == data.num_edges == (4000 if name == "ogbn-products" else 2000)
     assert manifest["num_classes"] == 5 and manifest["files"]["x"]["dtype"] == "float32"
     _same_graph(out, data)
-    _same_batches(out, data)
+    _same_batches(out, data, edges)
 
 
 @requires_sampler
@@ -221,12 +229,13 @@ def test_a_papers100m_npz_download_prepares_to_the_graph_in_memory(
 ):
     """Stored members are mapped, deflated ones streamed (an edge_index in either order: two
     rows read side by side, or pairs); NaN labels become -1."""
-    data = npz_download(tmp_path, _graph(1), compressed, column_major=column_major)
+    g = _graph(1)
+    data = npz_download(tmp_path, g, compressed, column_major=column_major)
     out = prepare_ogb("ogbn-papers100M", tmp_path, tmp_path / "store", chunk_bytes=4096)
     assert json.loads((out / "manifest.json").read_text())["files"]["x"]["dtype"] == "float16"
     assert int((data.y == -1).sum()) > 50
     _same_graph(out, data)
-    _same_batches(out, data)
+    _same_batches(out, data, torch.from_numpy(g["edges"]))
 
 
 @requires_sampler

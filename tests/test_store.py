@@ -1,5 +1,6 @@
 """PyG's FeatureStore/GraphStore over a prepared folder, prepared by streaming a .npy folder."""
 
+import copy
 import dataclasses
 import functools
 import json
@@ -35,7 +36,7 @@ from gnnscale import (
 from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.errors import ConfigError
-from gnnscale.stores import reads
+from gnnscale.stores import prepared, reads
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph, PreparedGraphError, write_graph
 from gnnscale.testing import TINY, centroid_accuracy, requires_sampler
 
@@ -155,11 +156,37 @@ def test_pygs_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_mem
     fs, gs = stores.open(out, read_threads=read_threads, **cache)
     memory, disk = _batches(data, 1, **kwargs), _batches((fs, gs), 1, **kwargs)
     assert len(memory) == len(disk) == 5
+    edge_index = torch.from_numpy(np.load(folder / "edge_index.npy")).long()
+    by_dst = edge_index[1].sort(stable=True).indices  # memory's edges, as the input's ids
     for a, b in zip(memory, disk, strict=True):
-        for key in ("x", "y", "edge_index", "n_id", "e_id", "train_mask", "val_mask", "test_mask"):
+        for key in ("x", "y", "edge_index", "n_id", "train_mask", "val_mask", "test_mask"):
             assert torch.equal(a[key], b[key]), key
         assert a.batch_size == b.batch_size
+        # Edge ids are positions in the input's edge list (edge attributes kept beside it
+        # are indexed by them), not in the store's CSC.
+        assert torch.equal(by_dst[a.e_id], b.e_id)
+        assert torch.equal(edge_index[:, b.e_id], b.n_id[b.edge_index])
     _check_cache(fs, cache_bytes)
+
+
+@requires_sampler
+def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
+    """A graph written from memory with its edges in no order: a batch's ``e_id`` indexes its
+    ``edge_index`` as PyG's loaders in memory do. Edges already by destination (the generated
+    graph) store no map: their CSC is the input's order."""
+    data = make_synthetic_graph(TINY)
+    shuffled = copy.copy(data)
+    shuffled.edge_index = data.edge_index[:, torch.randperm(data.num_edges)]
+    folder = write_graph(shuffled, tmp_path / "shuffled", {"test": "e_id"})
+    assert "perm" in PreparedGraph(folder).manifest["files"]
+    fs, gs = stores.open(folder)
+    torch.manual_seed(0)
+    loader = NeighborLoader((fs, gs), num_neighbors=[4, 2], input_nodes=torch.arange(300))
+    for batch in loader:
+        ends = batch.n_id[batch.edge_index]
+        assert torch.equal(shuffled.edge_index[:, batch.e_id], ends)
+    streamed = prepared.write_streamed_synthetic(TINY, tmp_path / "streamed")
+    assert "perm" not in PreparedGraph(streamed).manifest["files"]
 
 
 def test_a_feature_cache_needs_the_fan_out_it_is_drawn_with(tmp_path, homogeneous):
@@ -224,6 +251,11 @@ def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(
         assert b["author"].x.dtype == torch.float16
         for edge_type in RELATIONS:
             assert torch.equal(a[edge_type].edge_index, b[edge_type].edge_index), edge_type
+            src, _, dst = edge_type  # edge ids: positions in the input's edge list
+            given = np.load(folder / "edges" / "__".join(edge_type) / "edge_index.npy")
+            local = b[edge_type].edge_index
+            ends = torch.stack([b[src].n_id[local[0]], b[dst].n_id[local[1]]])
+            assert torch.equal(torch.from_numpy(given)[:, b[edge_type].e_id], ends), edge_type
     _check_cache(fs, cache_bytes)
     if cache_bytes:  # one budget for both featured types, by how often the pass drew a row
         assert set(fs.cache) == {"paper", "author"}

@@ -294,7 +294,8 @@ class LinkDataModule(HeteroGraphData):
         fs, gs = stores_of(self.prepared)
         split = PreparedGraph(self.split_folder, "size")
         csc = dict(gs.csc_by_type)
-        for t in (self.target, self._reverse.get(self.target)):
+        reverse = self._reverse.get(self.target)
+        for t in (self.target, reverse):
             if t is not None:
                 key, (_, _, size) = edge_key(t), csc[t]
                 csc[t] = (
@@ -302,7 +303,9 @@ class LinkDataModule(HeteroGraphData):
                     split.tensor(f"{stage}/{key}/colptr"),
                     size,
                 )
-        return fs, MappedGraphStore(csc, self.prepared)
+        # The stage's own relations' CSCs are the split's, in no input's order: no edge id map.
+        perm = {t: p for t, p in gs.perm_by_type.items() if t not in (self.target, reverse)}
+        return fs, MappedGraphStore(csc, self.prepared, perm)
 
     def _labels(self, stage: str) -> tuple[Tensor, Tensor]:
         """A stage's supervision pairs and their labels (1: an edge)."""

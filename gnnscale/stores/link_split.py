@@ -155,14 +155,14 @@ def write_split(
             messages = chosen(MESSAGES[stage])
             (folder / stage).mkdir()
             for name, e in write_csc(
-                messages, n_src, n_dst, folder / stage / key, chunk_edges
+                messages, n_src, n_dst, folder / stage / key, chunk_edges, ids=False
             ).items():
                 files[f"{stage}/{key}/{name}"] = e
             if reverse is not None:
                 back = chosen(MESSAGES[stage], swap=True)
                 rkey = _key(reverse)
                 for name, e in write_csc(
-                    back, n_dst, n_src, folder / stage / rkey, chunk_edges
+                    back, n_dst, n_src, folder / stage / rkey, chunk_edges, ids=False
                 ).items():
                     files[f"{stage}/{rkey}/{name}"] = e
             supervised = {

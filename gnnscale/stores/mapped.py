@@ -198,17 +198,21 @@ class MappedGraphStore(GraphStore):
 
     ``graph``, the folder the CSC lies in, lets a sampler read a batch's neighbour lists ahead
     and check the ids it drew (:meth:`read_ahead`, :meth:`check_sampled`); gnnscale's
-    :class:`~gnnscale.data.sampler.HopSampler` does both.
+    :class:`~gnnscale.data.sampler.HopSampler` does both. ``perm``: for an edge type whose input
+    was not in the CSC's order, each CSC slot's position in the input's edge list; PyG's
+    loaders map a batch's ``e_id`` through it, so that edge ids are the input's, as in memory.
     """
 
     def __init__(
         self,
         csc: dict[EdgeType | None, tuple[Tensor, Tensor, tuple[int, int]]],
         graph: PreparedGraph | None = None,
+        perm: dict[EdgeType | None, Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.csc_by_type = csc
         self.graph = graph
+        self.perm_by_type = perm or {}
 
     def read_ahead(self, seeds: Tensor, fanout: list[int]) -> None:
         """Read and check the CSC that sampling ``fanout`` from ``seeds`` walks (homogeneous).
@@ -229,6 +233,15 @@ class MappedGraphStore(GraphStore):
             return
         for t, ids in node.items() if isinstance(node, dict) else [(None, node)]:
             self.graph.check_ids(ids, t)
+
+    def _edge_to_layout(
+        self, attr: EdgeAttr, layout: EdgeLayout, store: bool = False
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """PyG's conversion; the stored CSC comes with its map to the input's edge ids."""
+        row, col, perm = super()._edge_to_layout(attr, layout, store)
+        if layout == EdgeLayout.CSC:
+            perm = self.perm_by_type.get(attr.edge_type)
+        return row, col, perm
 
     def _get_edge_index(self, edge_attr: EdgeAttr) -> EdgeTensorType | None:
         found = self.csc_by_type.get(edge_attr.edge_type)
@@ -307,12 +320,14 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
     tensors = {}
     for name in manifest["files"]:
         group, _, attr = name.rpartition("/")
-        if group in groups and attr not in ("colptr", "row"):
+        if group in groups and attr not in ("colptr", "row", "perm"):
             tensors[groups[group], attr] = graph.tensor(name)
-    csc = {}
+    csc, perm = {}, {}
     for key, et in edge_types.items():
         prefix = f"{key}/" if key else ""
         src, dst = (None, None) if et is None else (et[0], et[-1])
         size = (num_nodes[src], num_nodes[dst])
         csc[et] = (graph.tensor(f"{prefix}row"), graph.tensor(f"{prefix}colptr"), size)
-    return MappedFeatureStore(graph, tensors, num_nodes), MappedGraphStore(csc, graph)
+        if f"{prefix}perm" in manifest["files"]:
+            perm[et] = graph.tensor(f"{prefix}perm")
+    return MappedFeatureStore(graph, tensors, num_nodes), MappedGraphStore(csc, graph, perm)

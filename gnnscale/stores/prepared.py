@@ -248,7 +248,7 @@ def write_graph(
     def fill(folder: Path) -> dict[str, Any]:
         w = _Writer.node_graph(folder, feature_dtype)
         n = data.num_nodes
-        colptr, row, _ = to_csc(data, device=torch.device("cpu"))
+        colptr, row, perm = to_csc(data, device=torch.device("cpu"))
         for a, b in _chunks(n, chunk_nodes, "nodes"):
             w["x"].write(data.x[a:b].to(DTYPES[feature_dtype]))
             w["y"].write(data.y[a:b].long())
@@ -256,8 +256,13 @@ def write_graph(
                 w[key].write(data[key][a:b])
         w["colptr"].write(colptr)
         w["row"].write(row)
+        files = w.close()
+        if perm is not None and not torch.equal(perm, torch.arange(perm.numel())):
+            perm_file = FileWriter(folder / "perm.bin", "int64")  # each slot's input position
+            perm_file.write(perm)
+            files["perm"] = perm_file.close()
         meta = _meta(n, row.numel(), data.num_features, int(data.y.max()) + 1)
-        return meta | {"files": w.close()}
+        return meta | {"files": files}
 
     size = _size(data.num_nodes, data.num_edges, data.num_features, feature_dtype)
     return prepare(out, source, fill, size)

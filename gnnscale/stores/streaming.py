@@ -109,9 +109,13 @@ def _mapped(path: Path, dtype: Any, length: int) -> np.ndarray:
 
 
 def write_csc(
-    edges: Edges, num_src: int, num_dst: int, folder: Path, chunk_edges: int
+    edges: Edges, num_src: int, num_dst: int, folder: Path, chunk_edges: int, ids: bool = True
 ) -> dict[str, Any]:
-    """``colptr.bin`` and ``row.bin`` of one edge type in ``folder``; their manifest entries."""
+    """``colptr.bin`` and ``row.bin`` of one edge type in ``folder``; their manifest entries.
+
+    With ``ids``, also ``perm.bin``, each CSC slot's position in ``edges`` (the edge ids of a
+    batch), unless every edge lies where the input has it.
+    """
     folder.mkdir(parents=True, exist_ok=True)
     colptr = _mapped(folder / "colptr.bin", np.int64, num_dst + 1)
     with _bar(edges.num_edges, f"degrees {edges.where}") as bar:
@@ -131,28 +135,38 @@ def write_csc(
         colptr[a : a + chunk_edges] = part
         carry = int(part[-1])
     row = _mapped(folder / "row.bin", np.int64, edges.num_edges)
+    perm = _mapped(folder / "perm.bin", np.int64, edges.num_edges)  # each slot's input position
     cursor = _mapped(folder / "cursor.tmp", np.int64, num_dst)  # each destination's next slot
     for a in range(0, num_dst, chunk_edges):
         cursor[a : a + chunk_edges] = colptr[a : min(a + chunk_edges, num_dst)]
+    sorted_input, first = True, 0  # whether every edge lies where the input has it
     with _bar(edges.num_edges, f"placing {edges.where}") as bar:
         for src, dst in edges.chunks(chunk_edges):
             order = np.argsort(dst, kind="stable")  # input order within a destination
             dst = dst[order]
             starts = np.flatnonzero(np.r_[True, dst[1:] != dst[:-1]])
             counts = np.diff(np.r_[starts, dst.size])
-            rank = np.arange(dst.size) - np.repeat(starts, counts)
-            row[cursor[dst] + rank] = src[order]
+            slot = cursor[dst] + np.arange(dst.size) - np.repeat(starts, counts)
+            row[slot] = src[order]
+            perm[slot] = first + order
+            sorted_input = sorted_input and np.array_equal(slot, first + np.arange(dst.size))
             cursor[dst[starts]] += counts
+            first += dst.size
             bar.update(len(dst))
-    for mapped in (colptr, row, cursor):
+    for mapped in (colptr, row, perm, cursor):
         if isinstance(mapped, np.memmap):
             mapped.flush()
-    del colptr, row, cursor
+    del colptr, row, perm, cursor
     (folder / "cursor.tmp").unlink()
-    return {
+    entries = {
         "colptr": file_entry(folder / "colptr.bin", "int64", [num_dst + 1]),
         "row": file_entry(folder / "row.bin", "int64", [edges.num_edges]),
     }
+    if sorted_input or not ids:  # the CSC is the input's order: edge ids need no map
+        (folder / "perm.bin").unlink()
+    else:
+        entries["perm"] = file_entry(folder / "perm.bin", "int64", [edges.num_edges])
+    return entries
 
 
 def _rows(array: Array, chunk_bytes: int) -> int:
@@ -319,6 +333,6 @@ def write(
         if inputs.x is not None and inputs.x.in_place is None:
             dtype = DTYPES[_stored_dtype(inputs.x, feature_dtype)]
             size += int(np.prod(inputs.x.shape)) * dtype.itemsize
-    for key, edges in edge_types.items():
-        size += 8 * (edges.num_edges + nodes[None if key is None else key[-1]].num_nodes + 1)
+    for key, edges in edge_types.items():  # row and perm, colptr
+        size += 8 * (2 * edges.num_edges + nodes[None if key is None else key[-1]].num_nodes + 1)
     return prepare(out, source | {"feature_dtype": feature_dtype}, fill, size)
