@@ -130,7 +130,7 @@ def policies(folder: Path, fractions: tuple[float, ...]) -> dict[str, list[float
     }
 
 
-def _disk_reads(folder: Path) -> tuple[int, int]:
+def disk_reads(folder: Path) -> tuple[int, int]:
     """Reads completed and bytes read so far by the device that holds ``folder``."""
     dev = os.stat(folder).st_dev
     fields = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
@@ -146,9 +146,9 @@ class DiskReads(threading.Thread):
 
     def run(self) -> None:
         """Sample until :attr:`done` is set."""
-        last = _disk_reads(self.folder)[0]
+        last = disk_reads(self.folder)[0]
         while not self.done.wait(1.0):
-            now = _disk_reads(self.folder)[0]
+            now = disk_reads(self.folder)[0]
             self.rates.append(now - last)
             last = now
 
@@ -164,7 +164,7 @@ def fit(folder: Path, workdir: Path, name: str, *flags: str) -> dict[str, float 
         *FIT_ARGS,
         *flags,
     )
-    before = _disk_reads(folder)
+    before = disk_reads(folder)
     disk = DiskReads(folder)
     disk.start()
     start = time.perf_counter()
@@ -179,7 +179,7 @@ def fit(folder: Path, workdir: Path, name: str, *flags: str) -> dict[str, float 
     disk.join()
     if proc.returncode:
         raise RuntimeError(f"fit failed:\n{out.decode()[-3000:]}")
-    after = _disk_reads(folder)
+    after = disk_reads(folder)
     metrics = read_metrics(save_dir)
     trainer, worker = memory.trainer_and_worker()
     busy = [r for r in disk.rates if r > 1000] or [0]

@@ -607,3 +607,28 @@ def test_a_disk_that_fills_leaves_one_line_and_nothing_half_written(tmp_path):
     assert save.startswith(f"no room to save the checkpoint {tmp_path / 'last.ckpt'} (File too")
     assert sorted(p.name for p in tmp_path.iterdir()) == [".g.lock", "last.ckpt"]
     assert torch.load(tmp_path / "last.ckpt")["w"].shape == (10,)  # the earlier one, intact
+
+
+@requires_sampler
+def test_the_planners_batch_size_advice_samples_a_prepared_graph_as_it_trains(tiny_prepared):
+    """The mean batch that ``gnnscale plan``'s advice sizes is sampled by the DataModule's own
+    sampler: from a prepared folder, the same batches as in memory (it sampled seeds alone,
+    the folder's ``edge_index`` being empty), and the run's random stream is left alone."""
+
+    def mean_nodes(dataset, root):
+        dm = NeighborDataModule(
+            dataset, root, [5, 3], 64, synthetic=TINY, eval=EvalArgs(mode="sampled")
+        )
+        dm.configure_batches(BatchRequest(num_layers=2))
+        torch.manual_seed(1)
+        mean = dm._mean_nodes(64, [5, 3])
+        return mean, torch.rand(1)
+
+    (disk, after_disk), (memory, after_memory) = (
+        mean_nodes("prepared", tiny_prepared),
+        mean_nodes("synthetic", tiny_prepared.parent),
+    )
+    assert disk == memory > 64 * 4
+    assert torch.equal(after_disk, after_memory)
+    torch.manual_seed(1)
+    assert torch.equal(after_disk, torch.rand(1))

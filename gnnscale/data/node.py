@@ -34,6 +34,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import (
     NeighborLoader,
 )
+from torch_geometric.sampler import NodeSamplerInput
 
 from gnnscale.batch import BatchRequest, LayerwiseBatch
 from gnnscale.data.args import (
@@ -555,15 +556,21 @@ class NeighborDataModule(NodeDataModule):
         return "no batch size down to 16 fits: use a machine with more memory"
 
     def _mean_nodes(self, batch_size: int, fanout: list[int]) -> float:
-        """Mean nodes of three batches sampled with other settings (sampling only)."""
-        loader = NeighborLoader(
-            self.data,
-            num_neighbors=fanout,
-            input_nodes=self.data.train_mask,
-            batch_size=batch_size,
-            shuffle=True,
-        )
-        return statistics.mean(b.num_nodes for _, b in zip(range(3), loader, strict=False))
+        """Mean nodes of three batches of training seeds sampled with other settings.
+
+        The DataModule's own sampler (a prepared graph's too), under a fixed seed that leaves
+        the run's random stream where it was; sampling only.
+        """
+        sampler = copy.copy(self._csc_sampler)
+        sampler.num_neighbors = fanout
+        seeds = self.data.train_mask.nonzero().view(-1)
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(0)
+            batches = seeds[torch.randperm(seeds.numel())][: 3 * batch_size].split(batch_size)
+            sizes = [
+                sampler.sample_from_nodes(NodeSamplerInput(None, b)).node.numel() for b in batches
+            ]
+        return statistics.mean(sizes)
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         # Seeds come first; a short last batch keeps weight 1/batch_size per seed, so every
