@@ -135,7 +135,7 @@ def write_csc(
         colptr[a : a + chunk_edges] = part
         carry = int(part[-1])
     row = _mapped(folder / "row.bin", np.int64, edges.num_edges)
-    perm = _mapped(folder / "perm.bin", np.int64, edges.num_edges)  # each slot's input position
+    perm = _mapped(folder / "perm.bin", np.int64, edges.num_edges) if ids else None
     cursor = _mapped(folder / "cursor.tmp", np.int64, num_dst)  # each destination's next slot
     for a in range(0, num_dst, chunk_edges):
         cursor[a : a + chunk_edges] = colptr[a : min(a + chunk_edges, num_dst)]
@@ -148,8 +148,9 @@ def write_csc(
             counts = np.diff(np.r_[starts, dst.size])
             slot = cursor[dst] + np.arange(dst.size) - np.repeat(starts, counts)
             row[slot] = src[order]
-            perm[slot] = first + order
-            sorted_input = sorted_input and np.array_equal(slot, first + np.arange(dst.size))
+            if perm is not None:  # each slot's input position
+                perm[slot] = first + order
+                sorted_input = sorted_input and np.array_equal(slot, first + np.arange(dst.size))
             cursor[dst[starts]] += counts
             first += dst.size
             bar.update(len(dst))
@@ -162,9 +163,9 @@ def write_csc(
         "colptr": file_entry(folder / "colptr.bin", "int64", [num_dst + 1]),
         "row": file_entry(folder / "row.bin", "int64", [edges.num_edges]),
     }
-    if sorted_input or not ids:  # the CSC is the input's order: edge ids need no map
+    if ids and sorted_input:  # the CSC is the input's order: edge ids need no map
         (folder / "perm.bin").unlink()
-    else:
+    elif ids:
         entries["perm"] = file_entry(folder / "perm.bin", "int64", [edges.num_edges])
     return entries
 
