@@ -182,15 +182,35 @@ def _on_gpu(accelerator: str) -> bool:
     return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
 
 
-def _check_precision(precision: str, accelerator: str) -> None:
-    """Lightning would quietly swap fp16 for bf16 on CPU; say so instead."""
+def _forks_ranks(strategy: Any) -> bool:
+    """Whether the strategy forks its ranks from this process, which needs CUDA uninitialised.
+
+    ``ddp_fork``, ``ddp_notebook`` or ``DDPStrategy(start_method="fork")``.
+    """
+    if isinstance(strategy, str):
+        return "fork" in strategy or "notebook" in strategy
+    init_args = getattr(strategy, "init_args", None)
+    return init_args is not None and init_args.get("start_method") == "fork"
+
+
+def _check_precision(precision: str, accelerator: str, strategy: Any = None) -> None:
+    """Lightning would quietly swap fp16 for bf16 on CPU; say so instead.
+
+    Asking whether a GPU has bf16 initialises CUDA, after which a forked rank cannot use it:
+    under a forking strategy the ranks find out themselves (torch's own error).
+    """
     on_gpu = _on_gpu(accelerator)
     if precision in ("16", "16-mixed") and not on_gpu:
         raise ConfigError(
             f"--trainer.precision={precision} needs a CUDA GPU (fp16 autocast with loss scaling); "
             "on CPU use --trainer.precision=bf16-mixed or 32"
         )
-    if precision.startswith("bf16") and on_gpu and not torch.cuda.is_bf16_supported():
+    if (
+        precision.startswith("bf16")
+        and on_gpu
+        and not _forks_ranks(strategy)
+        and not torch.cuda.is_bf16_supported()
+    ):
         raise ConfigError(
             f"--trainer.precision={precision}: this GPU has no bf16; use "
             "--trainer.precision=16-mixed"
@@ -321,7 +341,8 @@ class GnnscaleCLI(LightningCLI):
         Before any data is loaded or downloaded: ``plan`` answers from the config's arithmetic.
         """
         config = self.config[self.subcommand] if self.subcommand else self.config
-        _check_precision(str(config.trainer.precision), str(config.trainer.accelerator))
+        trainer = config.trainer
+        _check_precision(str(trainer.precision), str(trainer.accelerator), trainer.strategy)
         if self.subcommand == "fit":
             checks.check_validation(config.trainer)
         data = getattr(config.get("data"), "init_args", None)

@@ -11,6 +11,7 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from jsonargparse import Namespace
 from registry import recipe
 
 import gnnscale.cli
@@ -278,6 +279,37 @@ def test_cpu_bf16_autocast_falls_back_to_fp32_without_bf16_kernels(
     assert cli.trainer.precision == runs
     said = [str(w.message) for w in caught if "GNNSCALE_CPU_BF16" in str(w.message)]
     assert len(said) == (runs != asked)  # the switch is said once, and only when made
+
+
+def _ddp(start_method):
+    return Namespace(
+        class_path="lightning.pytorch.strategies.DDPStrategy",
+        init_args=Namespace(start_method=start_method),
+    )
+
+
+@pytest.mark.parametrize(
+    ("strategy", "asks"),
+    [
+        ("auto", True),
+        ("ddp_spawn", True),
+        (_ddp("spawn"), True),
+        ("ddp_fork", False),
+        ("ddp_notebook", False),
+        (_ddp("fork"), False),  # the multi_gpu_ddp recipe's
+    ],
+)
+def test_a_forking_strategy_leaves_cuda_uninitialised(monkeypatch, strategy, asks):
+    """``torch.cuda.is_bf16_supported`` initialises CUDA, and a forked rank then cannot use
+    it ("Cannot re-initialize CUDA in forked subprocess", seen on the first GPU run)."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: asked.append(1) or False)
+    if asks:
+        with pytest.raises(ConfigError, match="this GPU has no bf16"):
+            gnnscale.cli._check_precision("bf16-mixed", "gpu", strategy)
+    else:
+        gnnscale.cli._check_precision("bf16-mixed", "gpu", strategy)
+    assert len(asked) == asks
 
 
 @pytest.mark.parametrize(

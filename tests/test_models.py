@@ -412,6 +412,22 @@ def test_sparse_aggregation_matches_scatter_in_a_training_step(
     assert not torch.equal(outputs[0], model.eval()(batch.x, batch.edge_index)[:64].float())
 
 
+@requires_torch_sparse
+@pytest.mark.parametrize(("cuda_version", "on_cuda"), [(-1, False), (12080, True)])
+def test_a_cpu_only_torch_sparse_leaves_gpu_batches_to_torch_sparse_tensors(
+    monkeypatch, cuda_version, on_cuda
+):
+    """A torch-sparse built without CUDA samples on the CPU; a GPU batch's ``SparseTensor``
+    product would raise "Not compiled with CUDA support" (seen on the first GPU run)."""
+    from gnnscale.data.layout import torch_sparse_runs_on
+
+    monkeypatch.setattr(torch.ops.torch_sparse, "cuda_version", lambda: cuda_version)
+    assert torch_sparse_runs_on("cpu")
+    assert torch_sparse_runs_on("cuda") == on_cuda
+    monkeypatch.setattr(torch_geometric.typing, "WITH_TORCH_SPARSE", False)
+    assert not torch_sparse_runs_on("cpu") and not torch_sparse_runs_on("cuda")
+
+
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.6, 0.75])  # 16, 1, 16 and 8 random bits a mask
 def test_dropout_keeps_its_rate_and_its_mean(p):
     from gnnscale.models.fast import Dropout

@@ -53,6 +53,20 @@ def subgraph_layout(batch: Data) -> Data:
     return batch
 
 
+def torch_sparse_runs_on(device_type: str) -> bool:
+    """Whether torch-sparse is installed with kernels for this device type.
+
+    A torch-sparse built without CUDA (``pip install torch-sparse`` where no CUDA compiler is
+    found) still samples on the CPU, but its ``SparseTensor`` products raise "Not compiled with
+    CUDA support" on a GPU batch: there the adjacency is a ``torch.sparse`` tensor instead.
+    """
+    if not torch_geometric.typing.WITH_TORCH_SPARSE:
+        return False
+    if device_type == "cpu":
+        return True
+    return device_type == "cuda" and int(torch.ops.torch_sparse.cuda_version()) != -1
+
+
 def csr_adjacency(
     x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int
 ) -> Any:
@@ -63,7 +77,7 @@ def csr_adjacency(
     """
     num_src = x.size(0)
     rowptr, col = rowptr[: num_dst + 1], edge_index[0, :num_edges]
-    if torch_geometric.typing.WITH_TORCH_SPARSE:
+    if torch_sparse_runs_on(col.device.type):
         return SparseTensor(
             rowptr=rowptr,
             col=col,
