@@ -72,8 +72,11 @@ def csr_adjacency(
 ) -> Any:
     """The first ``num_dst`` rows of a batch's CSR adjacency (columns: ``x``'s rows), uncopied.
 
-    torch-sparse's ``SparseTensor`` where installed, else a ``torch.sparse`` CSR tensor: the
-    ``adj_t`` PyG's convs aggregate with a sparse-dense product.
+    torch-sparse's ``SparseTensor`` where it runs on ``x``'s device, else on the CPU a
+    ``torch.sparse`` CSR tensor: the ``adj_t`` PyG's convs aggregate with a sparse-dense product.
+    On a GPU without torch-sparse's CUDA kernels, the edges themselves (PyG's scatter): cuSPARSE
+    needs one dtype for both operands, and under autocast a later layer's rows are bf16 or fp16
+    while the adjacency's values stay fp32 ("data type combination not supported").
     """
     num_src = x.size(0)
     rowptr, col = rowptr[: num_dst + 1], edge_index[0, :num_edges]
@@ -85,6 +88,8 @@ def csr_adjacency(
             is_sorted=True,
             trust_data=True,
         )
+    if col.device.type != "cpu":  # PyG's scatter over the edges
+        return edge_index[:, :num_edges]
     ones = torch.ones(num_edges, dtype=x.dtype, device=col.device)
     return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 

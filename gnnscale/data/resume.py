@@ -214,7 +214,7 @@ class ResumableLoader:
 def _get_rng() -> dict[str, torch.Tensor]:
     """The random streams a training step draws from (dropout): the CPU's and this GPU's."""
     state = {"cpu": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_initialized():  # never initialises CUDA (a forked rank could not)
         state["cuda"] = torch.cuda.get_rng_state()
     return state
 

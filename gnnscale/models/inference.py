@@ -55,10 +55,10 @@ def layerwise_inference(
             in_place = sparse and _in_place(x_all, device, dtype if i == 0 else None, threads)
             for hop in batch.loader:
                 if in_place:  # the product reads the batch's rows where they are: no copy
-                    src = hop.n_id[hop.edge_index[0]]
-                    edges = torch.stack([src, hop.edge_index[1]])
-                    edges = fast.seeds_adjacency(x_all, edges, hop.batch_size)
-                    seeds = x_all.index_select(0, hop.n_id[: hop.batch_size])
+                    n_id = hop.n_id.to(x_all.device)
+                    edges = torch.stack([n_id[hop.edge_index[0]], hop.edge_index[1]])
+                    edges = fast.seeds_adjacency(x_all, edges.to(x_all.device), hop.batch_size)
+                    seeds = x_all.index_select(0, n_id[: hop.batch_size])
                     h = seeds_layer(gnn, i, x_all, edges, hop.batch_size, seeds)
                 else:
                     if i == 0:
