@@ -54,7 +54,7 @@ def _keys(index, num_dst=TINY.num_items):
 @pytest.mark.parametrize("neighbors", ["uniform", "pinsage"])
 def test_no_validation_or_test_edge_reaches_a_training_batch(neighbors):
     dm = _dm(neighbors=neighbors, num_hard_negatives=1)
-    train, val, test = dm.splits
+    train, val, test = dm.links.splits
     held_out = torch.cat(
         [g[RATES].edge_label_index[:, g[RATES].edge_label == 1] for g in (val, test)], 1
     )
@@ -163,7 +163,9 @@ def test_ranking_masks_known_edges_and_keeps_to_the_candidates():
 def test_hard_negatives_come_from_the_batch_and_are_not_edges():
     dm = _dm(num_negatives=0, num_hard_negatives=2)
     known = _keys(
-        torch.cat([dm.splits[0][RATES].edge_index, dm.splits[0][RATES].edge_label_index], 1)
+        torch.cat(
+            [dm.links.splits[0][RATES].edge_index, dm.links.splits[0][RATES].edge_label_index], 1
+        )
     )
     total = 0
     for batch in dm.train_dataloader():
@@ -234,7 +236,7 @@ def test_a_homogeneous_dataset_is_one_node_and_one_edge_type(cora_root):
     dm = LinkDataModule(dataset="Cora", root=cora_root, batch_size=256, num_neighbors=[10, 5])
     edge = ("node", "to", "node")
     assert dm.target == edge and dm.undirected
-    train, val, test = dm.splits
+    train, val, test = dm.links.splits
     held = _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1], 2708)
     held |= _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1].flip(0), 2708)
     assert not _keys(train[edge].edge_index, 2708) & held  # neither direction
@@ -288,7 +290,7 @@ trainer.fit(model, dm)
 (ddp,) = trainer.test(model, dm, ckpt_path=ckpt, verbose=False)
 single_trainer = L.Trainer(devices=1, callbacks=[Record()], **quiet)
 (single,) = single_trainer.test(model, dm, ckpt_path=ckpt, verbose=False)
-store = dm.splits[0][RATES]
+store = dm.links.splits[0][RATES]
 train = store.edge_label_index[:, store.edge_label == 1].T.tolist()
 (out / "result.json").write_text(json.dumps({"ddp": ddp, "single": single, "train": train}))
 """

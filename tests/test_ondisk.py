@@ -147,7 +147,7 @@ def test_the_feature_cache_keeps_to_its_budget_and_holds_rows_the_sampler_draws(
     # (gnnscale's CLI, run earlier in this process by other tests, sets it to keep it).
     trim_heap()
     before = anon_mb()
-    cache = dm.store[0].cache[None]
+    cache = dm.source.stores[0].cache[None]
     trim_heap()
     grown = (anon_mb() - before) * 2**20
     assert cache.nbytes <= budget and cache.ids.numel() == budget // (64 * 4 + 8)

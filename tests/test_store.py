@@ -589,11 +589,11 @@ def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
     dm = LinkDataModule("prepared", out, edge_type=list(RATES), batch_size=64, verify="size")
     dm.prepare_data()
     edges = _link_keys(data[RATES].edge_index)
-    val_index, val_label = dm._labels("val")
-    test_index, test_label = dm._labels("test")
+    val_index, val_label = dm.links.labels("val")
+    test_index, test_label = dm.links.labels("test")
     val_pos = _link_keys(val_index[:, val_label == 1])
     test_pos = _link_keys(test_index[:, test_label == 1])
-    train_index, _ = dm._labels("train")
+    train_index, _ = dm.links.labels("train")
     supervised = _link_keys(train_index)
     messages = {s: _link_keys(_stage_edges(dm, s, RATES)) for s in ("train", "val", "test")}
     reverses = {s: _link_keys(_stage_edges(dm, s, REV_RATES).flip(0)) for s in messages}
@@ -613,9 +613,9 @@ def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
         seen |= _link_keys(torch.stack([batch[src].n_id[local[0]], batch[dst].n_id[local[1]]]))
     assert len(seen) > 500 and not seen & (val_pos | test_pos | supervised)
     # Written once: another DataModule on the same folder and settings reuses it.
-    mtime = dm.split_folder.stat().st_mtime_ns
+    mtime = dm.links.folder.stat().st_mtime_ns
     again = LinkDataModule("prepared", out, edge_type=list(RATES), verify="size")
-    assert again.split_folder == dm.split_folder and dm.split_folder.stat().st_mtime_ns == mtime
+    assert again.links.folder == dm.links.folder and dm.links.folder.stat().st_mtime_ns == mtime
 
 
 @requires_sampler
@@ -649,7 +649,7 @@ def _link_keys(index):
 
 def _stage_edges(dm, stage, edge_type):
     """A stage's message-passing edges of ``edge_type`` in global ids, from its graph store."""
-    _, gs = dm._stage(stage)
+    _, gs = dm.links.input(stage)
     row, colptr = gs.get_edge_index(edge_type, "csc")
     return torch.stack(
         [row, torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())]
@@ -762,7 +762,7 @@ def test_two_torchrun_ranks_train_links_from_one_store_as_one_process_would(tmp_
         done = launch(out, port + 1)
     assert done.returncode == 0, done.stderr[-3000:]
     dm = LinkDataModule("prepared", store, edge_type=list(RATES), batch_size=64, verify="size")
-    index, label = dm._labels("train")
+    index, label = dm.links.labels("train")
     train = sorted(map(tuple, index[:, label == 1].T.tolist()))
     assert len(list(tmp_path.glob(f"{store.name}.link_split-*"))) == 1  # one split, shared
     for epoch in range(2):

@@ -15,7 +15,8 @@ from gnnscale.data.hetero import HeteroNeighborDataModule
 from gnnscale.data.link import LinkDataModule, LinkEvalArgs, LinkSplit
 from gnnscale.data.node import FullBatchDataModule, NeighborDataModule, NodeDataModule
 from gnnscale.data.pinsage import PinSAGENeighbors
-from gnnscale.data.sources import DATASETS, load_dataset, sampling_backend
+from gnnscale.data.sampler import sampling_backend
+from gnnscale.data.sources import DATASETS, load_dataset
 from gnnscale.data.subgraph import ClusterDataModule, SAINTDataModule
 from gnnscale.data.synthetic import (
     SyntheticGraph,

@@ -139,16 +139,6 @@ class EvalArgs:
         return kept
 
 
-def check_cache(feature_cache_gib: float, dataset: str) -> None:
-    """Refuse a feature cache of negative size, or for a graph that is not read from disk."""
-    if feature_cache_gib < 0 or (feature_cache_gib and dataset != "prepared"):
-        raise ConfigError(
-            f"--data.feature_cache_gib must be >= 0, and applies to --data.dataset prepared "
-            f"only: other graphs' features are in memory already (got {feature_cache_gib} "
-            f"with --data.dataset {dataset})"
-        )
-
-
 def check_positive(**values: int | float | None) -> None:
     """Refuse a size or count that is not positive (``None``: unset), naming its ``--data`` flag."""
     for key, value in values.items():

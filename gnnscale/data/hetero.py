@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import NeighborLoader
@@ -30,19 +29,16 @@ from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
     NodeSplit,
-    check_cache,
     check_dataset,
     check_positive,
 )
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader, SeededSampling
-from gnnscale.data.sampler import HopSampler
-from gnnscale.data.sources import check_root, log_backend_once
+from gnnscale.data.sampler import log_backend_once
+from gnnscale.data.sources import GraphSource, check_cache, check_root, open_source
 from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
-from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
-from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, edge_type, stores_of
-from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.memory import MemoryProfile, proportional_batches
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -101,7 +97,7 @@ class HeteroGraphData(L.LightningDataModule):
     Subclasses set ``self.data`` (a ``HeteroData``) and ``self._num_neighbors``.
     """
 
-    data: HeteroData
+    _opened: GraphSource  # the graph as opened, before the subclass's checks
     _num_neighbors: list[int] | dict[str, list[int]]
     # What the model asked batches to carry (``configure_batches``): here, its depth.
     request: BatchRequest = BatchRequest()
@@ -109,19 +105,18 @@ class HeteroGraphData(L.LightningDataModule):
 
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
-        """Node and edge types (PyG's ``metadata()``)."""
-        return self.data.metadata()
+        """Node and edge types (PyG's ``metadata()``; a prepared folder's from its manifest)."""
+        return self._opened.metadata
 
     @property
     def feature_dims(self) -> dict[str, int]:
         """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
-        data = self.data
-        return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in data.node_types}
+        return self._opened.feature_dims
 
     @property
     def num_nodes(self) -> dict[str, int]:
         """Nodes per type."""
-        return {t: int(self.data[t].num_nodes) for t in self.data.node_types}
+        return self._opened.num_nodes
 
     def fanout(self, num_layers: int = 0) -> dict[EdgeType, list[int]]:
         """Fan-out per edge type (see :func:`per_edge_type_fanout`)."""
@@ -153,14 +148,6 @@ class HeteroGraphData(L.LightningDataModule):
 
 _SPLITS = ("train_mask", "val_mask", "test_mask")
 _LABELLED = {"synthetic": "item", "DBLP": "author", "IMDB": "movie"}  # each dataset's labels
-
-
-def _labelled(manifest: dict[str, Any]) -> list[str]:
-    """The node types of a prepared heterogeneous folder that have labels and split masks."""
-    counts, files = manifest["num_nodes"], manifest["files"]
-    if not isinstance(counts, dict):
-        return []
-    return [t for t in counts if all(f"{t}/{k}" in files for k in ("y", *_SPLITS))]
 
 
 class HeteroNeighborDataModule(HeteroGraphData):
@@ -233,11 +220,9 @@ class HeteroNeighborDataModule(HeteroGraphData):
         self.dataset, self.root, self.verify = dataset, Path(root), verify
         self.read_threads, self.feature_cache_gib = read_threads, feature_cache_gib
         self.target_type = target_type or _LABELLED.get(dataset, "")
-        if dataset == "prepared":
-            check_root(dataset, self.root)
-            labelled = _labelled(PreparedGraph.read_manifest(self.root))
-            if not target_type and len(labelled) == 1:
-                self.target_type = labelled[0]
+        self._opened = open_source(dataset, self.root, self._load, verify, read_threads)
+        if not self.target_type and len(labelled := self._opened.labelled) == 1:
+            self.target_type = labelled[0]  # a prepared folder's only labelled type
         self._num_neighbors = num_neighbors
         self.batch_size, self.split, self.eval = batch_size, split, eval
         self.synthetic, self.loader = synthetic, loader
@@ -249,33 +234,28 @@ class HeteroNeighborDataModule(HeteroGraphData):
     __str__ = __repr__
 
     @cached_property
-    def prepared(self) -> PreparedGraph:
-        """The mapped folder of ``dataset: prepared``; refuses a target it cannot train on."""
-        graph = PreparedGraph(self.root, self.verify, self.read_threads)
-        counts = graph.manifest["num_nodes"]
-        if not isinstance(counts, dict):
+    def source(self) -> GraphSource:
+        """The graph, checked against the target type, its feature cache filled (prepared)."""
+        source = self._opened
+        if not source.hetero:
             raise ConfigError(
-                f"{self.root} holds a homogeneous graph: train it with gnnscale.NeighborDataModule"
+                f"{source.name} holds a homogeneous graph: train it with "
+                "gnnscale.NeighborDataModule"
             )
-        self._check_target(list(counts), _labelled(graph.manifest), str(self.root))
+        self._check_target(source.metadata[0], source.labelled, source.name)
         for mask in _SPLITS:
-            if not bool(graph.tensor(f"{self.target_type}/{mask}").any()):
-                raise ConfigError(f"the {mask} of --data.target_type {self.target_type!r} is empty")
-        return graph
-
-    @cached_property
-    def store(self) -> tuple[MappedFeatureStore, MappedGraphStore]:
-        """The prepared folder as PyG's ``(FeatureStore, GraphStore)`` pair, its cache filled."""
-        fs, gs = stores_of(self.prepared)
-        if self.feature_cache_gib:
-            fanout = per_edge_type_fanout(self._num_neighbors, self.metadata[1])
-            sampler = HopSampler((fs, gs), fanout)
-            seeds: dict[str | None, Tensor] = {
-                self.target_type: self._mask("train_mask").nonzero().view(-1)
-            }
-            held = fs.hold_drawn_rows(sampler, seeds, self.batch_size, self.feature_cache_gib)
-            rank_zero_info(f"gnnscale: {held}")
-        return fs, gs
+            if not bool(source.tensor(self.target_type, mask).any()):
+                t = self.target_type
+                if self.dataset == "synthetic":
+                    raise ConfigError(
+                        f"the {mask} of --data.target_type {t!r} is empty: give the target type "
+                        "more nodes or change --data.split.train_fraction and val_fraction"
+                    )
+                raise ConfigError(f"the {mask} of --data.target_type {t!r} is empty")
+        fanout = per_edge_type_fanout(self._num_neighbors, self.metadata[1])
+        seeds = {self.target_type: source.tensor(self.target_type, "train_mask").nonzero().view(-1)}
+        source.hold(fanout, seeds, self.batch_size, self.feature_cache_gib)
+        return source
 
     def _check_target(self, node_types: list[str], labelled: list[str], name: str) -> None:
         t = self.target_type
@@ -291,40 +271,20 @@ class HeteroNeighborDataModule(HeteroGraphData):
                 f"{', '.join(labelled) or 'none'}"
             )
 
-    @property
-    def metadata(self) -> tuple[list[str], list[EdgeType]]:
-        """Node and edge types (PyG's ``metadata()``)."""
-        if self.dataset != "prepared":
-            return self.data.metadata()
-        manifest = self.prepared.manifest
-        return list(manifest["num_nodes"]), [edge_type(k) for k in manifest["num_edges"]]
-
-    @property
-    def feature_dims(self) -> dict[str, int]:
-        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
-        if self.dataset != "prepared":
-            return super().feature_dims
-        dims = self.prepared.manifest["num_features"]
-        return {t: int(dims.get(t, 0)) for t in self.metadata[0]}
-
-    @property
-    def num_nodes(self) -> dict[str, int]:
-        """Nodes per type."""
-        if self.dataset != "prepared":
-            return super().num_nodes
-        return dict(self.prepared.manifest["num_nodes"])
-
     def _mask(self, split: str) -> Tensor:
         """The target type's ``split`` mask (mapped, for ``dataset: prepared``)."""
-        if self.dataset == "prepared":
-            return self.prepared.tensor(f"{self.target_type}/{split}")
-        return self.data[self.target_type][split]
+        return self.source.tensor(self.target_type, split)
 
-    @cached_property
+    @property
     def data(self) -> HeteroData:
-        """The whole graph; refuses a target type it lacks or that has no labels and splits."""
-        if self.dataset == "prepared":
-            raise RuntimeError("a prepared graph is read through .store, never loaded whole")
+        """The whole graph in memory (a prepared one is read through its stores, never whole)."""
+        data = self._opened.data
+        assert isinstance(data, HeteroData)
+        _ = self.source  # checked
+        return data
+
+    def _load(self) -> HeteroData:
+        """The generated graph, or PyG's dataset with its public split."""
         if self.dataset == "synthetic":
             fractions = self.split.train_fraction, self.split.val_fraction
             data = make_item_class_graph(self.synthetic, *fractions)
@@ -333,27 +293,16 @@ class HeteroNeighborDataModule(HeteroGraphData):
 
             check_root(self.dataset, self.root)
             data = getattr(datasets, self.dataset)(str(self.root / self.dataset))[0]
-        t = self.target_type
-        labelled = [s for s in data.node_types if all(k in data[s] for k in ("y", *_SPLITS))]
-        self._check_target(data.node_types, labelled, self.dataset)
-        for mask in _SPLITS:
-            if not bool(data[t][mask].any()):
-                raise ConfigError(
-                    f"the {mask} of --data.target_type {t!r} is empty: give the target type "
-                    "more nodes or change --data.split.train_fraction and val_fraction"
-                )
         return data
 
     @property
     def num_classes(self) -> int:
         """Classes of the target type (linked to ``model.num_classes``)."""
-        if self.dataset == "prepared":
-            return int(self.prepared.manifest["num_classes"][self.target_type])
-        return int(self.data[self.target_type].y.max()) + 1
+        return self.source.num_classes(self.target_type)
 
     def prepare_data(self) -> None:
         """Generate (and check) the graph."""
-        _ = self.prepared if self.dataset == "prepared" else self.data
+        _ = self.source
 
     def setup(self, stage: str) -> None:
         """Check the fan-outs against the graph's edge types and the model's depth."""
@@ -365,20 +314,17 @@ class HeteroNeighborDataModule(HeteroGraphData):
     ) -> NeighborLoader:
         given = self._num_neighbors if fanout is None else fanout
         per_type = per_edge_type_fanout(given, self.metadata[1])
-        kwargs: dict[str, Any] = {}
-        if self.dataset == "prepared":  # its sampler checks the ids it draws
-            kwargs["neighbor_sampler"] = HopSampler(self.store, per_type)
-            if self.store[0].cache:
-                kwargs["transform"] = self.store[0].count_held
+        source = self.source  # a prepared folder's sampler checks the ids it draws
         return NeighborLoader(
-            self.store if self.dataset == "prepared" else self.data,  # type: ignore[arg-type]
+            source.loader_input(),  # type: ignore[arg-type]
             num_neighbors=per_type,  # type: ignore[arg-type]
             input_nodes=(self.target_type, seeds),
             batch_size=batch_size,
+            neighbor_sampler=source.sampler(per_type, share_memory=self.loader.workers > 0),
+            transform=source.count_held(),
             # Its own generator: starting workers must not move the model's random stream.
             generator=torch.Generator(),
             **self.loader.kwargs(),
-            **kwargs,
         )
 
     def _eval_loader(self, split: str | None) -> Any:
@@ -395,13 +341,10 @@ class HeteroNeighborDataModule(HeteroGraphData):
 
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
-        if self.dataset == "prepared":
-            graph_mb, mapped_mb = 0.0, self.prepared.nbytes / MiB
-        else:
-            graph_mb, mapped_mb = tensor_mb(*store_tensors(self.data)), 0.0
+        source = self.source
         return MemoryProfile(
-            graph_mb=graph_mb,
-            mapped_mb=mapped_mb,
+            graph_mb=source.graph_mb,
+            mapped_mb=source.mapped_mb,
             eval_mode="sampled",
             smaller_batches=proportional_batches(self.batch_size),
             eval_fix="evaluate fewer seeds at a time (a lower --data.eval.batch_size)",

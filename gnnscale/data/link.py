@@ -50,7 +50,16 @@ from gnnscale.data.pinsage import (
     pinsage_neighbors,
 )
 from gnnscale.data.resume import ResumableLoader, SeededSampling
-from gnnscale.data.sources import DATASETS, check_root, load_dataset, log_backend_once
+from gnnscale.data.sampler import log_backend_once
+from gnnscale.data.sources import (
+    DATASETS,
+    MemorySource,
+    PreparedSource,
+    check_root,
+    load_dataset,
+    open_source,
+    refuse_for_prepared,
+)
 from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
@@ -58,10 +67,6 @@ from gnnscale.stores import link_split
 from gnnscale.stores.mapped import (
     MappedFeatureStore,
     MappedGraphStore,
-    stores_of,
-)
-from gnnscale.stores.mapped import (
-    edge_type as parse_edge_type,
 )
 from gnnscale.stores.prepared import PreparedGraph
 
@@ -215,17 +220,18 @@ class LinkDataModule(HeteroGraphData):
             )
         if edge_type is not None and len(edge_type) != 3:
             raise ConfigError(f"--data.edge_type must be [src, relation, dst] (got {edge_type})")
-        if dataset == "prepared":
-            if edge_type is None:
-                raise ConfigError("--data.dataset prepared needs --data.edge_type [src, rel, dst]")
-            if neighbors == "pinsage":
-                raise ConfigError(
-                    "--data.neighbors pinsage walks the training graph in memory; with "
-                    "--data.dataset prepared use --data.neighbors uniform"
-                )
+        refuse_for_prepared(
+            dataset,
+            (edge_type is None, "--data.dataset prepared needs --data.edge_type [src, rel, dst]"),
+            (
+                neighbors == "pinsage",
+                "--data.neighbors pinsage walks the training graph in memory; with "
+                "--data.dataset prepared use --data.neighbors uniform",
+            ),
+        )
         check_root(dataset, Path(root))
-        self.dataset, self.root, self.verify = dataset, Path(root), verify
-        self.read_threads = read_threads
+        self.dataset, self.root = dataset, Path(root)
+        self._opened = open_source(dataset, self.root, self._load, verify, read_threads)
         self._edge_type = edge_type
         self._num_neighbors = num_neighbors
         self.batch_size = batch_size
@@ -241,91 +247,36 @@ class LinkDataModule(HeteroGraphData):
 
     # -- the graph and its splits -------------------------------------------------------------
 
-    @cached_property
-    def prepared(self) -> PreparedGraph:
-        """The mapped folder of ``dataset: prepared``; refuses a homogeneous one."""
-        graph = PreparedGraph(self.root, self.verify, self.read_threads)
-        if not isinstance(graph.manifest["num_nodes"], dict):
-            raise ConfigError(
-                f"{self.root} holds a homogeneous graph: prepare it in the heterogeneous layout "
-                "(one node type, one edge type) to predict its links"
-            )
-        return graph
-
     @property
     def _types(self) -> tuple[list[str], list[EdgeType]]:
         """The whole graph's node and edge types."""
-        if self.dataset != "prepared":
-            return self.data.node_types, self.data.edge_types
-        manifest = self.prepared.manifest
-        return list(manifest["num_nodes"]), [parse_edge_type(k) for k in manifest["num_edges"]]
+        if not self._opened.hetero:
+            raise ConfigError(
+                f"{self._opened.name} holds a homogeneous graph: prepare it in the heterogeneous "
+                "layout (one node type, one edge type) to predict its links"
+            )
+        return self._opened.metadata
 
     @property
-    def num_nodes(self) -> dict[str, int]:
-        """Nodes per type."""
-        if self.dataset != "prepared":
-            return super().num_nodes
-        return dict(self.prepared.manifest["num_nodes"])
-
-    @property
-    def feature_dims(self) -> dict[str, int]:
-        """Feature dimension per node type; 0 for a featureless type (the model embeds it)."""
-        if self.dataset != "prepared":
-            return super().feature_dims
-        dims = self.prepared.manifest["num_features"]
-        return {t: int(dims.get(t, 0)) for t in self._types[0]}
-
-    @cached_property
-    def split_folder(self) -> Path:
-        """The streamed split of ``dataset: prepared``, written once beside the folder."""
-        fractions = (
-            self.split.val_fraction,
-            self.split.test_fraction,
-            self.split.disjoint_train_ratio,
-        )
-        graph = self.prepared
-        out = self.root.parent / f"{self.root.name}.link_split-{edge_key(self.target)}"
-        return link_split.write_split(
-            graph, self.target, self._reverse.get(self.target), fractions, out
-        )
-
-    def _stage(self, stage: str) -> tuple[MappedFeatureStore, MappedGraphStore]:
-        """``dataset: prepared``: the pair a stage samples, its target relation the stage's."""
-        fs, gs = stores_of(self.prepared)
-        split = PreparedGraph(self.split_folder, "size")
-        csc = dict(gs.csc_by_type)
-        reverse = self._reverse.get(self.target)
-        for t in (self.target, reverse):
-            if t is not None:
-                key, (_, _, size) = edge_key(t), csc[t]
-                csc[t] = (
-                    split.tensor(f"{stage}/{key}/row"),
-                    split.tensor(f"{stage}/{key}/colptr"),
-                    size,
-                )
-        # The stage's own relations' CSCs are the split's, in no input's order: no edge id map.
-        perm = {t: p for t, p in gs.perm_by_type.items() if t not in (self.target, reverse)}
-        return fs, MappedGraphStore(csc, self.prepared, perm)
-
-    def _labels(self, stage: str) -> tuple[Tensor, Tensor]:
-        """A stage's supervision pairs and their labels (1: an edge)."""
-        if self.dataset == "prepared":
-            split = PreparedGraph(self.split_folder, "size")
-            return split.tensor(f"{stage}/label_index"), split.tensor(f"{stage}/label")
-        store = self.splits[STAGES.index(stage)][self.target]
-        return store.edge_label_index, store.edge_label
-
-    @cached_property
     def data(self) -> HeteroData:
+        """The whole graph in memory (a prepared one is read through its stores, never whole)."""
+        data = self._opened.data
+        assert isinstance(data, HeteroData)
+        return data
+
+    def _load(self) -> HeteroData:
         """The whole graph, heterogeneous (one node and edge type if the dataset is not)."""
-        if self.dataset == "prepared":
-            raise RuntimeError("a prepared graph is read through its stores, never loaded whole")
         if self.dataset == "synthetic":
             data = make_recommender_graph(self.synthetic)
             for store in data.node_stores:  # the planted answer is not an input
                 store.pop("community", None)
             return data
         return _as_hetero(load_dataset(self.dataset, self.root))
+
+    @cached_property
+    def links(self) -> _Links:
+        """The target relation's split into training, validation and test (per source kind)."""
+        return _LINKS[type(self._opened)](self)
 
     @property
     def target(self) -> EdgeType:
@@ -364,100 +315,28 @@ class LinkDataModule(HeteroGraphData):
             if (t[2], f"rev_{t[1]}", t[0]) in edge_types
         }
 
-    @cached_property
-    def splits(self) -> tuple[HeteroData, HeteroData, HeteroData]:
-        """Training, validation and test graphs (``RandomLinkSplit``), PinSAGE edges added."""
-        target = self.target
-        rev = self._reverse.get(target)
-        split = T.RandomLinkSplit(
-            num_val=self.split.val_fraction,
-            num_test=self.split.test_fraction,
-            is_undirected=self.undirected,
-            disjoint_train_ratio=self.split.disjoint_train_ratio,
-            neg_sampling_ratio=1.0,  # validation and test negatives, for AUC
-            add_negative_train_samples=False,  # drawn per batch instead
-            edge_types=[target],
-            rev_edge_types=[rev] if rev is not None else None,
-        )
-        with torch.random.fork_rng(devices=[]):  # the same split in every process and run
-            torch.manual_seed(0)
-            train, val, test = split(self.data)
-        if self.neighbors == "pinsage":
-            src, _, dst = target
-            similar = pinsage_neighbors(
-                train[target].edge_index,  # message-passing edges of training only
-                self.data[src].num_nodes,
-                self.data[dst].num_nodes,
-                self.pinsage,
-            )
-            for graph in (train, val, test):
-                graph[dst, "similar", dst].edge_index = similar
-        return train, val, test
-
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """Node and edge types of the graphs the model sees (PyG's ``metadata()``)."""
-        if self.dataset == "prepared":
-            return self._types
-        return self.splits[0].metadata()
+        return self.links.metadata
 
     # -- loaders ------------------------------------------------------------------------------
 
     def prepare_data(self) -> None:
         """Download (if needed) and load the dataset; a prepared one's split, written once."""
-        if self.dataset == "prepared":
-            if self.undirected:
-                raise ConfigError(
-                    f"--data.edge_type {edge_key(self.target)} has no reverse relation "
-                    f"({self.target[2]}__rev_{self.target[1]}__{self.target[0]}): from a prepared "
-                    "folder, links are predicted on a relation stored with its reverse"
-                )
-            _ = self.split_folder
-        else:
-            _ = self.data
+        self.links.prepare()
 
     def setup(self, stage: str) -> None:
         """Split, check the fan-outs against the model."""
         log_backend_once()
         self._configure_from_trainer()
 
-    def _known(self, *stages: str) -> Tensor:
-        """Sorted keys of the target edges (message passing and supervision) of ``stages``."""
-        target, num_dst = self.target, self.num_nodes[self.target[2]]
-        if self.dataset == "prepared":  # the edges of the last stage's graph and its own
-            index, label = self._labels(stages[-1])
-            _, gs = self._stage(stages[-1])
-            row, colptr = gs.get_edge_index(target, "csc")
-            dst = torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())
-            edges = torch.cat([torch.stack([row, dst]), index[:, label == 1]], 1)
-            return torch.unique(pair_keys(edges, num_dst))
-        graphs = [self.splits[STAGES.index(s)] for s in stages]
-        parts = []
-        for g in graphs:
-            parts.append(g[target].edge_index)
-            store = g[target]
-            if "edge_label_index" in store:
-                parts.append(store.edge_label_index[:, store.edge_label == 1])
-        edges = torch.cat(parts, 1)
-        keys = pair_keys(edges, num_dst)
-        if self.undirected:
-            keys = torch.cat([keys, pair_keys(edges.flip(0), num_dst)])
-        return torch.unique(keys)
-
     def memory_profile(self) -> MemoryProfile:
         """What ``gnnscale plan`` cannot measure from training batches (``gnnscale.memory``)."""
-        if self.dataset == "prepared":
-            mapped = self.prepared.nbytes + PreparedGraph(self.split_folder, "size").nbytes
-            return MemoryProfile(
-                graph_mb=0.0,
-                mapped_mb=mapped / MiB,
-                eval_mode="ranking",
-                smaller_batches=proportional_batches(self.batch_size),
-                eval_fix="rank a sample of the destinations (--data.eval.candidates) or embed "
-                "and rank fewer at a time (a lower --data.eval.batch_size)",
-            )
-        return MemoryProfile(  # the graph and its three splits, which share features
-            graph_mb=tensor_mb(*store_tensors(self.data, *self.splits)),
+        graph_mb, mapped_mb = self.links.memory_mb()
+        return MemoryProfile(
+            graph_mb=graph_mb,
+            mapped_mb=mapped_mb,
             eval_mode="ranking",
             smaller_batches=proportional_batches(self.batch_size),
             eval_fix="rank a sample of the destinations (--data.eval.candidates) or embed and "
@@ -467,14 +346,17 @@ class LinkDataModule(HeteroGraphData):
     def train_dataloader(self) -> ResumableLoader:
         """Shuffled batches of supervision edges with negatives and sampled neighbourhoods."""
         target = self.target
-        label_index, label = self._labels("train")
+        label_index, label = self.links.labels("train")
         transform = None
         if self.num_hard_negatives:
             transform = HardNegatives(
-                target, self._known("train"), self.num_nodes[target[2]], self.num_hard_negatives
+                target,
+                self.links.known("train"),
+                self.num_nodes[target[2]],
+                self.num_hard_negatives,
             )
         loader = LinkNeighborLoader(
-            self._source("train"),  # type: ignore[arg-type]
+            self.links.input("train"),  # type: ignore[arg-type]
             num_neighbors=self.fanout(),  # type: ignore[arg-type]
             edge_label_index=(target, label_index),
             edge_label=label,
@@ -487,25 +369,19 @@ class LinkDataModule(HeteroGraphData):
         )
         return resumable(self.trainer, loader, shuffle=True, transform=transform)
 
-    def _source(self, stage: str) -> Any:
-        """What a stage's loaders sample: its graph, or (prepared) its store pair."""
-        if self.dataset == "prepared":
-            return self._stage(stage)
-        return self.splits[STAGES.index(stage)]
-
     def _eval(self, stage: Literal["val", "test", "predict"]) -> Any:
         """The one evaluation step of ``stage``.
 
         ``predict`` ranks every destination for every source, embedded on the test's graph,
         every known edge (training, validation, test) left out.
         """
-        graph = self._source("test" if stage == "predict" else stage)
+        graph = self.links.input("test" if stage == "predict" else stage)
         target = self.target
         src_type, _, dst_type = target
         if stage == "predict":  # no labels: the sources are every node of the source type
             label_index, label = torch.empty(2, 0, dtype=torch.long), torch.empty(0)
         else:
-            label_index, label = self._labels(stage)
+            label_index, label = self.links.labels(stage)
         fanout = self.fanout()
         if self.eval.num_neighbors is not None:
             fanout = {t: list(self.eval.num_neighbors) for t in fanout}
@@ -535,7 +411,7 @@ class LinkDataModule(HeteroGraphData):
         )
         positives = positives[:, positives[0] % world == rank]
         label_index, label = label_index[:, rank::world], label[rank::world]
-        known = self._known(*STAGES[: {"val": 1, "test": 2, "predict": 3}[stage]])
+        known = self.links.known(*STAGES[: {"val": 1, "test": 2, "predict": 3}[stage]])
         num_dst = self.num_nodes[dst_type]
         popularity = torch.bincount(known % num_dst, minlength=num_dst).float()
         candidates = None
@@ -589,3 +465,162 @@ class LinkDataModule(HeteroGraphData):
             # pairs, for ThroughputMonitor
             batch.num_loss_nodes = store.edge_label.numel() if weight else 0
         return batch
+
+
+class _MemoryLinks:
+    """A graph in memory, split by PyG's ``RandomLinkSplit`` (PinSAGE's edges added)."""
+
+    def __init__(self, dm: LinkDataModule) -> None:
+        self.dm = dm
+
+    def prepare(self) -> None:
+        """Download (if needed) and load the graph."""
+        _ = self.dm.data
+
+    @cached_property
+    def splits(self) -> tuple[HeteroData, HeteroData, HeteroData]:
+        """Training, validation and test graphs (``RandomLinkSplit``), PinSAGE edges added."""
+        target = self.dm.target
+        rev = self.dm._reverse.get(target)
+        split = T.RandomLinkSplit(
+            num_val=self.dm.split.val_fraction,
+            num_test=self.dm.split.test_fraction,
+            is_undirected=self.dm.undirected,
+            disjoint_train_ratio=self.dm.split.disjoint_train_ratio,
+            neg_sampling_ratio=1.0,  # validation and test negatives, for AUC
+            add_negative_train_samples=False,  # drawn per batch instead
+            edge_types=[target],
+            rev_edge_types=[rev] if rev is not None else None,
+        )
+        with torch.random.fork_rng(devices=[]):  # the same split in every process and run
+            torch.manual_seed(0)
+            train, val, test = split(self.dm.data)
+        if self.dm.neighbors == "pinsage":
+            src, _, dst = target
+            similar = pinsage_neighbors(
+                train[target].edge_index,  # message-passing edges of training only
+                self.dm.data[src].num_nodes,
+                self.dm.data[dst].num_nodes,
+                self.dm.pinsage,
+            )
+            for graph in (train, val, test):
+                graph[dst, "similar", dst].edge_index = similar
+        return train, val, test
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types of the split graphs (PinSAGE's relation among them)."""
+        return self.splits[0].metadata()
+
+    def input(self, stage: str) -> HeteroData:
+        """What a stage's loaders sample: its graph."""
+        return self.splits[STAGES.index(stage)]
+
+    def labels(self, stage: str) -> tuple[Tensor, Tensor]:
+        """A stage's supervision pairs and their labels (1: an edge)."""
+        store = self.input(stage)[self.dm.target]
+        return store.edge_label_index, store.edge_label
+
+    def known(self, *stages: str) -> Tensor:
+        """Sorted keys of the target edges (message passing and supervision) of ``stages``."""
+        target, num_dst = self.dm.target, self.dm.num_nodes[self.dm.target[2]]
+        parts = []
+        for stage in stages:
+            store = self.input(stage)[target]
+            parts.append(store.edge_index)
+            if "edge_label_index" in store:
+                parts.append(store.edge_label_index[:, store.edge_label == 1])
+        edges = torch.cat(parts, 1)
+        keys = pair_keys(edges, num_dst)
+        if self.dm.undirected:
+            keys = torch.cat([keys, pair_keys(edges.flip(0), num_dst)])
+        return torch.unique(keys)
+
+    def memory_mb(self) -> tuple[float, float]:
+        """The graph and its three splits (which share features) in memory; nothing mapped."""
+        return tensor_mb(*store_tensors(self.dm.data, *self.splits)), 0.0
+
+
+class _PreparedLinks:
+    """A prepared folder's relation, split once into a folder beside it (``link_split``)."""
+
+    def __init__(self, dm: LinkDataModule) -> None:
+        assert isinstance(dm._opened, PreparedSource)
+        self.dm, self.source = dm, dm._opened
+
+    def prepare(self) -> None:
+        """Write the split (once), refusing a relation stored without its reverse."""
+        dm = self.dm
+        if dm.undirected:
+            t = dm.target
+            raise ConfigError(
+                f"--data.edge_type {edge_key(t)} has no reverse relation "
+                f"({t[2]}__rev_{t[1]}__{t[0]}): from a prepared "
+                "folder, links are predicted on a relation stored with its reverse"
+            )
+        _ = self.folder
+
+    @cached_property
+    def folder(self) -> Path:
+        """The streamed split, written once beside the prepared folder."""
+        dm, root = self.dm, self.source.root
+        fractions = (
+            dm.split.val_fraction,
+            dm.split.test_fraction,
+            dm.split.disjoint_train_ratio,
+        )
+        out = root.parent / f"{root.name}.link_split-{edge_key(dm.target)}"
+        return link_split.write_split(
+            self.source.graph, dm.target, dm._reverse.get(dm.target), fractions, out
+        )
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types, as prepared."""
+        return self.dm._types
+
+    def input(self, stage: str) -> tuple[MappedFeatureStore, MappedGraphStore]:
+        """The store pair a stage samples, its target relation (and reverse) the stage's."""
+        fs, gs = self.source.stores
+        split = PreparedGraph(self.folder, "size")
+        csc = dict(gs.csc_by_type)
+        target = self.dm.target
+        reverse = self.dm._reverse.get(target)
+        for t in (target, reverse):
+            if t is not None:
+                key, (_, _, size) = edge_key(t), csc[t]
+                csc[t] = (
+                    split.tensor(f"{stage}/{key}/row"),
+                    split.tensor(f"{stage}/{key}/colptr"),
+                    size,
+                )
+        # The stage's own relations' CSCs are the split's, in no input's order: no edge id map.
+        perm = {t: p for t, p in gs.perm_by_type.items() if t not in (target, reverse)}
+        return fs, MappedGraphStore(csc, self.source.graph, perm)
+
+    def labels(self, stage: str) -> tuple[Tensor, Tensor]:
+        """A stage's supervision pairs and their labels (1: an edge)."""
+        split = PreparedGraph(self.folder, "size")
+        return split.tensor(f"{stage}/label_index"), split.tensor(f"{stage}/label")
+
+    def known(self, *stages: str) -> Tensor:
+        """Sorted keys of the target edges of the last stage's graph and its own labels.
+
+        Each stage's graph holds the edges of the stages before it.
+        """
+        target, num_dst = self.dm.target, self.dm.num_nodes[self.dm.target[2]]
+        index, label = self.labels(stages[-1])
+        _, gs = self.input(stages[-1])
+        row, colptr = gs.get_edge_index(target, "csc")
+        dst = torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())
+        edges = torch.cat([torch.stack([row, dst]), index[:, label == 1]], 1)
+        return torch.unique(pair_keys(edges, num_dst))
+
+    def memory_mb(self) -> tuple[float, float]:
+        """Nothing in memory; the folder and its split mapped."""
+        mapped = self.source.graph.nbytes + PreparedGraph(self.folder, "size").nbytes
+        return 0.0, mapped / MiB
+
+
+_Links = _MemoryLinks | _PreparedLinks
+_LINKS: dict[type, type[_Links]] = {MemorySource: _MemoryLinks, PreparedSource: _PreparedLinks}

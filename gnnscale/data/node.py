@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import functools
 import statistics
-import time
 from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
@@ -41,26 +40,26 @@ from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
     Preprocess,
-    check_cache,
     check_dataset,
     check_positive,
 )
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_block, rank_own, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
-from gnnscale.data.sampler import HopSampler, describe, vectorized
+from gnnscale.data.sampler import HopSampler, describe, log_backend_once, vectorized
 from gnnscale.data.sources import (
     DATASETS,
+    GraphSource,
+    check_cache,
     check_root,
     load_dataset,
-    log_backend_once,
+    open_source,
+    refuse_for_prepared,
     validate_graph,
 )
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
-from gnnscale.memory import MemoryProfile, MiB, tensor_mb
-from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, stores_of
-from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.memory import MemoryProfile, tensor_mb
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -88,23 +87,27 @@ class NodeDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_dataset(dataset, DATASETS)
-        if dataset == "prepared":
-            if self._not_on_disk:
-                raise ConfigError(
-                    f"{type(self).__name__} cannot train from --data.dataset prepared: "
-                    f"{self._not_on_disk}; use gnnscale.NeighborDataModule"
-                )
-            if preprocess != Preprocess():
-                raise ConfigError(
-                    "--data.preprocess does not apply to --data.dataset prepared (the files are "
-                    "mapped as written): preprocess before `gnnscale prepare`, or drop it"
-                )
-            if full := eval.set_to("full"):
-                raise ConfigError(
-                    f"--data.eval.{full[0]} full loads the whole graph into memory; with "
-                    f"--data.dataset prepared use --data.eval.{full[0]}=sampled (or layerwise: "
-                    "exact, every node's activations in memory)"
-                )
+        full = eval.set_to("full")  # the flags set to full
+        flag = full[0] if full else ""
+        refuse_for_prepared(
+            dataset,
+            (
+                self._not_on_disk is not None,
+                f"{type(self).__name__} cannot train from --data.dataset prepared: "
+                f"{self._not_on_disk}; use gnnscale.NeighborDataModule",
+            ),
+            (
+                preprocess != Preprocess(),
+                "--data.preprocess does not apply to --data.dataset prepared (the files are "
+                "mapped as written): preprocess before `gnnscale prepare`, or drop it",
+            ),
+            (
+                bool(full),
+                f"--data.eval.{flag} full loads the whole graph into memory; with "
+                f"--data.dataset prepared use --data.eval.{flag}=sampled "
+                "(or layerwise: exact, every node's activations in memory)",
+            ),
+        )
         check_root(dataset, Path(root))  # after the checks of the settings alone
         self.dataset = dataset
         self.root = Path(root)
@@ -112,35 +115,21 @@ class NodeDataModule(L.LightningDataModule):
         self.preprocess = preprocess
         self.loader = loader
         self.eval = eval
-        self._num_classes = 0
 
     @cached_property
-    def prepared(self) -> PreparedGraph:
-        """The memory-mapped graph of ``dataset: prepared`` (``root`` is its folder)."""
-        start = time.perf_counter()
-        graph = PreparedGraph(self.root, self.verify, self.read_threads)
-        checked = "checksums verified" if self.verify == "full" else "sizes checked"
-        rank_zero_info(
-            f"gnnscale: mapped {self.root} ({graph.nbytes / 2**30:.2f} GiB, {checked} in "
-            f"{time.perf_counter() - start:.1f} s)"
-        )
-        return graph
+    def source(self) -> GraphSource:
+        """The graph in memory, or a prepared folder (``root``) read through its store pair.
 
-    @cached_property
-    def store(self) -> tuple[MappedFeatureStore, MappedGraphStore]:
-        """``dataset: prepared``: the folder as PyG's ``(FeatureStore, GraphStore)`` pair.
-
-        What the loaders read a batch's rows through (``gnnscale.stores.open``), with its
-        feature cache filled (``feature_cache_gib``) before any loader's workers start.
+        A prepared folder's feature cache (``feature_cache_gib``) is filled here, before any
+        loader's workers start (forked, they share it).
         """
-        fs, gs = stores_of(self.prepared)
+        source = open_source(self.dataset, self.root, self._load, self.verify, self.read_threads)
         if self.feature_cache_gib:
-            sampler = HopSampler((fs, gs), self._train_fanout())
-            sampler.vectorized = vectorized(self.loader.sampler)
-            seeds, size = self.data.train_mask.nonzero().view(-1), self._train_batch_size()
-            held = fs.hold_drawn_rows(sampler, seeds, size, self.feature_cache_gib)
-            rank_zero_info(f"gnnscale: {held}")
-        return fs, gs
+            seeds = source.data.train_mask.nonzero().view(-1)
+            fanout, size = self._train_fanout(), self._train_batch_size()
+            sampling = vectorized(self.loader.sampler)
+            source.hold(fanout, seeds, size, self.feature_cache_gib, sampling)
+        return source
 
     def _train_fanout(self) -> list[int]:
         raise NotImplementedError
@@ -148,12 +137,15 @@ class NodeDataModule(L.LightningDataModule):
     def _train_batch_size(self) -> int:
         raise NotImplementedError
 
-    @cached_property
+    @property
     def data(self) -> Data:
         """The preprocessed graph, loaded on first use (mapped, for ``dataset: prepared``)."""
-        if self.dataset == "prepared":
-            self._num_classes = self.prepared.num_classes
-            return self.prepared.data
+        data = self.source.data
+        assert isinstance(data, Data)
+        return data
+
+    def _load(self) -> Data:
+        """The dataset, preprocessed and checked (``MemorySource`` loads it on first use)."""
         data = load_dataset(self.dataset, self.root, self.synthetic)
         if self.preprocess.to_undirected:
             data = T.ToUndirected()(data)
@@ -167,7 +159,7 @@ class NodeDataModule(L.LightningDataModule):
         if self.preprocess.normalize_features:
             data = T.NormalizeFeatures()(data)
         data.x = data.x.to(_DTYPES[self.preprocess.feature_dtype])
-        self._num_classes = validate_graph(data, self.dataset)
+        validate_graph(data, self.dataset)
         return data
 
     @property
@@ -178,8 +170,7 @@ class NodeDataModule(L.LightningDataModule):
     @property
     def num_classes(self) -> int:
         """Number of classes (linked to ``model.num_classes``)."""
-        _ = self.data
-        return self._num_classes
+        return self.source.num_classes()
 
     @property
     def cache_dir(self) -> Path:
@@ -226,7 +217,7 @@ class NodeDataModule(L.LightningDataModule):
         data, features, aggr = self.data, None, self.request.first_layer_aggr
         x = data.get("x")
         in_place = x is not None and x.dtype in (torch.float32, torch.float64)
-        if aggr and self.dataset != "prepared" and in_place:
+        if aggr and self.source.features_in_memory and in_place:
             data, features = copy.copy(data), x
             del data.x
             data.num_nodes = x.size(0)
@@ -290,10 +281,7 @@ class NodeDataModule(L.LightningDataModule):
 
     @cached_property
     def _csc_sampler(self) -> HopSampler:
-        if self.dataset != "prepared":
-            sampler = HopSampler(self.data, [-1], share_memory=self.loader.workers > 0)
-        else:  # the mapped CSC, as it lies on disk: nothing sorted or copied
-            sampler = HopSampler(self.store, [-1])
+        sampler = self.source.sampler([-1], share_memory=self.loader.workers > 0)
         sampler.vectorized = vectorized(self.loader.sampler)
         return sampler
 
@@ -306,22 +294,18 @@ class NodeDataModule(L.LightningDataModule):
         (``colptr``, ``row`` and ``perm``: about 16 bytes per edge). Training, validation and
         test loaders held three copies at once, 319 MiB each on sparse_embeddings' 2M-node graph.
         Here every loader gets a shallow copy of one sampler, with its own fan-out.
-        ``node_files``: a prepared graph's batches read their rows of its node files through
-        its store pair (:attr:`store`); else they hold ``data``'s.
+        ``node_files``: batches read their rows of the node files through the source (a
+        prepared folder's store pair, with its cache's counts); else they hold ``data``'s.
         """
         sampler = copy.copy(self._csc_sampler)
         sampler.num_neighbors = fanout
-        source: Data | tuple[MappedFeatureStore, MappedGraphStore] = data
-        if self.dataset == "prepared" and node_files:
-            source = self.store
-            if kwargs.get("input_nodes") is None:  # PyG's default for a Data, not for a store
-                kwargs["input_nodes"] = torch.arange(data.num_nodes)
-            if source[0].cache:
-                kwargs["transform"] = functools.partial(
-                    _with_cache_counts, store=source[0], then=kwargs.get("transform")
-                )
+        if kwargs.get("input_nodes") is None:  # PyG's default for a Data, not for a store
+            kwargs["input_nodes"] = torch.arange(data.num_nodes)
+        if node_files:
+            data = self.source.loader_input(data)
+            kwargs["transform"] = self.source.count_held(kwargs.get("transform"))
         return NeighborLoader(
-            source,  # type: ignore[arg-type]
+            data,  # type: ignore[arg-type]
             num_neighbors=fanout,
             neighbor_sampler=sampler,
             # Workers' seeds from a generator of its own: starting workers must not move the
@@ -365,7 +349,7 @@ class NodeDataModule(L.LightningDataModule):
             node_files=False,
             input_nodes=block,
         )
-        threads = self.prepared.threads if self.dataset == "prepared" else 1
+        threads = self.source.threads
         batch = LayerwiseBatch(loader, data.x, data.y, mask, threads, block is not None)
         return rank_own(self.trainer, batch)
 
@@ -380,7 +364,7 @@ class NodeDataModule(L.LightningDataModule):
             if len(modes) == 1
             else f"{self.eval.validation} validation, {self.eval.mode} test",
             smaller_batches=self._smaller_batches,
-            mapped_mb=self.prepared.nbytes / MiB if self.dataset == "prepared" else 0.0,
+            mapped_mb=self.source.mapped_mb,
             layerwise=layerwise,
             data_fix="prune the graph (--data.preprocess.largest_component=true), store features "
             "as bfloat16 (--data.preprocess.feature_dtype=bfloat16) or use a larger machine",
@@ -416,12 +400,6 @@ class NodeDataModule(L.LightningDataModule):
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:
         raise NotImplementedError
-
-
-def _with_cache_counts(batch: Data, store: MappedFeatureStore, then: Callable | None) -> Data:
-    """``batch`` with the rows its feature cache held (``cached_rows``) of ``feature_rows``."""
-    batch = store.count_held(batch)
-    return batch if then is None else then(batch)
 
 
 class FullBatchDataModule(NodeDataModule):

@@ -17,19 +17,35 @@ global generator, so a batch sampled under a seed is the same batch every time.
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
 import torch
 import torch_geometric.typing
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import SubgraphType
 
-from gnnscale.data.sources import sampling_backend
 from gnnscale.stores.mapped import MappedGraphStore
 
 __all__ = ["HopSampler", "describe", "sample_hops", "vectorized"]
+
+
+def sampling_backend() -> str:
+    """Name the library that PyG's neighbour sampling runs on."""
+    if torch_geometric.typing.WITH_PYG_LIB:
+        return "pyg-lib"
+    if torch_geometric.typing.WITH_TORCH_SPARSE:
+        return "torch-sparse"
+    return "none"
+
+
+@functools.cache
+def log_backend_once(sampler: str | None = None) -> None:
+    """Log who samples neighbours, once a process: ``sampler``, else PyG's backend."""
+    rank_zero_info(f"gnnscale: neighbour sampling by {sampler or sampling_backend()}")
 
 
 def vectorized(sampler: str) -> bool:

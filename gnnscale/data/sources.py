@@ -1,4 +1,10 @@
-"""Node-classification graphs by name: PyG's and OGB's datasets, generated, or prepared."""
+"""Where a DataModule's graph comes from: datasets by name, and the source chosen once.
+
+:func:`open_source` is the one place that tells a graph in memory (:class:`MemorySource`) from a
+prepared folder (:class:`PreparedSource`, read through ``stores.open``'s ``(FeatureStore,
+GraphStore)`` pair, which carries the reads, the feature cache and the id checks). DataModules ask
+the source for types, sizes, masks, their loaders' input and sampler; never which one it is.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +12,30 @@ import contextlib
 import functools
 import os
 import socket
+import time
 import urllib.error
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import cached_property
 from pathlib import Path
+from typing import Any, Literal, TypeAlias
 
 import torch
-import torch_geometric.typing
 from lightning.pytorch.utilities import rank_zero_info
-from torch_geometric.data import Data
+from torch import Tensor
+from torch_geometric.data import Data, HeteroData
+from torch_geometric.typing import EdgeType
 
+from gnnscale.data.sampler import HopSampler
 from gnnscale.data.synthetic import SyntheticGraph, make_synthetic_graph
 from gnnscale.errors import ConfigError, cause
-from gnnscale.memory import check_fits, graph_nbytes
+from gnnscale.memory import MiB, check_fits, graph_nbytes, store_tensors, tensor_mb
+from gnnscale.stores.mapped import (
+    MappedFeatureStore,
+    MappedGraphStore,
+    edge_type,
+    fill_cache,
+    stores_of,
+)
 from gnnscale.stores.ogb import OGB
 from gnnscale.stores.prepared import PreparedGraph
 
@@ -45,21 +63,6 @@ SIZES = {
 }
 
 _SPLITS = ("train_mask", "val_mask", "test_mask")
-
-
-def sampling_backend() -> str:
-    """Name the library that PyG's neighbour sampling runs on."""
-    if torch_geometric.typing.WITH_PYG_LIB:
-        return "pyg-lib"
-    if torch_geometric.typing.WITH_TORCH_SPARSE:
-        return "torch-sparse"
-    return "none"
-
-
-@functools.cache
-def log_backend_once(sampler: str | None = None) -> None:
-    """Log who samples neighbours, once a process: ``sampler``, else PyG's backend."""
-    rank_zero_info(f"gnnscale: neighbour sampling by {sampler or sampling_backend()}")
 
 
 def check_root(dataset: str, root: Path) -> None:
@@ -215,3 +218,252 @@ def validate_graph(data: Data, dataset: str) -> int:
             f"have {num_classes} outputs; remap them (torch.unique(y, return_inverse=True))"
         )
     return num_classes
+
+
+def check_cache(feature_cache_gib: float, dataset: str) -> None:
+    """Refuse a feature cache of negative size, or for a graph that is not read from disk."""
+    if feature_cache_gib < 0 or (feature_cache_gib and dataset != "prepared"):
+        raise ConfigError(
+            f"--data.feature_cache_gib must be >= 0, and applies to --data.dataset prepared "
+            f"only: other graphs' features are in memory already (got {feature_cache_gib} "
+            f"with --data.dataset {dataset})"
+        )
+
+
+def refuse_for_prepared(dataset: str, *refusals: tuple[bool, str]) -> None:
+    """With ``--data.dataset prepared``, refuse the first setting it cannot honour.
+
+    Before anything is opened: each refusal is (whether the setting was asked, what to say).
+    """
+    if dataset != "prepared":
+        return
+    for asked, message in refusals:
+        if asked:
+            raise ConfigError(message)
+
+
+Graph: TypeAlias = Data | HeteroData
+Stores: TypeAlias = tuple[MappedFeatureStore, MappedGraphStore]
+
+
+class MemorySource:
+    """A graph in memory (``Data`` or ``HeteroData``): PyG's loaders read it as it is."""
+
+    features_in_memory = True  # a transform may read feature rows in place
+    threads = 1  # threads that gather a batch's rows
+    mapped_mb = 0.0  # mapped files, MiB
+
+    def __init__(self, load: Callable[[], Graph], name: str) -> None:
+        self._load, self.name = load, name
+
+    @cached_property
+    def data(self) -> Graph:
+        """The graph, loaded (and checked by ``load``) on first use."""
+        return self._load()
+
+    @property
+    def hetero(self) -> bool:
+        """Whether the graph has node and edge types."""
+        return isinstance(self.data, HeteroData)
+
+    @property
+    def graph_mb(self) -> float:
+        """The graph's tensors in memory, MiB."""
+        return tensor_mb(*store_tensors(self.data))
+
+    @property
+    def labelled(self) -> list[str]:
+        """Node types with labels and split masks (heterogeneous)."""
+        data = self.data
+        return [t for t in data.node_types if all(k in data[t] for k in ("y", *_SPLITS))]
+
+    def loader_input(self, data: Graph | None = None) -> Graph:
+        """What PyG's loaders take: the graph, or ``data`` (a view of it: fewer attributes)."""
+        return self.data if data is None else data
+
+    def sampler(self, num_neighbors: Any, **kwargs: Any) -> HopSampler:
+        """A sampler over the graph (``kwargs``: PyG's ``NeighborSampler``'s)."""
+        return HopSampler(self.data, num_neighbors, **kwargs)
+
+    def count_held(self, then: Callable | None = None) -> Callable | None:
+        """The loaders' transform: ``then``, as there is no feature cache to count."""
+        return then
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types (heterogeneous)."""
+        assert isinstance(self.data, HeteroData)
+        return self.data.metadata()
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Nodes per type (heterogeneous)."""
+        return {t: int(self.data[t].num_nodes) for t in self.metadata[0]}
+
+    @property
+    def feature_dims(self) -> dict[str, int]:
+        """Feature width per node type; 0 for a featureless type (heterogeneous)."""
+        data = self.data
+        return {t: int(data[t].x.size(-1)) if "x" in data[t] else 0 for t in self.metadata[0]}
+
+    def tensor(self, node_type: str, key: str) -> Tensor:
+        """A node type's tensor (``y``, a mask)."""
+        return self.data[node_type][key]
+
+    def num_classes(self, node_type: str | None = None) -> int:
+        """Classes of a labelled node type (homogeneous: of the nodes in a split)."""
+        if node_type is not None:
+            return int(self.data[node_type].y.max()) + 1
+        data = self.data
+        return int(data.y[data.train_mask | data.val_mask | data.test_mask].max()) + 1
+
+    def hold(self, *args: Any, **kwargs: Any) -> None:
+        """No cache: every feature is in memory already (``check_cache`` refuses a size)."""
+
+
+class PreparedSource:
+    """A prepared folder (``gnnscale prepare``), read through its store pair.
+
+    Mapped on first use (``gnnscale.stores.open``'s pair); its manifest answers types and sizes
+    without mapping.
+    """
+
+    features_in_memory = False
+    graph_mb = 0.0  # in memory: none (mapped_mb)
+
+    def __init__(
+        self, root: Path, verify: Literal["full", "size"], read_threads: int | None
+    ) -> None:
+        self.root, self.verify, self.read_threads = Path(root), verify, read_threads
+        self.manifest = PreparedGraph.read_manifest(self.root)
+        self.name = str(self.root)
+
+    @property
+    def hetero(self) -> bool:
+        """Whether the folder has node and edge types."""
+        return isinstance(self.manifest["num_nodes"], dict)
+
+    @property
+    def labelled(self) -> list[str]:
+        """Node types with labels and split masks (heterogeneous)."""
+        counts, files = self.manifest["num_nodes"], self.manifest["files"]
+        if not isinstance(counts, dict):
+            return []
+        return [t for t in counts if all(f"{t}/{k}" in files for k in ("y", *_SPLITS))]
+
+    @cached_property
+    def graph(self) -> PreparedGraph:
+        """The mapped folder, its files checked as ``verify`` says."""
+        start = time.perf_counter()
+        graph = PreparedGraph(self.root, self.verify, self.read_threads)
+        checked = "checksums verified" if self.verify == "full" else "sizes checked"
+        rank_zero_info(
+            f"gnnscale: mapped {self.root} ({graph.nbytes / 2**30:.2f} GiB, {checked} in "
+            f"{time.perf_counter() - start:.1f} s)"
+        )
+        return graph
+
+    @cached_property
+    def stores(self) -> Stores:
+        """The folder as PyG's ``(FeatureStore, GraphStore)`` pair."""
+        return stores_of(self.graph)
+
+    @property
+    def data(self) -> Data:
+        """A homogeneous folder's mapped tensors as a ``Data`` (no edges: they are the store's)."""
+        if self.hetero:
+            raise RuntimeError("a heterogeneous prepared graph is read through its stores")
+        return self.graph.data
+
+    def loader_input(self, data: Graph | None = None) -> Stores:
+        """What PyG's loaders take: the store pair (whatever view ``data`` of it is given)."""
+        return self.stores
+
+    @property
+    def threads(self) -> int:
+        """Threads that gather a batch's rows."""
+        return self.graph.threads
+
+    @property
+    def mapped_mb(self) -> float:
+        """Bytes of mapped files, in MiB."""
+        return self.graph.nbytes / MiB
+
+    def sampler(self, num_neighbors: Any, **kwargs: Any) -> HopSampler:
+        """A sampler over the store pair: it reads neighbour lists ahead and checks drawn ids.
+
+        The mapped CSC is used as it lies on disk: nothing is sorted, copied or shared.
+        """
+        return HopSampler(self.stores, num_neighbors)
+
+    def count_held(self, then: Callable | None = None) -> Callable | None:
+        """The loaders' transform: the cache's counts on each batch, then ``then``.
+
+        ``cached_rows`` and ``feature_rows`` (``MappedFeatureStore.count_held``); with no cache,
+        ``then`` alone.
+        """
+        fs = self.stores[0]
+        if not fs.cache:
+            return then
+        return functools.partial(_counted, store=fs, then=then)
+
+    @property
+    def metadata(self) -> tuple[list[str], list[EdgeType]]:
+        """Node and edge types (heterogeneous)."""
+        manifest = self.manifest
+        return list(manifest["num_nodes"]), [edge_type(k) for k in manifest["num_edges"]]
+
+    @property
+    def num_nodes(self) -> dict[str, int]:
+        """Nodes per type (heterogeneous)."""
+        return dict(self.manifest["num_nodes"])
+
+    @property
+    def feature_dims(self) -> dict[str, int]:
+        """Feature width per node type; 0 for a featureless type (heterogeneous)."""
+        dims = self.manifest["num_features"]
+        return {t: int(dims.get(t, 0)) for t in self.metadata[0]}
+
+    def tensor(self, node_type: str, key: str) -> Tensor:
+        """A node type's mapped tensor (``y``, a mask)."""
+        return self.graph.tensor(f"{node_type}/{key}")
+
+    def num_classes(self, node_type: str | None = None) -> int:
+        """Classes of a labelled node type (homogeneous: of the graph), as prepared."""
+        classes = self.manifest["num_classes"]
+        return int(classes if node_type is None else classes[node_type])
+
+    def hold(
+        self,
+        num_neighbors: Any,
+        seeds: Tensor | dict[Any, Tensor],
+        batch_size: int,
+        gib: float,
+        vectorized: bool = True,
+    ) -> None:
+        """Fill the feature cache with the rows a sampling pass over ``seeds`` draws most often."""
+        if gib:
+            held = fill_cache(self.stores, num_neighbors, batch_size, gib, seeds, vectorized)
+            rank_zero_info(f"gnnscale: {held}")
+
+
+def _counted(batch: Any, store: MappedFeatureStore, then: Callable | None) -> Any:
+    """``batch`` with the rows the feature cache held (``cached_rows``) of ``feature_rows``."""
+    batch = store.count_held(batch)
+    return batch if then is None else then(batch)
+
+
+GraphSource: TypeAlias = MemorySource | PreparedSource
+
+
+def open_source(
+    dataset: str,
+    root: Path,
+    load: Callable[[], Graph],
+    verify: Literal["full", "size"] = "full",
+    read_threads: int | None = None,
+) -> GraphSource:
+    """The graph of ``--data.dataset``: a prepared folder at ``root``, else ``load()``'s."""
+    if dataset == "prepared":
+        return PreparedSource(root, verify, read_threads)
+    return MemorySource(load, dataset)

@@ -11,8 +11,8 @@
   manifest written last, the rename into place.
 """
 
-from gnnscale.stores.mapped import open  # noqa: A004 (a store, as the builtin opens a file)
+from gnnscale.stores.mapped import fill_cache, open  # noqa: A004 (a store, as the builtin opens a file)
 from gnnscale.stores.npy import prepare_npy, save_npy
 from gnnscale.stores.ogb import prepare_ogb
 
-__all__ = ["open", "prepare_npy", "prepare_ogb", "save_npy"]
+__all__ = ["fill_cache", "open", "prepare_npy", "prepare_ogb", "save_npy"]

@@ -35,7 +35,7 @@ from gnnscale.stores import reads
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.reads import RowCache, gather
 
-__all__ = ["MappedFeatureStore", "MappedGraphStore", "open", "stores_of"]
+__all__ = ["MappedFeatureStore", "MappedGraphStore", "fill_cache", "open", "stores_of"]
 
 _READ_ONLY = "a prepared store is read-only: prepare a new folder to change it"
 
@@ -299,12 +299,41 @@ def open(  # noqa: A001 (gnnscale.stores.open, as the builtin opens a file)
             "num_neighbors you train with (the rows it holds are those they draw most often)"
         )
     if feature_cache_gib:
-        from gnnscale.data.sampler import HopSampler  # noqa: PLC0415 (data builds on stores)
-
-        seeds = {t: m.nonzero().view(-1) for (t, k), m in fs.tensors.items() if k == "train_mask"}
-        sampler = HopSampler((fs, gs), num_neighbors)
-        fs.hold_drawn_rows(sampler, seeds, batch_size, feature_cache_gib)
+        assert num_neighbors is not None
+        fill_cache((fs, gs), num_neighbors, batch_size, feature_cache_gib)
     return fs, gs
+
+
+def fill_cache(
+    stores: tuple[MappedFeatureStore, MappedGraphStore],
+    num_neighbors: list[int] | dict[EdgeType, list[int]],
+    batch_size: int,
+    gib: float,
+    seeds: Tensor | Mapping[Any, Tensor] | None = None,
+    vectorized: bool = True,
+) -> str:
+    """Fill the feature store's cache from one sampling pass (``hold_drawn_rows``).
+
+    Args:
+        stores: The pair (:func:`open`, :func:`stores_of`).
+        num_neighbors: The training fan-out.
+        batch_size: The training batch size.
+        gib: The cache's budget.
+        seeds: The training seeds; ``None``: the training nodes (``train_mask``) of every node
+            type that has them.
+        vectorized: Sample as ``--data.loader.sampler`` would (``HopSampler.vectorized``).
+
+    Returns:
+        What the cache holds, in a sentence.
+    """
+    from gnnscale.data.sampler import HopSampler  # noqa: PLC0415 (data builds on stores)
+
+    fs, _ = stores
+    if seeds is None:
+        seeds = {t: m.nonzero().view(-1) for (t, k), m in fs.tensors.items() if k == "train_mask"}
+    sampler = HopSampler(stores, num_neighbors)
+    sampler.vectorized = vectorized
+    return fs.hold_drawn_rows(sampler, seeds, batch_size, gib)
 
 
 def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStore]:
