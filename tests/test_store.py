@@ -619,6 +619,31 @@ def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
 
 
 @requires_sampler
+def test_the_link_datamodules_feature_cache_changes_no_batch(tmp_path):
+    """As the hetero DataModule's: the pass that fills it (around the training edges' ends, on
+    the training graph) moves no draw, and batches say how many of their rows it held."""
+    out, _ = _link_store(tmp_path, LINK_TINY)
+
+    def epoch(**cache):
+        dm = LinkDataModule("prepared", out, edge_type=list(RATES), batch_size=64, **cache)
+        dm.prepare_data()
+        torch.manual_seed(0)
+        return list(dm.train_dataloader())
+
+    plain, cached = epoch(), epoch(feature_cache_gib=20_000 / 2**30)
+    assert len(plain) == len(cached) > 1
+    for a, b in zip(plain, cached, strict=True):
+        for store in (*a.node_types, *a.edge_types):
+            for key, value in a[store].items():
+                assert torch.equal(torch.as_tensor(value), torch.as_tensor(b[store][key]))
+    held = sum(b.cached_rows for b in cached)
+    assert 0 < held < sum(b.feature_rows for b in cached)
+    assert "cached_rows" not in plain[0]
+    with pytest.raises(ConfigError, match="applies to --data.dataset prepared only"):
+        LinkDataModule(feature_cache_gib=1.0)
+
+
+@requires_sampler
 def test_links_trained_from_a_store_rank_well_above_popularity(tmp_path):
     cfg = SyntheticRecommender(num_users=2000, num_items=800, num_categories=40, num_communities=8)
     out, _ = _link_store(tmp_path, cfg)

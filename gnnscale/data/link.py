@@ -33,6 +33,7 @@ from typing import Any, Literal
 
 import torch
 import torch_geometric.transforms as T
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
@@ -55,6 +56,7 @@ from gnnscale.data.sources import (
     DATASETS,
     MemorySource,
     PreparedSource,
+    check_cache,
     check_root,
     load_dataset,
     open_source,
@@ -64,10 +66,7 @@ from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
 from gnnscale.stores import link_split
-from gnnscale.stores.mapped import (
-    MappedFeatureStore,
-    MappedGraphStore,
-)
+from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, fill_cache
 from gnnscale.stores.prepared import PreparedGraph
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
@@ -184,6 +183,9 @@ class LinkDataModule(HeteroGraphData):
             folder is opened; ``size`` only the files' sizes.
         read_threads: ``dataset: prepared`` only: threads that read a batch's rows at once
             (default: 32 where the folder is larger than the page cache can keep, else 1).
+        feature_cache_gib: ``dataset: prepared`` only: feature rows held in memory, of every
+            node type within one budget: those a sampling pass around the training edges'
+            endpoints on the training graph draws most often (``gnnscale.stores.fill_cache``).
     """
 
     def __init__(
@@ -203,10 +205,13 @@ class LinkDataModule(HeteroGraphData):
         eval: LinkEvalArgs = LinkEvalArgs(),  # noqa: B008
         verify: Literal["full", "size"] = "full",
         read_threads: int | None = None,
+        feature_cache_gib: float = 0.0,
     ) -> None:
         super().__init__()
         check_dataset(dataset, DATASETS)
         check_positive(read_threads=read_threads)
+        check_cache(feature_cache_gib, dataset)
+        self.feature_cache_gib = feature_cache_gib
         if batch_size < 1 or num_negatives < 0 or num_hard_negatives < 0:
             raise ConfigError(
                 "--data.batch_size must be >= 1 and --data.num_negatives, "
@@ -347,6 +352,7 @@ class LinkDataModule(HeteroGraphData):
         """Shuffled batches of supervision edges with negatives and sampled neighbourhoods."""
         target = self.target
         label_index, label = self.links.labels("train")
+        self.links.hold(self.fanout(), self.batch_size, self.feature_cache_gib)
         transform = None
         if self.num_hard_negatives:
             transform = HardNegatives(
@@ -364,6 +370,7 @@ class LinkDataModule(HeteroGraphData):
             if self.num_negatives
             else None,
             batch_size=self.batch_size,
+            transform=self._opened.count_held(),
             generator=torch.Generator(),
             **self.loader.kwargs(),
         )
@@ -536,6 +543,9 @@ class _MemoryLinks:
             keys = torch.cat([keys, pair_keys(edges.flip(0), num_dst)])
         return torch.unique(keys)
 
+    def hold(self, *args: Any) -> None:
+        """No feature cache: every feature is in memory already."""
+
     def memory_mb(self) -> tuple[float, float]:
         """The graph and its three splits (which share features) in memory; nothing mapped."""
         return tensor_mb(*store_tensors(self.dm.data, *self.splits)), 0.0
@@ -615,6 +625,20 @@ class _PreparedLinks:
         dst = torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())
         edges = torch.cat([torch.stack([row, dst]), index[:, label == 1]], 1)
         return torch.unique(pair_keys(edges, num_dst))
+
+    def hold(self, fanout: dict[EdgeType, list[int]], batch_size: int, gib: float) -> None:
+        """Fill the feature cache (once) from a sampling pass on the training graph.
+
+        Seeded at the training edges' endpoints, each as often as it ends an edge, ``batch_size``
+        a time.
+        """
+        if not gib or self.source.stores[0].cache:
+            return
+        (src, _, dst), (index, label) = self.dm.target, self.labels("train")
+        ends = index[:, label == 1]
+        seeds = {src: ends.reshape(-1)} if src == dst else {src: ends[0], dst: ends[1]}
+        held = fill_cache(self.input("train"), fanout, batch_size, gib, seeds)
+        rank_zero_info(f"gnnscale: {held}")
 
     def memory_mb(self) -> tuple[float, float]:
         """Nothing in memory; the folder and its split mapped."""
