@@ -105,6 +105,45 @@ def test_reading_ahead_reads_every_page_the_sampler_reads(monkeypatch):
     assert pages(row_reads[1]) == pages(torch.arange(1200, 1220))
 
 
+def test_reading_ahead_on_a_heterogeneous_graph_follows_each_edge_type(monkeypatch):
+    """Hop 1 reads the lists of every edge type into the seeds' type; the lists it takes whole
+    give the next hop's frontier of their source type, whose own edge types hop 2 reads."""
+    # papers cite papers; authors write papers (written_by: paper <- author lists per paper).
+    cites = (torch.tensor([0, 1, 1, 3]), torch.tensor([1, 2, 0]))  # colptr over 3 papers, row
+    writes = (torch.tensor([0, 1, 1, 2]), torch.tensor([4, 0]))  # authors into papers
+    wrote = (torch.tensor([0, 1, 1, 1, 1, 2]), torch.tensor([2, 1]))  # papers into 5 authors
+    csc = {
+        ("paper", "cites", "paper"): cites,
+        ("author", "writes", "paper"): writes,
+        ("paper", "rev_writes", "author"): wrote,
+    }
+    fanout = dict.fromkeys(csc, [5, 5])
+    read = []
+    real = reads.gather
+
+    def recording(tensor, index, threads):
+        read.append((tensor, index.clone()))
+        return real(tensor, index, threads)
+
+    monkeypatch.setattr(reads, "gather", recording)
+    checked = []
+    reads.read_ahead_typed(
+        csc,
+        {"paper": torch.tensor([0])},
+        fanout,
+        4,
+        lambda ids, t: checked.append((t, ids.tolist())),
+    )
+    # hop 1, seeds paper 0: cites lists paper 1; writes lists author 4; nothing into authors
+    assert checked == [("paper", [1]), ("author", [4])]
+    names = {id(cites[0]): "cites", id(writes[0]): "writes", id(wrote[0]): "wrote"}
+    colptr_reads = [(names[id(t)], i.tolist()) for t, i in read if id(t) in names]
+    assert colptr_reads[:2] == [("cites", [0, 1]), ("writes", [0, 1])]
+    # hop 2: papers {1} through cites and writes, authors {4} through rev_writes
+    hop2 = dict(colptr_reads[2:])
+    assert hop2 == {"cites": [1, 2], "writes": [1, 2], "wrote": [4, 5]} and len(colptr_reads) == 5
+
+
 @pytest.mark.parametrize("threads", [1, 4])
 def test_a_row_cache_gives_the_rows_of_the_file_and_counts_what_it_held(mapped, threads):
     x = mapped[0]

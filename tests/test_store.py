@@ -35,6 +35,7 @@ from gnnscale import (
 )
 from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
+from gnnscale.data.sampler import HopSampler
 from gnnscale.errors import ConfigError
 from gnnscale.stores import prepared, reads
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph, PreparedGraphError, write_graph
@@ -236,8 +237,15 @@ def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(
     cache = {"feature_cache_gib": cache_bytes / 2**30, "num_neighbors": [4, 2], "batch_size": 50}
     fs, gs = stores.open(out, read_threads=read_threads, **cache)
     kwargs = {"num_neighbors": [4, 2], "input_nodes": ("paper", train), "batch_size": 50}
-    memory, disk = _batches(data, 3, **kwargs), _batches((fs, gs), 3, **kwargs)
+    read_ahead = []  # gnnscale's sampler reads each batch's lists ahead, by edge type
+    real = reads.read_ahead_typed
+    monkeypatch.setattr(
+        reads, "read_ahead_typed", lambda *a, **k: read_ahead.append(a[1]) or real(*a, **k)
+    )
+    memory = _batches(data, 3, **kwargs)
+    disk = _batches((fs, gs), 3, neighbor_sampler=HopSampler((fs, gs), [4, 2]), **kwargs)
     assert len(memory) == len(disk) == 4
+    assert [list(seeds) for seeds in read_ahead] == [["paper"]] * 4
     for a, b in zip(memory, disk, strict=True):
         for node_type in COUNTS:  # "inst" too: it is sampled, though it has no features
             assert torch.equal(a[node_type].n_id, b[node_type].n_id), node_type

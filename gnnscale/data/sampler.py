@@ -186,8 +186,11 @@ class HopSampler(NeighborSampler):
         """PyG's, read ahead and checked over a prepared folder's store pair."""
         if self.store is None:
             return super().sample_from_nodes(inputs)
-        if not self.is_hetero:
-            self.store.read_ahead(inputs.node, list(self.num_neighbors.values))
+        if self.is_hetero:
+            fanout = self.num_neighbors.get_values(self.edge_types)
+        else:
+            fanout = {None: list(self.num_neighbors.values)}
+        self.store.read_ahead({inputs.input_type: inputs.node}, fanout)
         out = super().sample_from_nodes(inputs)
         self.store.check_sampled(out.node)
         return out

@@ -214,18 +214,24 @@ class MappedGraphStore(GraphStore):
         self.graph = graph
         self.perm_by_type = perm or {}
 
-    def read_ahead(self, seeds: Tensor, fanout: list[int]) -> None:
-        """Read and check the CSC that sampling ``fanout`` from ``seeds`` walks (homogeneous).
+    def read_ahead(
+        self,
+        seeds: Tensor | Mapping[NodeType | None, Tensor],
+        fanout: list[int] | Mapping[EdgeType | None, list[int]],
+    ) -> None:
+        """Read and check the CSCs that sampling ``fanout`` from ``seeds`` walks.
 
-        :func:`gnnscale.stores.reads.read_ahead`, with the folder's threads: PyG's samplers
-        fault the CSC's pages in one at a time, half of a cold batch's time once its features
-        were read by threads.
+        :func:`gnnscale.stores.reads.read_ahead_typed`, with the folder's threads: PyG's
+        samplers fault the CSC's pages in one at a time, half of a cold batch's time once its
+        features were read by threads. Heterogeneous: seeds by node type, fan-outs by edge type.
         """
-        if self.graph is None or None not in self.csc_by_type:
+        if self.graph is None:
             return
-        row, colptr, _ = self.csc_by_type[None]
-        threads = self.graph.threads
-        reads.read_ahead(colptr, row, seeds, fanout, threads, self.graph.check_ids)
+        typed_seeds = seeds if isinstance(seeds, Mapping) else {None: seeds}
+        typed_fanout = fanout if isinstance(fanout, Mapping) else {None: fanout}
+        csc = {t: (colptr, row) for t, (row, colptr, _) in self.csc_by_type.items()}
+        threads, check = self.graph.threads, self.graph.check_ids
+        reads.read_ahead_typed(csc, typed_seeds, typed_fanout, threads, check)
 
     def check_sampled(self, node: Tensor | dict[NodeType, Tensor]) -> None:
         """Refuse a sampled batch whose node ids lie outside their type's count (a damaged row)."""

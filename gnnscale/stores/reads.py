@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -102,25 +103,52 @@ def read_ahead(
     frontier; which neighbours it draws from a longer one is not known before it draws them,
     so those are left to its own reads (and, past two hops, its ids unchecked). At a fan-out
     near the mean degree (15 against 14.6 on the papers100M-sized graph) most lists are taken
-    whole.
+    whole. :func:`read_ahead_typed` does the same on a heterogeneous graph.
     """
-    frontier = seeds.long().unique()
-    per_page = PAGE // row.itemsize
-    for hop, k in enumerate(fanout):
-        start, end = gather(colptr, torch.cat([frontier, frontier + 1]), threads).view(2, -1)
-        length = end - start
-        if threads > 1:  # an entry every page's worth along each list and its last: every page
-            steps = (length + per_page - 1) // per_page
-            step = _ranges(torch.zeros_like(start), steps)  # 0, 1, ... steps - 1 for each list
-            touch = torch.repeat_interleave(start, steps) + step * per_page
-            gather(row, torch.cat([touch, end[length > 0] - 1]).unique(), threads)
-        if hop == len(fanout) - 1:
-            return
-        neighbours = row[_ranges(start, length)]  # from the page cache, with threads
-        if check is not None:
-            check(neighbours)
-        whole = (length <= k) | (k < 0)
-        frontier = neighbours[torch.repeat_interleave(whole, length)].unique()
+    typed = None if check is None else (lambda ids, _: check(ids))
+    read_ahead_typed({None: (colptr, row)}, {None: seeds}, {None: fanout}, threads, typed)
+
+
+def read_ahead_typed(
+    csc: Mapping[Any, tuple[Tensor, Tensor]],
+    seeds: Mapping[Any, Tensor],
+    fanout: Mapping[Any, list[int]],
+    threads: int,
+    check: Callable[[Tensor, Any], None] | None = None,
+) -> None:
+    """:func:`read_ahead` with node and edge types.
+
+    Each hop reads, for every edge type ``(src, rel, dst)`` in ``csc`` (``colptr``, ``row``),
+    the lists of its destination type's frontier; the lists it takes whole give the source
+    type's frontier of the next hop. ``check`` gets the ids and their node type. A homogeneous
+    graph is the edge type ``None`` between nodes of type ``None``.
+    """
+    frontier = {t: s.long().unique() for t, s in seeds.items()}
+    hops = len(next(iter(fanout.values()), []))
+    for hop in range(hops):
+        found: dict[Any, list[Tensor]] = {}
+        for et, (colptr, row) in csc.items():
+            src, dst = (None, None) if et is None else (et[0], et[-1])
+            nodes = frontier.get(dst)
+            if nodes is None or not nodes.numel() or et not in fanout:
+                continue
+            start, end = gather(colptr, torch.cat([nodes, nodes + 1]), threads).view(2, -1)
+            length = end - start
+            if threads > 1:  # an entry every page's worth along each list and its last
+                step_size = PAGE // row.itemsize
+                steps = (length + step_size - 1) // step_size
+                step = _ranges(torch.zeros_like(start), steps)  # 0, 1, ... steps - 1 a list
+                touch = torch.repeat_interleave(start, steps) + step * step_size
+                gather(row, torch.cat([touch, end[length > 0] - 1]).unique(), threads)
+            if hop == hops - 1:
+                continue
+            neighbours = row[_ranges(start, length)]  # from the page cache, with threads
+            if check is not None:
+                check(neighbours, src)
+            k = fanout[et][hop]
+            whole = (length <= k) | (k < 0)
+            found.setdefault(src, []).append(neighbours[torch.repeat_interleave(whole, length)])
+        frontier = {t: torch.cat(parts).unique() for t, parts in found.items()}
 
 
 def _ranges(start: Tensor, length: Tensor) -> Tensor:
