@@ -816,7 +816,8 @@ def test_two_torchrun_ranks_train_links_from_one_store_as_one_process_would(tmp_
 def test_the_stores_tensors_are_read_only_and_a_callers_bad_index_is_named(tmp_path):
     """A write into a tensor the stores hand out, or into a view of it, is an error (the pages
     are mapped read-only: it was a segmentation fault); the file is unchanged. An index past
-    the node count, or negative, is named as the caller's."""
+    the node count, or negative, is named as the caller's; a float one is refused, a boolean
+    one is a mask, as in memory."""
     folder = write_graph(make_synthetic_graph(TINY), tmp_path / "g", {"test": "read-only"})
     fs, gs = stores.open(folder)
     x = fs.get_tensor(TensorAttr(None, "x", None))
@@ -840,6 +841,10 @@ def test_the_stores_tensors_are_read_only_and_a_callers_bad_index_is_named(tmp_p
     for bad in (3000, -1):
         with pytest.raises(IndexError, match=f"an index given to the store holds node {bad:,}"):
             fs.get_tensor(TensorAttr(None, "x", torch.tensor([0, bad])))
+    with pytest.raises(IndexError, match="is torch.float32: give integer node ids"):
+        fs.get_tensor(TensorAttr(None, "x", torch.tensor([0.7, 2.2])))  # read rows 0 and 2
+    mask = torch.zeros(3000, dtype=torch.bool).index_fill_(0, torch.tensor([4, 9]), True)
+    assert torch.equal(fs.get_tensor(TensorAttr(None, "x", mask)), before[[4, 9]])
 
 
 def _spawned_batches(folder, context):

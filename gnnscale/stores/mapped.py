@@ -77,6 +77,11 @@ class MappedFeatureStore(FeatureStore):
 
     def _check(self, attr: TensorAttr) -> None:
         index, group = attr.index, attr.group_name
+        if isinstance(index, Tensor) and (index.is_floating_point() or index.is_complex()):
+            raise IndexError(  # gathered, it would be truncated to ids without a word
+                f"an index given to the store is {index.dtype}: give integer node ids "
+                "(torch.long), or a boolean mask"
+            )
         if isinstance(index, Tensor) and index.dtype != torch.bool and group in self.num_nodes:
             self.graph.check_ids(index, group, given=True)
 
