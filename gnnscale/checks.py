@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import lightning as L
+import yaml
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from gnnscale.errors import ConfigError
@@ -93,3 +95,37 @@ class AccumulationCheck(L.Callback):
                 f"epoch's end, each loss divided by {count}); set {flag}={int(batches)}, or "
                 "lower --data.batch_size for more batches"
             )
+
+
+def check_config_keys(args: list[str]) -> None:
+    """Refuse a ``--config`` file that gives a key twice in one mapping (YAML keeps the last).
+
+    Args:
+        args: The command line; its ``--config`` (``-c``) files are read, others left to the
+            parser.
+    """
+    paths = [b for a, b in zip(args, args[1:], strict=False) if a in ("--config", "-c")]
+    paths += [a.partition("=")[2] for a in args if a.startswith(("--config=", "-c="))]
+    for path in map(Path, paths):
+        if path.is_file():  # a missing one is the parser's to report
+            yaml.load(path.read_text(), Loader=_unique_keys(path))  # noqa: S506 (a SafeLoader)
+
+
+def _unique_keys(path: Path) -> type[yaml.SafeLoader]:
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+            lines: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # ``<<``: repeats by design
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                line = key_node.start_mark.line + 1
+                if key in lines:
+                    raise ConfigError(
+                        f"{path}: key {key!r} is given twice (lines {lines[key]} and {line}); "
+                        "YAML would keep the last without a word: keep one"
+                    )
+                lines[key] = line
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys

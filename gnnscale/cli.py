@@ -599,6 +599,7 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     """
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: stop if its agent is killed
         launched_by(os.getppid())
+    checks.check_config_keys(sys.argv[1:] if args is None else args)
     _steady_cpu_memory()
     _quiet()
     return GnnscaleCLI(

@@ -281,6 +281,24 @@ def test_cpu_bf16_autocast_falls_back_to_fp32_without_bf16_kernels(
     assert len(said) == (runs != asked)  # the switch is said once, and only when made
 
 
+def test_a_key_given_twice_in_a_config_is_refused(tmp_path):
+    """YAML keeps the last of two equal keys without a word; a config's typo can hide that way
+    (two ``max_epochs``, the first the one the user meant)."""
+    base = recipe("neighbor_sage").config.read_text()
+    doubled = base.replace("  max_epochs: 4\n", "  max_epochs: 4\n  max_epochs: 40\n", 1)
+    assert doubled != base
+    config = tmp_path / "config.yaml"
+    config.write_text(doubled)
+    line = doubled.splitlines().index("  max_epochs: 4") + 1
+    message = f"{config}: key 'max_epochs' is given twice (lines {line} and {line + 1})"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        main(["fit", "--config", str(config), *cli_args(tmp_path)])
+    assert not (tmp_path / "runs").exists()
+    # merge keys repeat by design, and equal keys in different mappings are not a repeat
+    config.write_text("a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\nc: {k: 3}\n")
+    gnnscale.checks.check_config_keys([f"--config={config}"])
+
+
 def _ddp(start_method):
     return Namespace(
         class_path="lightning.pytorch.strategies.DDPStrategy",
