@@ -25,7 +25,14 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from gnnscale.errors import ConfigError
 
-__all__ = ["AccumulationCheck", "check_monitors", "check_own_accumulation", "check_validation"]
+__all__ = [
+    "AccumulationCheck",
+    "check_config_keys",
+    "check_monitors",
+    "check_own_accumulation",
+    "check_ranked_monitors",
+    "check_validation",
+]
 
 # The metrics gnnscale logs, by the part of their name before "@" (val/recall@20 -> recall).
 _BETTER = {"acc": "max", "recall": "max", "mrr": "max", "auc": "max", "loss": "min", "mae": "min"}
@@ -58,6 +65,29 @@ def check_monitors(callbacks: Iterable[L.Callback]) -> None:
                 f"{default}, but {monitor} is better when it is "
                 f"{'higher' if better == 'max' else 'lower'}: its best would be the worst "
                 f"epoch; set its mode: {better}"
+            )
+
+
+def check_ranked_monitors(callbacks: Iterable[L.Callback], datamodule: Any) -> None:
+    """Refuse a monitor of a ranking metric (``val/recall@20``) the run logs under another name.
+
+    Lightning would stop after the first validation ("not found in the logged metrics"),
+    having trained an epoch. ``datamodule.ranking_suffix`` says what the run logs.
+    """
+    suffix = getattr(datamodule, "ranking_suffix", None)
+    if suffix is None:
+        return
+    for callback in callbacks:
+        if not isinstance(callback, ModelCheckpoint | EarlyStopping):
+            continue
+        name, at, rest = str(callback.monitor).partition("@")
+        if at and rest not in (suffix, f"{suffix}_popularity"):
+            logged = f"{name}@{suffix}" + ("_popularity" if rest.endswith("_popularity") else "")
+            raise ConfigError(
+                f"{type(callback).__name__}(monitor={callback.monitor!r}) is never logged: "
+                f"with --data.eval.k={datamodule.eval.k} and --data.eval.candidates="
+                f"{datamodule.eval.candidates} the run logs {logged}; monitor that instead "
+                "(the callback's init_args.monitor)"
             )
 
 

@@ -407,7 +407,9 @@ class GnnscaleCLI(LightningCLI):
         ]
         built = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit":
-            checks.check_monitors([*built.checkpoint_callbacks, *built.early_stopping_callbacks])
+            monitors = [*built.checkpoint_callbacks, *built.early_stopping_callbacks]
+            checks.check_monitors(monitors)
+            checks.check_ranked_monitors(monitors, self.datamodule)
         return built
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -11,7 +12,7 @@ from gnnscale.batch import BatchRequest, LinkEval
 from gnnscale.data.link import LinkEvalArgs
 from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
-from gnnscale.testing import requires_sampler
+from gnnscale.testing import TINY_ARGS, requires_sampler
 
 TINY = SyntheticRecommender(
     num_users=600, num_items=300, num_categories=20, num_communities=5, interactions_per_user=12
@@ -421,3 +422,27 @@ def test_predict_gives_a_user_with_fewer_than_k_unknown_items_only_those(tmp_pat
         scores = torch.tensor(table["score"])[mine]
         assert torch.equal(torch.tensor(table["rank"])[mine], torch.arange(int(mine.sum())))
         assert torch.all(scores[:-1] >= scores[1:])
+
+
+@pytest.mark.parametrize(
+    ("flags", "logged"),
+    [
+        (["--data.init_args.eval.k=1000"], "val/recall@1000"),
+        (["--data.init_args.eval.candidates=30"], "val/recall@20_of30"),
+    ],
+)
+def test_a_monitor_of_a_ranking_metric_the_run_does_not_log_is_refused(tmp_path, flags, logged):
+    """The recipe's checkpoint monitors val/recall@20; with another k (or sampled candidates)
+    the run logs another name, and Lightning stopped after the first epoch's validation."""
+    from registry import recipe
+
+    from gnnscale.cli import main
+    from gnnscale.testing import cli_args
+
+    link = recipe("link_prediction_pinsage")
+    common = ["--config", str(link.config), *cli_args(tmp_path)[: -len(TINY_ARGS)], *link.tiny]
+    never = re.escape("ModelCheckpoint(monitor='val/recall@20') is never logged: ")
+    message = f"{never}.* the run logs {re.escape(logged)}; monitor that instead"
+    with pytest.raises(ConfigError, match=message):
+        main(["fit", *common, *flags, "--trainer.max_epochs=1"])
+    assert not (tmp_path / "runs").exists()

@@ -305,6 +305,15 @@ class LinkDataModule(HeteroGraphData):
         return ("user", "rates", "item") if self.dataset == "synthetic" else _HOMOGENEOUS
 
     @property
+    def ranking_suffix(self) -> str:
+        """What the ranking metrics' names carry after ``@`` (``val/recall@20``).
+
+        ``k``, and ``_of<n>`` where ``n`` candidates are ranked instead of every destination.
+        """
+        c, num_dst = self.eval.candidates, self.num_nodes[self.target[2]]
+        return f"{self.eval.k}" + ("" if c is None or c >= num_dst else f"_of{c}")
+
+    @property
     def undirected(self) -> bool:
         """A homogeneous graph's edges are both ways: an edge and its reverse are one pair."""
         src, _, dst = self.target
