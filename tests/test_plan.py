@@ -11,12 +11,13 @@ import pytest
 import torch
 from registry import recipe
 
-from gnnscale import GraphSAGE, HeteroNeighborDataModule, stores
+from gnnscale import GraphSAGE, HeteroNeighborDataModule, make_synthetic_graph, stores
 from gnnscale.cli import Trainer, main
 from gnnscale.data.graphs import AtomGraphs, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.plan import _suggest, format_plan
-from gnnscale.testing import TINY_ARGS, requires_sampler
+from gnnscale.stores.prepared import write_graph
+from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
 
 NEIGHBOR = ["--config", str(recipe("neighbor_sage").config)]
 # Runs a recipe command (Recipe.argv) and prints the peak resident memory of its process.
@@ -393,6 +394,20 @@ def test_plan_predicts_link_and_graph_peaks_within_25_percent(tmp_path, name):
 
 
 @requires_sampler
+@requires_sampler
+def test_a_plan_from_a_prepared_folder_advises_only_what_applies_to_one(tmp_path):
+    """A prepared folder refuses --data.preprocess: the plan's advice for a budget the data
+    alone exceeds names the prepare-time setting instead; its features are mapped, not held."""
+    folder = write_graph(make_synthetic_graph(TINY), tmp_path / "g", {"test": "plan"})
+    args = [*NEIGHBOR, "--data.dataset=prepared", f"--data.root={folder}", "--num_batches=2"]
+    args += ["--data.eval.mode=sampled", "--data.batch_size=256"]
+    cli = main(["plan", *args, f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}"])
+    plan = cli.trainer.memory_plan
+    assert plan.graph_mb == 0 and plan.mapped_mb > 0
+    (tip,) = _suggest(cli.datamodule.memory_profile(), plan, plan.base_mb / 2)
+    assert "--feature_dtype bfloat16" in tip and "--data.preprocess" not in tip
+
+
 def test_plan_of_a_prepared_store_reports_private_memory_apart_from_the_mapped_files(tmp_path):
     """The hetero recipe planned on its graph prepared to a store: the store's files are page
     cache the kernel may drop, so the report gives the private peak on its own line."""

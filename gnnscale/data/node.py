@@ -358,16 +358,27 @@ class NodeDataModule(L.LightningDataModule):
         layerwise, modes = None, {self.eval.validation, self.eval.mode}
         if "layerwise" in modes:  # its whole-graph buffers are computed, not measured
             layerwise = next(iter(self._eval_loader("test_mask", "layerwise")))
+        if self.source.features_in_memory:
+            graph_mb = tensor_mb(*[v for _, v in self.data("x", "edge_index", "y")])
+            data_fix = (
+                "prune the graph (--data.preprocess.largest_component=true), store features as "
+                "bfloat16 (--data.preprocess.feature_dtype=bfloat16) or use a larger machine"
+            )
+        else:  # mapped (mapped_mb), and the settings above do not apply to a prepared folder
+            graph_mb = 0.0
+            data_fix = (
+                "prepare the folder with bfloat16 features (gnnscale prepare --feature_dtype "
+                "bfloat16), or use a larger machine"
+            )
         return MemoryProfile(
-            graph_mb=tensor_mb(*[v for _, v in self.data("x", "edge_index", "y")]),
+            graph_mb=graph_mb,
             eval_mode=self.eval.mode
             if len(modes) == 1
             else f"{self.eval.validation} validation, {self.eval.mode} test",
             smaller_batches=self._smaller_batches,
             mapped_mb=self.source.mapped_mb,
             layerwise=layerwise,
-            data_fix="prune the graph (--data.preprocess.largest_component=true), store features "
-            "as bfloat16 (--data.preprocess.feature_dtype=bfloat16) or use a larger machine",
+            data_fix=data_fix,
             eval_fix="use --data.eval.mode=sampled (memory of a training batch, without gradients)",
         )
 
