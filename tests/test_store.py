@@ -883,3 +883,36 @@ def test_the_stores_pickle_as_their_files_so_a_spawned_worker_maps_them(tmp_path
     for a, b in zip(forked, spawned, strict=True):
         for key in ("x", "y", "edge_index", "n_id"):
             assert torch.equal(a[key], b[key]), key
+
+
+def test_a_prepared_folder_is_checked_for_splits_and_labels_as_a_graph_in_memory(tmp_path):
+    """Split files are optional to prepare, but node classification needs them (a KeyError
+    traceback at fit before); an empty split or a label out of range among split nodes is
+    refused as in memory."""
+    n, rng = 300, np.random.default_rng(0)
+    arrays = tmp_path / "npy"
+    arrays.mkdir()
+    np.save(arrays / "x.npy", rng.random((n, 4), dtype=np.float32))
+    np.save(arrays / "y.npy", rng.integers(0, 3, n))
+    np.save(arrays / "edge_index.npy", rng.integers(0, n, (2, 2000)))
+
+    def module(name, **splits):
+        for split, ids in splits.items():
+            np.save(arrays / f"{split}.npy", np.asarray(ids, dtype=np.int64))
+        out = stores.prepare_npy(arrays, tmp_path / name)
+        return NeighborDataModule("prepared", out, eval=EvalArgs(mode="sampled"))
+
+    with pytest.raises(ConfigError, match="has no train_mask, val_mask, test_mask: node class"):
+        module("none").prepare_data()
+    with pytest.raises(ConfigError, match="the validation split of --data.dataset 'prepared'"):
+        module("empty", train=range(100), val=[], test=range(200, 300)).prepare_data()
+    y = np.load(arrays / "y.npy")
+    y[5] = -1  # a training node without a label
+    np.save(arrays / "y.npy", y)
+    with pytest.raises(ConfigError, match="labels out of range .* found -1 among split nodes"):
+        module("unlabelled", train=range(100), val=range(100, 200)).prepare_data()
+    y[5] = 0
+    np.save(arrays / "y.npy", y)
+    dm = module("good")
+    dm.prepare_data()
+    assert dm.num_classes == 3 and int(dm.data.train_mask.sum()) == 100

@@ -170,8 +170,12 @@ def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None)
     raise ConfigError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
 
 
-def validate_graph(data: Data, dataset: str) -> int:
-    """Check splits and labels; return the number of classes."""
+def validate_graph(data: Data, dataset: str, features: bool = True) -> int:
+    """Check splits and labels (and, with ``features``, that every feature is finite).
+
+    Returns:
+        The number of classes.
+    """
     for key in _SPLITS:
         if data.get(key) is None:
             raise ConfigError(
@@ -189,7 +193,7 @@ def validate_graph(data: Data, dataset: str) -> int:
             f"{None if data.y is None else tuple(data.y.shape)}); convert one-hot labels with "
             "y.argmax(-1)"
         )
-    if data.x is not None and data.x.is_floating_point():
+    if features and data.x is not None and data.x.is_floating_point():
         bad = int((~torch.isfinite(data.x)).any(-1).sum()) if data.x.dim() > 1 else 0
         if bad:
             raise ConfigError(
@@ -368,12 +372,24 @@ class PreparedSource:
         """The folder as PyG's ``(FeatureStore, GraphStore)`` pair."""
         return stores_of(self.graph)
 
-    @property
+    @cached_property
     def data(self) -> Data:
-        """A homogeneous folder's mapped tensors as a ``Data`` (no edges: they are the store's)."""
+        """A homogeneous folder's mapped tensors as a ``Data`` (no edges: they are the store's).
+
+        Its splits and labels checked as a graph in memory is (:func:`validate_graph`); not
+        its features, which a check would read whole.
+        """
         if self.hetero:
             raise RuntimeError("a heterogeneous prepared graph is read through its stores")
-        return self.graph.data
+        if missing := [k for k in ("y", *_SPLITS) if k not in self.manifest["files"]]:
+            raise ConfigError(
+                f"{self.root} has no {', '.join(missing)}: node classification needs labels "
+                "and train, val and test splits; prepare it with y.npy and train.npy, val.npy, "
+                "test.npy (node ids) beside x.npy (docs/stores.md)"
+            )
+        data = self.graph.data
+        validate_graph(data, "prepared", features=False)
+        return data
 
     def loader_input(self, data: Graph | None = None) -> Stores:
         """What PyG's loaders take: the store pair (whatever view ``data`` of it is given)."""
