@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
@@ -288,6 +289,16 @@ class PredictionWriter(BasePredictionWriter):
         if self._writer is None:
             self._writer = pq.ParquetWriter(self._partial, table.schema)
         self._writer.write_table(table)
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        """A prediction that stopped (a SIGTERM, an error, a full disk) leaves no file."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):  # a full disk may refuse the close too
+                self._writer.close()
+            self._writer = None
+            self._partial.unlink(missing_ok=True)
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Close the file, flush it to disk and give it its name."""

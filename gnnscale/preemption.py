@@ -120,6 +120,24 @@ class Preemption(L.Callback):
             signal.signal(signal.SIGTERM, self.previous)
             self.previous = None
 
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Take SIGTERM over for prediction too: it stops after the current batch."""
+        self.previous = signal.signal(signal.SIGTERM, self._note)
+
+    on_predict_end = on_train_end
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        """Give SIGTERM back when a run stops early (its own exit too)."""
+        self.on_train_end(trainer, pl_module)
+
+    def on_predict_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        """Stop a signalled prediction with :data:`PREEMPTED_EXIT`; its writer keeps no file."""
+        if self.requested:
+            rank_zero_info("gnnscale: predict stopped by SIGTERM; no predictions were written")
+            raise SystemExit(PREEMPTED_EXIT)
+
     def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
         """If any rank was signalled: save where the run stands (as ``ModelCheckpoint`` does)."""
         requested = self.requested

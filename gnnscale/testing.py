@@ -122,6 +122,24 @@ class KillAtStep(L.Callback):
             os.kill(os.getpid(), getattr(signal, self.signal))
 
 
+class KillAtPredictBatch(L.Callback):
+    """Sends its own process a signal after prediction batch ``batch`` (0: the first).
+
+    Args:
+        batch: The batch index after which the signal is sent.
+        signal: Its name.
+    """
+
+    def __init__(self, batch: int, signal: str = "SIGTERM") -> None:
+        self.batch, self.signal, self.seen = batch, signal, 0
+
+    def on_predict_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        """Send it after the batch."""
+        if self.seen == self.batch:
+            os.kill(os.getpid(), getattr(signal, self.signal))
+        self.seen += 1
+
+
 def damage_a_weight(path: Path) -> str:
     """Flip one byte inside the first tensor record of a ``torch.save`` file; return its name."""
     with zipfile.ZipFile(path) as archive:

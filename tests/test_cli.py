@@ -3,6 +3,7 @@ import math
 import os
 import re
 import runpy
+import signal
 import subprocess
 import sys
 import warnings
@@ -428,6 +429,27 @@ def test_null_for_a_nested_key_on_the_command_line_is_one_line_naming_the_flag_t
     # A key that takes no null is not sent to the mapping form: its own types, the value null.
     with pytest.raises(ConfigError, match=r"loader.num_workers: Expected a int.* got 'null'$"):
         main([*config, "--data.init_args.loader.num_workers=null", "--print_config"])
+
+
+@requires_sampler
+def test_predict_stops_on_sigterm_with_143_and_leaves_no_file(tmp_path):
+    """As fit does: a scheduler's SIGTERM stops it (it ran on and exited 0), and its writer
+    leaves no half file."""
+    common = ["--data=gnnscale.NeighborDataModule", "--model=gnnscale.GraphSAGE"]
+    common += ["--data.num_neighbors=[5, 5]", "--data.eval.mode=sampled"]
+    common += ["--data.eval.batch_size=700"]  # five batches
+    _fit(tmp_path, *common, "--trainer.max_epochs=1")
+    (ckpt,) = (tmp_path / "runs").rglob("*.ckpt")
+    args = ["predict", *common[:2], *cli_args(tmp_path), *common[2:], f"--ckpt_path={ckpt}"]
+    args += ["--trainer.callbacks+=gnnscale.testing.KillAtPredictBatch"]
+    args += ["--trainer.callbacks.batch=1"]  # after the second of five batches
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as stopped:
+        main(args)
+    assert stopped.value.code == 143
+    runs = (tmp_path / "runs").rglob("*")
+    assert [p for p in runs if "predictions" in p.parts and p.is_file()] == []
+    assert signal.getsignal(signal.SIGTERM) == before  # given back
 
 
 @requires_sampler
