@@ -6,7 +6,7 @@ import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 from torch_geometric.nn import MessagePassing
 
+from gnnscale.errors import NO_ROOM, GnnscaleError
 from gnnscale.measure import peak_rss_mb
 
 __all__ = ["GradActivationMonitor", "PredictionWriter", "ThroughputMonitor"]
@@ -266,10 +267,11 @@ class PredictionWriter(BasePredictionWriter):
             root = logger.log_dir if logger is not None and logger.log_dir else None
             folder = Path(root or trainer.default_root_dir) / "predictions"
         folder = Path(trainer.strategy.broadcast(str(folder)))
-        folder.mkdir(parents=True, exist_ok=True)
         self._target = folder / f"part-{trainer.global_rank}.parquet"
         self._partial = folder / f".{self._target.name}.partial"
         self._writer = None
+        with self._writing():
+            folder.mkdir(parents=True, exist_ok=True)
 
     def write_on_batch_end(
         self,
@@ -286,26 +288,46 @@ class PredictionWriter(BasePredictionWriter):
         import pyarrow.parquet as pq
 
         table = pa.table({k: v.detach().cpu().numpy() for k, v in prediction.items()})
-        if self._writer is None:
-            self._writer = pq.ParquetWriter(self._partial, table.schema)
-        self._writer.write_table(table)
+        with self._writing():
+            if self._writer is None:
+                self._writer = pq.ParquetWriter(self._partial, table.schema)
+            self._writer.write_table(table)
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write the folder refuses (no room, no permission) is one line; nothing is left."""
+        try:
+            yield
+        except OSError as err:
+            self._discard()
+            room = err.errno in NO_ROOM
+            why = "free space there" if room else "make it writable"
+            raise GnnscaleError(
+                f"writing predictions into {self._target.parent} failed ({err.strerror or err}); "
+                f"nothing was left there: {why}, or write them elsewhere "
+                "(--trainer.default_root_dir)"
+            ) from None
+
+    def _discard(self) -> None:
+        if self._writer is not None:
+            with contextlib.suppress(Exception):  # a full disk may refuse the close too
+                self._writer.close()
+            self._writer = None
+        self._partial.unlink(missing_ok=True)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
         """A prediction that stopped (a SIGTERM, an error, a full disk) leaves no file."""
-        if self._writer is not None:
-            with contextlib.suppress(Exception):  # a full disk may refuse the close too
-                self._writer.close()
-            self._writer = None
-            self._partial.unlink(missing_ok=True)
+        self._discard()
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Close the file, flush it to disk and give it its name."""
         if self._writer is None:
             return
-        self._writer.close()
-        with self._partial.open("rb") as f:
-            os.fsync(f.fileno())
-        self._partial.rename(self._target)
+        with self._writing():
+            self._writer.close()
+            with self._partial.open("rb") as f:
+                os.fsync(f.fileno())
+            self._partial.rename(self._target)
         rank_zero_info(f"gnnscale: predictions in {self._target.parent}")

@@ -19,7 +19,7 @@ import gnnscale.cli
 import gnnscale.data.node
 from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
-from gnnscale.errors import ConfigError, TrainingDiverged
+from gnnscale.errors import ConfigError, GnnscaleError, TrainingDiverged
 from gnnscale.measure import read_metrics
 from gnnscale.stores.prepared import PreparedGraphError
 from gnnscale.testing import (
@@ -450,6 +450,33 @@ def test_predict_stops_on_sigterm_with_143_and_leaves_no_file(tmp_path):
     runs = (tmp_path / "runs").rglob("*")
     assert [p for p in runs if "predictions" in p.parts and p.is_file()] == []
     assert signal.getsignal(signal.SIGTERM) == before  # given back
+
+
+@requires_sampler
+def test_predict_into_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, monkeypatch):
+    import errno
+
+    import pyarrow.parquet as pq
+
+    common = ["--data=gnnscale.NeighborDataModule", "--model=gnnscale.GraphSAGE"]
+    common += ["--data.num_neighbors=[5, 5]", "--data.eval.mode=sampled"]
+    common += ["--data.eval.batch_size=700"]  # five batches
+    _fit(tmp_path, *common, "--trainer.max_epochs=1")
+    (ckpt,) = (tmp_path / "runs").rglob("*.ckpt")
+    real, writes = pq.ParquetWriter.write_table, []
+
+    def filling(self, table, *args, **kwargs):
+        writes.append(1)
+        if len(writes) == 3:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(self, table, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", filling)
+    args = ["predict", *common[:2], *cli_args(tmp_path), *common[2:], f"--ckpt_path={ckpt}"]
+    with pytest.raises(GnnscaleError, match=r"writing predictions into .* failed \(No space "):
+        main(args)
+    runs = (tmp_path / "runs").rglob("*")
+    assert [p for p in runs if "predictions" in p.parts and p.is_file()] == []
 
 
 @requires_sampler
