@@ -916,3 +916,34 @@ def test_a_prepared_folder_is_checked_for_splits_and_labels_as_a_graph_in_memory
     dm = module("good")
     dm.prepare_data()
     assert dm.num_classes == 3 and int(dm.data.train_mask.sum()) == 100
+
+
+@requires_sampler
+def test_heterogeneous_predict_from_a_folder_gives_the_predictions_in_memory(tmp_path):
+    """Every target node once, as in memory (it was PyG's traceback: a store's node count is
+    not inferred for seeds of None)."""
+    import pyarrow.parquet as pq
+    from test_hetero import TINY as RECOMMENDER
+    from test_hetero import _model
+
+    from gnnscale.callbacks import PredictionWriter
+
+    every = EvalArgs(mode="sampled", num_neighbors=[-1, -1], batch_size=700)  # exact: no draw
+    memory = HeteroNeighborDataModule(synthetic=RECOMMENDER, eval=every)
+    store = stores.prepare_npy(stores.save_npy(memory.data, tmp_path / "npy"), tmp_path / "store")
+    disk = HeteroNeighborDataModule("prepared", store, eval=every)
+    torch.manual_seed(0)
+    model = _model(memory, hidden_channels=16)
+    classes = {}
+    for name, dm in (("memory", memory), ("disk", disk)):
+        trainer = L.Trainer(
+            accelerator="cpu",
+            logger=False,
+            enable_progress_bar=False,
+            callbacks=[PredictionWriter(tmp_path / name)],
+        )
+        trainer.predict(model, dm, return_predictions=False)
+        table = pq.read_table(tmp_path / name)
+        assert table.column("node").to_pylist() == list(range(dm.num_nodes["item"]))
+        classes[name] = table.column("class").to_pylist()
+    assert classes["disk"] == classes["memory"]

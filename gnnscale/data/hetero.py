@@ -315,6 +315,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
         given = self._num_neighbors if fanout is None else fanout
         per_type = per_edge_type_fanout(given, self.metadata[1])
         source = self.source  # a prepared folder's sampler checks the ids it draws
+        if seeds is None:  # every target node: PyG infers their count from a graph, not a store
+            seeds = torch.arange(self.num_nodes[self.target_type])
         return NeighborLoader(
             source.loader_input(),  # type: ignore[arg-type]
             num_neighbors=per_type,  # type: ignore[arg-type]
