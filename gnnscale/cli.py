@@ -45,7 +45,7 @@ from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.graphs import prepare_graphs
 from gnnscale.data.node import NeighborDataModule
-from gnnscale.data.sources import check_size
+from gnnscale.data.sources import DATASETS, check_size
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.measure import cpu_bf16_native, keep_freed_memory, set_mmap_threshold, trim_heap
@@ -665,6 +665,13 @@ def prepare(
             different draw from the in-memory generator) instead of loading it whole.
         chunk_nodes: Nodes per written (or generated) chunk.
     """
+    known = ["npy", "recommender", *OGB, *(d for d in DATASETS if d != "prepared")]
+    if dataset not in known:
+        raise ConfigError(
+            f"--dataset {dataset!r} is not one gnnscale prepare reads; choose one of "
+            f"{', '.join(dict.fromkeys(known))} (another graph: write its arrays as .npy, "
+            "docs/stores.md)"
+        )
     if dataset == "npy" or dataset in OGB or dataset == "recommender":
         if preprocess != Preprocess() or stream:
             raise ConfigError(
