@@ -8,13 +8,14 @@ import sys
 import textwrap
 import zipfile
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader
 
-from gnnscale import stores
+from gnnscale import HeteroNeighborDataModule, HeteroSAGE, stores
 from gnnscale.cli import prepare_main
 from gnnscale.errors import ConfigError
 from gnnscale.stores.ogb import prepare_ogb
@@ -240,11 +241,21 @@ def test_a_papers100m_npz_download_prepares_to_the_graph_in_memory(
 
 @requires_sampler
 def test_the_mag_download_prepares_to_the_heterogeneous_graph_in_memory(tmp_path):
+    """With each relation between two types reversed (``rev_<rel>``), as ToUndirected adds."""
     data = mag_download(tmp_path)
+    relations = tmp_path / "ogbn_mag" / "raw" / "relations"
+    for src, rel, dst in MAG_EDGES:
+        if src != dst:  # by destination, each's sources in input order (as the store's CSC)
+            given = np.loadtxt(
+                relations / f"{src}___{rel}___{dst}" / "edge.csv.gz", np.int64, delimiter=","
+            )
+            reverse = torch.from_numpy(given.T).flip(0)
+            data[dst, f"rev_{rel}", src].edge_index = by_destination(reverse)
     out = prepare_ogb("ogbn-mag", tmp_path, tmp_path / "store", chunk_bytes=4096)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["num_nodes"] == MAG_NODES
-    assert manifest["num_edges"] == {"__".join(k): v for k, v in MAG_EDGES.items()}
+    assert manifest["num_edges"] == {"__".join(k): data[k].num_edges for k in data.edge_types}
+    assert len(data.edge_types) == len(MAG_EDGES) + 3  # cites stays one way
     assert manifest["num_features"] == {"paper": 6} and manifest["num_classes"] == {"paper": 7}
     fs, gs = stores.open(out)
     train = data["paper"].train_mask.nonzero().view(-1)
@@ -256,8 +267,28 @@ def test_the_mag_download_prepares_to_the_heterogeneous_graph_in_memory(tmp_path
             assert torch.equal(a[node_type].n_id, b[node_type].n_id), node_type
         for key in ("x", "y", "train_mask", "val_mask", "test_mask"):
             assert torch.equal(a["paper"][key], b["paper"][key]), key
-        for edge_type in MAG_EDGES:
+        for edge_type in data.edge_types:
             assert torch.equal(a[edge_type].edge_index, b[edge_type].edge_index), edge_type
+
+
+@requires_sampler
+def test_the_mag_download_trains_its_papers_from_the_folder(tmp_path):
+    """Every node type receives messages (authors through rev_writes): the hetero model trains
+    (to_hetero failed on authors, never a destination, before reverses were written)."""
+    mag_download(tmp_path)
+    out = prepare_ogb("ogbn-mag", tmp_path, tmp_path / "store")
+    dm = HeteroNeighborDataModule("prepared", out, batch_size=16, num_neighbors=[3, 3])
+    model = HeteroSAGE(dm.num_classes, hidden_channels=16)  # built from dm in setup
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    assert dm.target_type == "paper" and trainer.global_step > 0
 
 
 def test_ogbs_own_loader_reads_these_layouts_as_the_store_holds_them(tmp_path, monkeypatch):

@@ -322,7 +322,11 @@ def _csv_graph(
 
 
 def _mag(raw: Path, split: Path) -> tuple[dict[Any, NodeInputs], dict[Any, Edges]]:
-    """ogbn-mag's tree: node types with features, labels, splits (as listed), or a count."""
+    """ogbn-mag's tree: node types with features, labels, splits (as listed), or a count.
+
+    Each relation between two node types is also written reversed (``rev_<rel>``), as PyG's
+    ``ToUndirected`` adds it: every node type then receives messages.
+    """
     counts, nodes = raw / "num-node-dict.csv.gz", {}
     labelled = _first_row(raw / "nodetype-has-label.csv.gz")
     with_split = _first_row(split / "nodetype-has-split.csv.gz")
@@ -345,7 +349,20 @@ def _mag(raw: Path, split: Path) -> tuple[dict[Any, NodeInputs], dict[Any, Edges
             )
         folder = raw / "relations" / "___".join(triplet)
         edges[triplet] = _csv_edges(folder / "edge.csv.gz", folder / "num-edge-list.csv.gz", False)
+    for (src, rel, dst), forward in list(edges.items()):
+        if src != dst:  # authors are never a destination otherwise: nothing updates them
+            edges.setdefault((dst, f"rev_{rel}", src), _reversed(forward))
     return dict(nodes), edges
+
+
+def _reversed(edges: Edges) -> Edges:
+    """``edges`` from destination to source (PyG's ``ToUndirected`` names it ``rev_<rel>``)."""
+
+    def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for src, dst in edges.chunks(size):
+            yield dst, src
+
+    return Edges(f"{edges.where} (reversed)", edges.num_edges, chunks)
 
 
 def read_ogb(name: str, root: Path) -> tuple[dict[Any, NodeInputs], dict[Any, Edges], Path]:
