@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale import checkpoint
+from gnnscale.data.sources import folder_digest
 from gnnscale.errors import ConfigError
 
 __all__ = ["KEY", "SavedSettings", "check", "resolve_last", "settings"]
@@ -60,6 +61,9 @@ def settings(config: Any) -> dict[str, Any]:
     trainer = plain.get("trainer") or {}
     chosen["trainer"] = {key: trainer.get(key) for key in TRAINER_KEYS}
     flat = _flat(chosen, "")
+    data = flat.get("data.init_args.dataset"), flat.get("data.init_args.root") or "data"
+    if (digest := folder_digest(str(data[0]), Path(data[1]))) is not None:  # moved: the same
+        flat["data.prepared_files"] = digest  # graph; prepared again: another one
     return {k: v for k, v in flat.items() if not k.startswith(MAY_CHANGE) and k not in LINKED}
 
 

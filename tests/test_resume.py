@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -404,3 +405,28 @@ def test_sigterm_to_a_ddp_job_stops_every_rank_saved_and_it_resumes(tmp_path, ta
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "--ckpt_path last resumes" in resumed.stderr
     assert _values(_rows(last.parents[1]), "test/acc")
+
+
+@requires_sampler
+def test_a_resume_onto_a_folder_prepared_again_is_refused_and_onto_a_moved_one_is_not(tmp_path):
+    """A checkpoint records its prepared folder's contents (a digest of its files' checksums):
+    the same path prepared again from another graph no longer resumes without a word."""
+    import shutil
+
+    from gnnscale import make_synthetic_graph
+    from gnnscale.stores.prepared import write_graph
+
+    folder = tmp_path / "graph"
+    write_graph(make_synthetic_graph(TINY), folder, {"seed": 0})
+    args = ["fit", "--config", str(recipe("neighbor_sage").config), *cli_args(tmp_path)]
+    args += ["--data.dataset=prepared", "--data.eval.mode=sampled", "--data.batch_size=256"]
+    args += ["--trainer.max_epochs=1"]
+    main([*args, f"--data.root={folder}"])
+    moved = tmp_path / "moved"
+    shutil.move(folder, moved)  # the same graph elsewhere: a resume may read it there
+    main([*args, f"--data.root={moved}", "--ckpt_path=last", "--trainer.max_epochs=2"])
+    shutil.rmtree(moved)
+    other = replace(TINY, seed=1)
+    write_graph(make_synthetic_graph(other), moved, {"seed": 1})
+    with pytest.raises(ConfigError, match="data.prepared_files='[0-9a-f]{16}' there, '[0-9a-f]"):
+        main([*args, f"--data.root={moved}", "--ckpt_path=last", "--trainer.max_epochs=3"])

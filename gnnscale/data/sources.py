@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
+import json
 import os
 import socket
 import time
@@ -232,6 +234,22 @@ def check_cache(feature_cache_gib: float, dataset: str) -> None:
             f"only: other graphs' features are in memory already (got {feature_cache_gib} "
             f"with --data.dataset {dataset})"
         )
+
+
+def folder_digest(dataset: str, root: Path) -> str | None:
+    """A prepared folder's contents, as a checkpoint records them.
+
+    A digest of its manifest's files (each one's dtype, shape and block checksums). ``None``
+    for other datasets, or for a folder without a readable manifest (opening it says why).
+    """
+    if dataset != "prepared":
+        return None
+    try:
+        files = json.loads((Path(root) / "manifest.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    text = json.dumps(files, sort_keys=True).encode()
+    return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
 def refuse_for_prepared(dataset: str, *refusals: tuple[bool, str]) -> None:
