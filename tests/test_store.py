@@ -6,9 +6,11 @@ import functools
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
+import time
 import warnings
 
 import lightning as L
@@ -947,3 +949,43 @@ def test_heterogeneous_predict_from_a_folder_gives_the_predictions_in_memory(tmp
         assert table.column("node").to_pylist() == list(range(dm.num_nodes["item"]))
         classes[name] = table.column("class").to_pylist()
     assert classes["disk"] == classes["memory"]
+
+
+@requires_sampler
+def test_a_damaged_or_stale_link_split_is_written_again_and_a_second_writer_waits(tmp_path):
+    """A split is derived data: one truncated, or made from other settings, is written again
+    (it was reported, and `prepare` then kept it); a DataModule that finds another process
+    writing it waits and keeps what it wrote (it was refused)."""
+    import threading
+
+    from gnnscale.stores import atomic
+
+    out, _ = _link_store(tmp_path, LINK_TINY)
+
+    def split():
+        dm = LinkDataModule("prepared", out, edge_type=list(RATES), verify="size")
+        dm.prepare_data()
+        return dm.links.folder, [t.clone() for t in dm.links.labels("train")]
+
+    folder, labels = split()
+    (damaged,) = [p for p in folder.rglob("label.bin") if "train" in p.parts]
+    damaged.write_bytes(damaged.read_bytes()[:-4])
+    again, relabelled = split()
+    assert again == folder and all(map(torch.equal, labels, relabelled))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps(manifest | {"key": "stale"}))
+    assert all(map(torch.equal, labels, split()[1]))
+    assert json.loads((folder / "manifest.json").read_text())["key"] != "stale"
+    shutil.rmtree(folder)
+    held = threading.Event()
+
+    def writer():  # another process's writer, holding the lock for a while
+        with atomic.locked(folder):
+            held.set()
+            time.sleep(1.0)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    held.wait()
+    assert all(map(torch.equal, labels, split()[1]))  # waited, then wrote it
+    thread.join()

@@ -185,4 +185,4 @@ def write_split(
         "chunk_edges": chunk_edges,
     }
     size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges
-    return prepare(out, source, fill, size)
+    return prepare(out, source, fill, size, derived=True)

@@ -26,6 +26,7 @@ import json
 import math
 import mmap
 import os
+import shutil
 import time
 import warnings
 import zlib
@@ -150,6 +151,19 @@ def _key(source: dict[str, Any]) -> str:
     return hashlib.blake2b(json.dumps(source, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
+def _sound(out: Path, key: str) -> bool:
+    """Whether derived data at ``out`` is whole (its files' sizes) and made from ``key``."""
+    try:
+        graph = PreparedGraph(out, "size")
+    except PreparedGraphError as err:
+        print(f"gnnscale: {out} is damaged ({err}); writing it again")
+        return False
+    if graph.manifest.get("key") != key:
+        print(f"gnnscale: {out} was made from other settings; writing it again")
+        return False
+    return True
+
+
 def _size(num_nodes: int, num_edges: int, num_features: int, feature_dtype: str) -> int:
     """Bytes of a prepared graph's files (what :class:`_Writer` writes)."""
     per_node = num_features * DTYPES[feature_dtype].itemsize + 8 + len(_SPLITS) + 8  # x y m colptr
@@ -157,7 +171,11 @@ def _size(num_nodes: int, num_edges: int, num_features: int, feature_dtype: str)
 
 
 def prepare(
-    out: Path, source: dict[str, Any], fill: Callable[[Path], dict[str, Any]], size: int
+    out: Path,
+    source: dict[str, Any],
+    fill: Callable[[Path], dict[str, Any]],
+    size: int,
+    derived: bool = False,
 ) -> Path:
     """Run ``fill`` into a partial folder beside ``out``, then commit it as ``out`` (atomic).
 
@@ -168,6 +186,10 @@ def prepare(
     else at ``out`` but an empty folder, is refused rather than overwritten, and so is a second
     prepare of ``out`` while one runs, and one whose disk has less free space than ``size``
     (the files' expected bytes) with a margin. A disk that fills anyway leaves nothing behind.
+
+    ``derived``: ``out`` is made from other prepared data (a link split), so nothing is lost in
+    writing it again: one that is damaged (its files' sizes) or made from other settings is
+    written again, and a second writer waits for the first and keeps what it wrote.
     """
     out = Path(out)
     key = _key(source)
@@ -176,6 +198,11 @@ def prepare(
             raise PreparedGraphError(f"--out {out}: {parent} is a file, not a folder")
     if out.is_dir() and not any(out.iterdir()):
         out.rmdir()  # an empty folder made for it: written in its place
+    if derived:
+        with atomic.locked(out, wait=True):
+            if out.exists() and _sound(out, key):
+                return out
+            shutil.rmtree(out, ignore_errors=True)  # damaged or stale: written again below
     if out.exists():
         try:
             manifest = PreparedGraph.read_manifest(out)
@@ -194,10 +221,13 @@ def prepare(
     atomic.check_room(out, size, "the prepared graph", PreparedGraphError)
     start = time.perf_counter()
     try:
-        with atomic.locked(out), atomic.writing(out) as tmp:  # a killed prepare's: removed
-            meta = fill(tmp)
-            manifest = {"format": FORMAT, **meta, "source": source, "key": key}
-            atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES})
+        with atomic.locked(out, wait=derived):
+            if derived and out.exists():  # written by the process this one waited for
+                return out
+            with atomic.writing(out) as tmp:  # a killed prepare's partial folder: removed
+                meta = fill(tmp)
+                manifest = {"format": FORMAT, **meta, "source": source, "key": key}
+                atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES})
     except OSError as err:
         if err.errno not in NO_ROOM:
             raise
