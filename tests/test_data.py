@@ -187,6 +187,15 @@ def test_labels_out_of_range(monkeypatch):
         _ = FullBatchDataModule().num_classes
 
 
+def test_splits_that_share_nodes_are_refused(monkeypatch):
+    data = make_synthetic_graph(SyntheticGraph(num_nodes=200, avg_degree=4))
+    test = data.test_mask.clone()
+    test[data.train_mask.nonzero()[:3].view(-1)] = True  # three training nodes tested too
+    _fake(monkeypatch, test_mask=test)
+    with pytest.raises(ValueError, match="3 node.s. are in both train_mask and test_mask"):
+        _ = FullBatchDataModule().data
+
+
 def test_empty_validation_split(monkeypatch):
     _fake(monkeypatch, val_mask=torch.zeros(200, dtype=torch.bool))
     with pytest.raises(ValueError, match="validation split .* is empty.*val_fraction"):

@@ -989,3 +989,33 @@ def test_a_damaged_or_stale_link_split_is_written_again_and_a_second_writer_wait
     held.wait()
     assert all(map(torch.equal, labels, split()[1]))  # waited, then wrote it
     thread.join()
+
+
+def test_prepare_refuses_nan_features_and_overlapping_splits_naming_the_file(tmp_path):
+    """As they stream: the first bad row (a NaN fit stopped only if a batch drew it), or the
+    two splits that share nodes (it passed without a word); nothing is left behind."""
+    n, rng = 300, np.random.default_rng(0)
+    arrays = tmp_path / "npy"
+    arrays.mkdir()
+    x = rng.random((n, 4))  # float64: cast to float32, so copied (and checked) chunk by chunk
+    x[7, 2] = np.nan
+    np.save(arrays / "x.npy", x)
+    np.save(arrays / "y.npy", rng.integers(0, 3, n))
+    np.save(arrays / "edge_index.npy", rng.integers(0, n, (2, 2000)))
+    with pytest.raises(PreparedGraphError, match=r"x\.npy: row 7 holds a NaN or infinite"):
+        stores.prepare_npy(arrays, tmp_path / "nan", chunk_bytes=256)
+    x[7, 2] = np.inf
+    np.save(arrays / "x.npy", x)
+    with pytest.raises(PreparedGraphError, match=r"x\.npy: row 7 holds a NaN or infinite"):
+        stores.prepare_npy(arrays, tmp_path / "inf")
+    x[7, 2] = 0.5
+    np.save(arrays / "x.npy", x)
+    np.save(arrays / "train.npy", np.arange(100))
+    np.save(arrays / "val.npy", np.arange(90, 200))
+    np.save(arrays / "test.npy", np.arange(200, 300))
+    with pytest.raises(PreparedGraphError, match="the train and val splits share 10 node.*90"):
+        stores.prepare_npy(arrays, tmp_path / "overlap")
+    left = [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")]
+    assert left == ["npy"]  # nothing left behind
+    np.save(arrays / "val.npy", np.arange(100, 200))
+    stores.prepare_npy(arrays, tmp_path / "good")

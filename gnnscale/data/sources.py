@@ -209,6 +209,16 @@ def validate_graph(data: Data, dataset: str, features: bool = True) -> int:
                 "tests on it (for a generated graph, raise --data.synthetic.val_fraction, or "
                 "lower train_fraction + val_fraction below 1)"
             )
+    for a, b in (
+        ("train_mask", "val_mask"),
+        ("train_mask", "test_mask"),
+        ("val_mask", "test_mask"),
+    ):
+        if shared := int((data[a] & data[b]).sum()):
+            raise ConfigError(
+                f"--data.dataset {dataset!r}: {shared:,} node(s) are in both {a} and {b}; a node "
+                "belongs to one split: remove it from one"
+            )
     labelled = data.train_mask | data.val_mask | data.test_mask
     y = data.y[labelled]
     if int(y.min()) < 0:

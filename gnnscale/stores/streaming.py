@@ -200,11 +200,37 @@ def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[s
     writer = FileWriter(path, dtype)
     with _bar(x.shape[0], f"features {x.where}") as bar:
         for chunk in x.chunks(_rows(x, chunk_bytes)):
+            _check_finite(chunk, x.where, writer.rows)
             writer.write(torch.from_numpy(np.ascontiguousarray(chunk)).to(DTYPES[dtype]))
             bar.update(len(chunk))
     if writer.rows != x.shape[0]:
         raise PreparedGraphError(f"{x.where}: read {writer.rows:,} rows of {x.shape[0]:,}")
     return writer.close()
+
+
+def _check_finite(chunk: np.ndarray, where: str, first: int) -> None:
+    """Refuse a chunk of features with a NaN or infinite value, naming its first such row."""
+    finite = np.isfinite(chunk).all(axis=tuple(range(1, chunk.ndim)))
+    if not finite.all():
+        row = first + int(np.argmin(finite))
+        raise PreparedGraphError(
+            f"{where}: row {row:,} holds a NaN or infinite feature ({int((~finite).sum()):,} "
+            "such rows in its chunk); fix, impute or drop them before preparing"
+        )
+
+
+def _check_disjoint(masks: dict[str, Path], num_nodes: int, where: str) -> None:
+    """Refuse splits that share nodes, naming the two and how many they share."""
+    held = {k: np.memmap(p, np.bool_, "r", shape=(num_nodes,)) for k, p in masks.items()}
+    names = list(held)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            shared = np.flatnonzero(held[a] & held[b])
+            if shared.size:
+                raise PreparedGraphError(
+                    f"{where}: the {a} and {b} splits share {shared.size:,} node(s) (node "
+                    f"{int(shared[0]):,} first); a node belongs to one split: remove it from one"
+                )
 
 
 def write_labels(y: Array, path: Path, chunk_bytes: int) -> tuple[dict[str, Any], int]:
@@ -312,11 +338,14 @@ def write(
                 files[f"{prefix(key)}y"], num_classes[name] = write_labels(
                     inputs.y, path, chunk_bytes
                 )
+            masks = {}
             for split, array in (inputs.splits or {}).items():
-                path = folder / f"{prefix(key)}{split}_mask.bin"
+                path = masks[split] = folder / f"{prefix(key)}{split}_mask.bin"
                 files[f"{prefix(key)}{split}_mask"] = write_mask(
                     array, inputs.num_nodes, path, chunk_bytes
                 )
+            where = ", ".join(a.where for a in (inputs.splits or {}).values())
+            _check_disjoint(masks, inputs.num_nodes, where)
         counts = {prefix(k)[:-1]: v.num_nodes for k, v in nodes.items()}
         meta: dict[str, Any]
         if hetero:
