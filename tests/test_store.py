@@ -1002,12 +1002,19 @@ def test_prepare_refuses_nan_features_and_overlapping_splits_naming_the_file(tmp
     np.save(arrays / "x.npy", x)
     np.save(arrays / "y.npy", rng.integers(0, 3, n))
     np.save(arrays / "edge_index.npy", rng.integers(0, n, (2, 2000)))
-    with pytest.raises(PreparedGraphError, match=r"x\.npy: row 7 holds a NaN or infinite"):
+    with pytest.raises(
+        PreparedGraphError, match=r"x\.npy: 1 row.s. hold a NaN or infinite feature, row 7 first"
+    ):
         stores.prepare_npy(arrays, tmp_path / "nan", chunk_bytes=256)
     x[7, 2] = np.inf
     np.save(arrays / "x.npy", x)
-    with pytest.raises(PreparedGraphError, match=r"x\.npy: row 7 holds a NaN or infinite"):
+    x[250] = -np.inf
+    np.save(arrays / "x.npy", x)
+    with pytest.raises(
+        PreparedGraphError, match=r"x\.npy: 2 row.s. hold a NaN or infinite feature, row 7 first"
+    ):
         stores.prepare_npy(arrays, tmp_path / "inf")
+    x[250] = 0.5
     x[7, 2] = 0.5
     np.save(arrays / "x.npy", x)
     np.save(arrays / "train.npy", np.arange(100))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import itertools
 import json
 import os
 import socket
@@ -209,16 +210,6 @@ def validate_graph(data: Data, dataset: str, features: bool = True) -> int:
                 "tests on it (for a generated graph, raise --data.synthetic.val_fraction, or "
                 "lower train_fraction + val_fraction below 1)"
             )
-    for a, b in (
-        ("train_mask", "val_mask"),
-        ("train_mask", "test_mask"),
-        ("val_mask", "test_mask"),
-    ):
-        if shared := int((data[a] & data[b]).sum()):
-            raise ConfigError(
-                f"--data.dataset {dataset!r}: {shared:,} node(s) are in both {a} and {b}; a node "
-                "belongs to one split: remove it from one"
-            )
     labelled = data.train_mask | data.val_mask | data.test_mask
     y = data.y[labelled]
     if int(y.min()) < 0:
@@ -233,6 +224,12 @@ def validate_graph(data: Data, dataset: str, features: bool = True) -> int:
             f"{num_classes - 1} but only {present} distinct classes occur, so the model would "
             f"have {num_classes} outputs; remap them (torch.unique(y, return_inverse=True))"
         )
+    for a, b in itertools.combinations(_SPLITS, 2):
+        if shared := int((data[a] & data[b]).sum()):
+            raise ConfigError(
+                f"--data.dataset {dataset!r}: {shared:,} node(s) are in both {a} and {b}; a node "
+                "belongs to one split: remove it from one"
+            )
     return num_classes
 
 

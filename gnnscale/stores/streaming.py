@@ -198,25 +198,23 @@ def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[s
             "mtime_ns": stat.st_mtime_ns,
         }
     writer = FileWriter(path, dtype)
-    with _bar(x.shape[0], f"features {x.where}") as bar:
+    first_bad, bad = None, 0  # rows with a NaN or infinite feature: refused once all is read,
+    with _bar(x.shape[0], f"features {x.where}") as bar:  # so that a damaged file says so first
         for chunk in x.chunks(_rows(x, chunk_bytes)):
-            _check_finite(chunk, x.where, writer.rows)
+            finite = np.isfinite(chunk).all(axis=tuple(range(1, chunk.ndim)))
+            if not finite.all():
+                first_bad = writer.rows + int(np.argmin(finite)) if first_bad is None else first_bad
+                bad += int((~finite).sum())
             writer.write(torch.from_numpy(np.ascontiguousarray(chunk)).to(DTYPES[dtype]))
             bar.update(len(chunk))
     if writer.rows != x.shape[0]:
         raise PreparedGraphError(f"{x.where}: read {writer.rows:,} rows of {x.shape[0]:,}")
-    return writer.close()
-
-
-def _check_finite(chunk: np.ndarray, where: str, first: int) -> None:
-    """Refuse a chunk of features with a NaN or infinite value, naming its first such row."""
-    finite = np.isfinite(chunk).all(axis=tuple(range(1, chunk.ndim)))
-    if not finite.all():
-        row = first + int(np.argmin(finite))
+    if first_bad is not None:
         raise PreparedGraphError(
-            f"{where}: row {row:,} holds a NaN or infinite feature ({int((~finite).sum()):,} "
-            "such rows in its chunk); fix, impute or drop them before preparing"
+            f"{x.where}: {bad:,} row(s) hold a NaN or infinite feature, row {first_bad:,} "
+            "first; fix, impute or drop them before preparing"
         )
+    return writer.close()
 
 
 def _check_disjoint(masks: dict[str, Path], num_nodes: int, where: str) -> None:
