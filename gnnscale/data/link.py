@@ -593,6 +593,11 @@ class _PreparedLinks:
             self.source.graph, dm.target, dm._reverse.get(dm.target), fractions, out
         )
 
+    @cached_property
+    def split_graph(self) -> PreparedGraph:
+        """The split folder, mapped once (its sizes checked)."""
+        return PreparedGraph(self.folder, "size")
+
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """Node and edge types, as prepared."""
@@ -601,7 +606,7 @@ class _PreparedLinks:
     def input(self, stage: str) -> tuple[MappedFeatureStore, MappedGraphStore]:
         """The store pair a stage samples, its target relation (and reverse) the stage's."""
         fs, gs = self.source.stores
-        split = PreparedGraph(self.folder, "size")
+        split = self.split_graph
         csc = dict(gs.csc_by_type)
         target = self.dm.target
         reverse = self.dm._reverse.get(target)
@@ -619,7 +624,7 @@ class _PreparedLinks:
 
     def labels(self, stage: str) -> tuple[Tensor, Tensor]:
         """A stage's supervision pairs and their labels (1: an edge)."""
-        split = PreparedGraph(self.folder, "size")
+        split = self.split_graph
         return split.tensor(f"{stage}/label_index"), split.tensor(f"{stage}/label")
 
     def known(self, *stages: str) -> Tensor:
@@ -651,7 +656,7 @@ class _PreparedLinks:
 
     def memory_mb(self) -> tuple[float, float]:
         """Nothing in memory; the folder and its split mapped."""
-        mapped = self.source.graph.nbytes + PreparedGraph(self.folder, "size").nbytes
+        mapped = self.source.graph.nbytes + self.split_graph.nbytes
         return 0.0, mapped / MiB
 
 
