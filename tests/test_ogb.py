@@ -2,6 +2,7 @@
 
 import errno
 import gzip
+import io
 import json
 import subprocess
 import sys
@@ -365,6 +366,13 @@ def _truncate(path):
         ),
         ("edge_count", r"edge\.csv\.gz has 2,000 rows where \S+num-edge-list\.csv\.gz gives 1,999"),
         ("npz_rows", r"data\.npz \(node_feat\) has 300 rows where the node type has 301 nodes"),
+        ("inf_label", r"node-label\.npz \(node_label\): row 4 holds inf, not a class id"),
+        ("fraction_label", r"node-label\.npz \(node_label\): row 4 holds 2\.5, not a class id"),
+        (  # it read on into the next member: "row 294 holds a NaN or infinite feature"
+            "short_npz_member",
+            r"data\.npz is not a readable \.npz archive \(its header promises 4,800 bytes of "
+            r"node_feat, the member holds 4,600\)",
+        ),
         ("missing_split", r"split/time/valid\.csv\.gz is missing; unpack OGB's zip"),
         ("mag_missing_split", r"split/time/paper/test\.csv\.gz is missing"),
     ],
@@ -373,7 +381,7 @@ def test_a_damaged_download_is_refused_naming_its_file_and_leaves_nothing(tmp_pa
     if damage.startswith("mag"):
         name = "ogbn-mag"
         mag_download(tmp_path)
-    elif damage.endswith("npz") or damage.startswith("npz"):
+    elif "npz" in damage or damage.endswith("label"):
         name = "ogbn-papers100M"
         npz_download(tmp_path, _graph(1), compressed=True)
     else:
@@ -400,6 +408,20 @@ def test_a_damaged_download_is_refused_naming_its_file_and_leaves_nothing(tmp_pa
         with np.load(folder / "raw" / "data.npz") as z:
             arrays = dict(z)
         np.savez_compressed(folder / "raw" / "data.npz", **(arrays | {"num_nodes_list": [301]}))
+    elif damage.endswith("label"):
+        with np.load(folder / "raw" / "node-label.npz") as z:
+            labels = z["node_label"]
+        labels[4] = np.inf if damage == "inf_label" else 2.5
+        np.savez_compressed(folder / "raw" / "node-label.npz", node_label=labels)
+    elif damage == "short_npz_member":  # stored (mappable), its last 200 bytes gone
+        with np.load(folder / "raw" / "data.npz") as z:
+            arrays = dict(z)
+        with zipfile.ZipFile(folder / "raw" / "data.npz", "w", zipfile.ZIP_STORED) as archive:
+            for key, value in arrays.items():
+                member = io.BytesIO()
+                np.save(member, value)
+                cut = 200 if key == "node_feat" else 0
+                archive.writestr(f"{key}.npy", member.getvalue()[: len(member.getvalue()) - cut])
     elif damage == "missing_split":
         (folder / "split" / "time" / "valid.csv.gz").unlink()
     else:

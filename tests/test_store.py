@@ -379,6 +379,45 @@ def test_a_heterogeneous_folder_missing_a_relation_or_a_count_is_refused(tmp_pat
     with pytest.raises(PreparedGraphError, match="names node type 'inst', which has no inputs"):
         stores.prepare_npy(folder, tmp_path / "store")
 
+    (folder / "num_nodes.json").write_text(json.dumps({"inst": -5}))
+    with pytest.raises(PreparedGraphError, match=r"num_nodes\.json: a node count is at least 0"):
+        stores.prepare_npy(folder, tmp_path / "store")  # it blamed the edges: "outside 0..-6"
+    (folder / "num_nodes.json").write_text(json.dumps({"inst": 0}))
+    with pytest.raises(PreparedGraphError, match="is given, but its node type has no nodes"):
+        stores.prepare_npy(folder, tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_big_endian_folder_prepares_the_store_its_native_twin_does(tmp_path, homogeneous):
+    """Every array in the other byte order (a traceback from torch before, for features)."""
+    folder, _ = homogeneous
+    twin = tmp_path / "big"
+    twin.mkdir()
+    for path in folder.glob("*.npy"):
+        a = np.load(path)
+        np.save(twin / path.name, a.astype(a.dtype.newbyteorder(">")))
+    assert np.load(twin / "x.npy", mmap_mode="r").dtype.str == ">f4"
+    native = PreparedGraph(stores.prepare_npy(folder, tmp_path / "native", chunk_bytes=4096))
+    big = PreparedGraph(stores.prepare_npy(twin, tmp_path / "big_store", chunk_bytes=4096))
+    assert native.manifest["files"].keys() == big.manifest["files"].keys()
+    assert "path" in native.manifest["files"]["x"]  # used in place; the other copied, natively
+    assert "path" not in big.manifest["files"]["x"]
+    for name in native.manifest["files"]:
+        assert torch.equal(native.tensor(name), big.tensor(name)), name
+
+
+def test_features_used_in_place_are_checked_as_copied_ones_are(tmp_path, homogeneous):
+    """A float32 x.npy is not copied, so it was never read: its NaN prepared without a word."""
+    folder, _ = homogeneous
+    x = np.load(folder / "x.npy")
+    x[[11, 400], 3] = [np.nan, -np.inf]
+    np.save(folder / "x.npy", x)
+    with pytest.raises(
+        PreparedGraphError, match=r"x\.npy: 2 row.s. hold a NaN or infinite feature, row 11 first"
+    ):
+        stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
+    assert not (tmp_path / "store").exists()
+
 
 # Run in a fresh process whose private memory (RLIMIT_DATA: heap and anonymous mappings, not
 # the shared file mappings the store writes through) is capped a few MiB above its start.
@@ -719,6 +758,42 @@ def test_a_parquet_edge_list_prepares_the_store_its_npy_twin_does(tmp_path, homo
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_spark_folder_of_parquet_parts_prepares_the_store_its_npy_twin_does(
+    tmp_path, homogeneous
+):
+    """Read in the parts' name order, skipping ``_SUCCESS`` and ``.crc`` files (it was not read,
+    and the message did not say that a folder can be one)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, _ = homogeneous
+    edges = np.load(folder / "edge_index.npy")
+    twin = tmp_path / "spark"
+    parts = twin / "edges.parquet"
+    parts.mkdir(parents=True)
+    for name in ("x.npy", "y.npy", "train.npy", "val.npy", "test.npy"):
+        (twin / name).write_bytes((folder / name).read_bytes())
+    bounds = [0, 1000, 1001, 2500, edges.shape[1]]
+    for i in reversed(range(4)):  # written last to first: the names give the order
+        table = pa.table(
+            {"src": edges[0, bounds[i] : bounds[i + 1]], "dst": edges[1, bounds[i] : bounds[i + 1]]}
+        )
+        pq.write_table(table, parts / f"part-{i:05d}-4f2e.snappy.parquet", row_group_size=300)
+    (parts / "_SUCCESS").write_text("")
+    (parts / ".part-00000-4f2e.snappy.parquet.crc").write_bytes(b"\x00crc")
+    npy = PreparedGraph(stores.prepare_npy(folder, tmp_path / "npy_store", chunk_bytes=4096))
+    spark = PreparedGraph(stores.prepare_npy(twin, tmp_path / "spark_store", chunk_bytes=4096))
+    assert spark.manifest["num_edges"] == edges.shape[1]
+    for name in ("colptr", "row", "perm"):  # perm: edge ids are positions in the parts, in order
+        assert torch.equal(npy.tensor(name), spark.tensor(name)), name
+    for part in parts.glob("part-*"):
+        part.unlink()
+    with pytest.raises(
+        PreparedGraphError, match=r"edges\.parquet is a folder without Parquet part"
+    ):
+        stores.prepare_npy(twin, tmp_path / "bad")
+
+
 def test_links_from_a_store_need_a_relation_and_uniform_neighbours(tmp_path, homogeneous):
     out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
     with pytest.raises(ConfigError, match=r"prepared needs --data\.edge_type"):
@@ -913,6 +988,9 @@ def test_a_prepared_folder_is_checked_for_splits_and_labels_as_a_graph_in_memory
     np.save(arrays / "y.npy", y)
     with pytest.raises(ConfigError, match="labels out of range .* found -1 among split nodes"):
         module("unlabelled", train=range(100), val=range(100, 200)).prepare_data()
+    np.save(arrays / "y.npy", np.full(n, 2))  # every node in one class
+    with pytest.raises(ConfigError, match=r"has one class \(2\) among its split nodes"):
+        module("one_class").prepare_data()  # it trained a one-output classifier
     y[5] = 0
     np.save(arrays / "y.npy", y)
     dm = module("good")

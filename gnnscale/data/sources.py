@@ -218,6 +218,11 @@ def validate_graph(data: Data, dataset: str, features: bool = True) -> int:
             "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
         )
     num_classes, present = int(y.max()) + 1, int(torch.unique(y).numel())
+    if present < 2:
+        raise ConfigError(
+            f"--data.dataset {dataset!r} has one class ({int(y.max())}) among its split nodes: "
+            "classification needs at least two; check y and the split files"
+        )
     if present < num_classes / 2:
         raise ConfigError(
             f"labels of --data.dataset {dataset!r} are not 0..num_classes-1: the largest is "

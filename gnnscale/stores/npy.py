@@ -5,7 +5,8 @@ Homogeneous::
     x.npy            float (num_nodes, num_features)  node features
     y.npy            int   (num_nodes,)               labels (optional)
     edge_index.npy   int   (2, num_edges)             row 0 sources, row 1 destinations
-                     (or edges.parquet: integer columns src, dst; read a row batch at a time)
+                     (or edges.parquet: integer columns src, dst; read a row batch at a time;
+                     a folder of part files, as Spark writes one, is read in name order)
     train.npy, val.npy, test.npy                      node indices of each split (optional)
 
 Heterogeneous: the same files per node type and per edge type::
@@ -64,18 +65,20 @@ def _reader(path: Path, m: np.ndarray) -> Any:
 def _array(path: Path) -> Array:
     m = _load(path)
     read, per_row = _reader(path, m), int(np.prod(m.shape[1:], dtype=np.int64))
+    native = m.dtype.newbyteorder("=")  # a big-endian file is read in the machine's order
 
     def chunks(rows: int) -> Iterator[np.ndarray]:
         for a in range(0, m.shape[0], rows):
             b = min(a + rows, m.shape[0])
             if read is None:
-                yield np.array(m[a:b])
+                yield np.array(m[a:b], native)
             else:
-                yield read(a * per_row, (b - a) * per_row).reshape(b - a, *m.shape[1:])
+                chunk = read(a * per_row, (b - a) * per_row).reshape(b - a, *m.shape[1:])
+                yield chunk.astype(native, copy=False)
 
     mappable = read is not None and m.dtype.isnative
     in_place = (path, int(m.offset)) if mappable and m.ndim == 2 else None  # type: ignore[attr-defined]
-    return Array(str(path), tuple(m.shape), m.dtype, chunks, in_place)
+    return Array(str(path), tuple(m.shape), native, chunks, in_place)
 
 
 def _edges(path: Path) -> Edges:
@@ -99,37 +102,58 @@ def _edges(path: Path) -> Edges:
     return Edges(str(path), num_edges, chunks)
 
 
+def _parquet_parts(path: Path) -> list[Path]:
+    """``path`` itself, or the part files of a folder as Spark, Dask or pyarrow write one.
+
+    Parts are read in name order (``part-00000-…``, ``part-00001-…``: the order written); names
+    starting with ``_`` or ``.`` (``_SUCCESS``, ``.crc`` files) are not data, as pyarrow skips them.
+    """
+    if not path.is_dir():
+        return [path]
+    parts = sorted(p for p in path.iterdir() if p.is_file() and p.name[0] not in "_.")
+    if not parts:
+        raise PreparedGraphError(f"{path} is a folder without Parquet part files")
+    return parts
+
+
 def _parquet_edges(path: Path) -> Edges:
-    """An edge list in Parquet: integer columns ``src`` and ``dst``, read a batch at a time."""
+    """An edge list in Parquet (a file or a folder of parts), read a batch at a time.
+
+    Integer columns ``src`` and ``dst``; other columns are not read.
+    """
     import pyarrow.parquet as pq
 
-    try:
-        file = pq.ParquetFile(path)
-    except (OSError, ValueError) as err:  # pyarrow's errors derive from these
-        raise PreparedGraphError(f"{path} is not a readable Parquet file ({err})") from None
-    names = set(file.schema_arrow.names)
-    if not {"src", "dst"} <= names:
-        raise PreparedGraphError(
-            f"{path} needs integer columns src and dst (sources, destinations); it has "
-            f"{', '.join(sorted(names))}"
-        )
+    parts, num_rows = _parquet_parts(path), 0
+    for part in parts:
+        try:
+            file = pq.ParquetFile(part)
+        except (OSError, ValueError) as err:  # pyarrow's errors derive from these
+            raise PreparedGraphError(f"{part} is not a readable Parquet file ({err})") from None
+        names = set(file.schema_arrow.names)
+        if not {"src", "dst"} <= names:
+            raise PreparedGraphError(
+                f"{part} needs integer columns src and dst (sources, destinations); it has "
+                f"{', '.join(sorted(names))}"
+            )
+        num_rows += int(file.metadata.num_rows)
 
     def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         first = 0
-        for batch in pq.ParquetFile(path).iter_batches(size, columns=["src", "dst"]):
-            pair = []
-            for name in ("src", "dst"):
-                column = batch.column(name)
-                if column.null_count or not _is_integer(column.type):
-                    raise PreparedGraphError(
-                        f"{path}: column {name} must be integers without nulls (rows from "
-                        f"{first:,} hold {column.type}, {column.null_count} null)"
-                    )
-                pair.append(column.to_numpy().astype(np.int64, copy=False))
-            first += batch.num_rows
-            yield pair[0], pair[1]
+        for part in parts:
+            for batch in pq.ParquetFile(part).iter_batches(size, columns=["src", "dst"]):
+                pair = []
+                for name in ("src", "dst"):
+                    column = batch.column(name)
+                    if column.null_count or not _is_integer(column.type):
+                        raise PreparedGraphError(
+                            f"{part}: column {name} must be integers without nulls (rows from "
+                            f"{first:,} hold {column.type}, {column.null_count} null)"
+                        )
+                    pair.append(column.to_numpy().astype(np.int64, copy=False))
+                first += batch.num_rows
+                yield pair[0], pair[1]
 
-    return Edges(str(path), int(file.metadata.num_rows), chunks)
+    return Edges(str(path), num_rows, chunks)
 
 
 def _is_integer(kind: Any) -> bool:
@@ -143,7 +167,7 @@ def _edge_file(folder: Path) -> Edges | None:
     """``folder``'s ``edge_index.npy`` or ``edges.parquet``; ``None`` if it has neither."""
     if (folder / "edge_index.npy").is_file():
         return _edges(folder / "edge_index.npy")
-    if (folder / "edges.parquet").is_file():
+    if (folder / "edges.parquet").exists():  # a file, or a folder of part files
         return _parquet_edges(folder / "edges.parquet")
     return None
 
@@ -170,8 +194,8 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
         found = _edge_file(root)
         if found is None:
             raise PreparedGraphError(
-                f"{root} has no edge_index.npy (homogeneous) and no edges/ folder "
-                "(heterogeneous): see docs/stores.md for the layout"
+                f"{root} has no edge_index.npy or edges.parquet (homogeneous) and no edges/ "
+                "folder (heterogeneous): see docs/stores.md for the layout"
             )
         return {None: _node_inputs(root, None)}, {None: found}
     counts: dict[str, int] = {}
@@ -180,10 +204,15 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
             counts = {
                 str(k): int(v) for k, v in json.loads((root / "num_nodes.json").read_text()).items()
             }
-        except (ValueError, AttributeError) as err:
+        except (ValueError, TypeError, AttributeError) as err:
             raise PreparedGraphError(
                 f"{root / 'num_nodes.json'} must map node types to counts ({err})"
             ) from None
+        if negative := {k: v for k, v in counts.items() if v < 0}:
+            raise PreparedGraphError(
+                f"{root / 'num_nodes.json'}: a node count is at least 0 (got {negative}); "
+                "give each node type's number of nodes"
+            )
     node_types = sorted({p.name for p in (root / "nodes").glob("*") if p.is_dir()} | set(counts))
     nodes: dict[str | None, NodeInputs] = {
         t: _node_inputs(root / "nodes" / t, counts.get(t)) for t in node_types

@@ -237,6 +237,12 @@ def _member(npz: Path, key: str) -> _Member:
                     raise ValueError(f".npy format version {version} is not read here")
                 shape, fortran, dtype = read(f)
                 header = f.tell()
+        nbytes = int(np.prod(shape)) * dtype.itemsize
+        if info.file_size != header + nbytes:
+            raise ValueError(
+                f"its header promises {nbytes:,} bytes of {key}, the member holds "
+                f"{info.file_size - header:,}"
+            )
         start = None
         if info.compress_type == zipfile.ZIP_STORED:  # past the member's local header
             with open(npz, "rb") as raw:
@@ -285,9 +291,18 @@ def _papers(raw: Path, split: Path) -> tuple[dict[Any, NodeInputs], dict[Any, Ed
             yield chunk.reshape(-1, *x.shape[1:])
 
     def label(rows: int) -> Iterator[np.ndarray]:
+        first = 0
         for chunk in y.read(0, y.shape[0], 1, rows):
             if chunk.dtype.kind == "f":  # NaN: a node without a label
                 chunk = np.where(np.isnan(chunk), -1, chunk)
+                if not (whole := np.isfinite(chunk) & (chunk == np.round(chunk))).all():
+                    at = int(np.argmin(whole))
+                    raise PreparedGraphError(
+                        f"{labels} (node_label): row {first + at:,} holds {chunk[at, 0]}, not a "
+                        "class id (or NaN: no label); the download is damaged: unpack OGB's zip "
+                        "again"
+                    )
+            first += len(chunk)
             yield chunk.reshape(-1).astype(np.int64)
 
     def edges(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -94,10 +94,12 @@ def _check_range(index: np.ndarray, n: int, where: str, what: str, first: int) -
     """Refuse an index outside ``0..n-1``, naming the file and the position."""
     if index.size and (index.min() < 0 or index.max() >= n):
         at = int(np.flatnonzero((index < 0) | (index >= n))[0])
-        raise PreparedGraphError(
-            f"{where}: {what} {int(index[at])} at position {first + at:,} is outside 0..{n - 1} "
-            f"(the node count); fix the file"
-        )
+        found = f"{where}: {what} {int(index[at])} at position {first + at:,}"
+        if n == 0:
+            raise PreparedGraphError(
+                f"{found} is given, but its node type has no nodes; fix the file"
+            )
+        raise PreparedGraphError(f"{found} is outside 0..{n - 1} (the node count); fix the file")
 
 
 def _mapped(path: Path, dtype: Any, length: int) -> np.ndarray:
@@ -189,6 +191,7 @@ def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[s
     if x.in_place is not None and str(x.dtype) == dtype:
         file, offset = x.in_place
         stat = os.stat(file)
+        _check_finite(x, chunk_bytes, lambda chunk: None)  # read once: nothing is copied
         return {
             "dtype": dtype,
             "shape": list(x.shape),
@@ -198,23 +201,37 @@ def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[s
             "mtime_ns": stat.st_mtime_ns,
         }
     writer = FileWriter(path, dtype)
-    first_bad, bad = None, 0  # rows with a NaN or infinite feature: refused once all is read,
-    with _bar(x.shape[0], f"features {x.where}") as bar:  # so that a damaged file says so first
+    _check_finite(
+        x,
+        chunk_bytes,
+        lambda chunk: writer.write(torch.from_numpy(np.ascontiguousarray(chunk)).to(DTYPES[dtype])),
+    )
+    return writer.close()
+
+
+def _check_finite(x: Array, chunk_bytes: int, each: Callable[[np.ndarray], Any]) -> None:
+    """Read ``x`` chunk by chunk, handing each to ``each``; refuse NaN or infinite features.
+
+    Refused once the whole array is read, so that a damaged file says so first, naming the
+    first bad row and how many there are.
+    """
+    rows, first_bad, bad = 0, None, 0
+    with _bar(x.shape[0], f"features {x.where}") as bar:
         for chunk in x.chunks(_rows(x, chunk_bytes)):
             finite = np.isfinite(chunk).all(axis=tuple(range(1, chunk.ndim)))
             if not finite.all():
-                first_bad = writer.rows + int(np.argmin(finite)) if first_bad is None else first_bad
+                first_bad = rows + int(np.argmin(finite)) if first_bad is None else first_bad
                 bad += int((~finite).sum())
-            writer.write(torch.from_numpy(np.ascontiguousarray(chunk)).to(DTYPES[dtype]))
+            each(chunk)
+            rows += len(chunk)
             bar.update(len(chunk))
-    if writer.rows != x.shape[0]:
-        raise PreparedGraphError(f"{x.where}: read {writer.rows:,} rows of {x.shape[0]:,}")
+    if rows != x.shape[0]:
+        raise PreparedGraphError(f"{x.where}: read {rows:,} rows of {x.shape[0]:,}")
     if first_bad is not None:
         raise PreparedGraphError(
             f"{x.where}: {bad:,} row(s) hold a NaN or infinite feature, row {first_bad:,} "
             "first; fix, impute or drop them before preparing"
         )
-    return writer.close()
 
 
 def _check_disjoint(masks: dict[str, Path], num_nodes: int, where: str) -> None:
