@@ -998,6 +998,40 @@ def test_a_prepared_folder_is_checked_for_splits_and_labels_as_a_graph_in_memory
     assert dm.num_classes == 3 and int(dm.data.train_mask.sum()) == 100
 
 
+def test_a_prepared_folder_records_its_checks_and_a_fit_does_not_redo_them(tmp_path, homogeneous):
+    """The overlap of splits is checked once, at prepare; a folder without the record (an older
+    gnnscale's) is checked at fit, and says that its features never were."""
+    out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["checked"] == ["node ids in range", "features finite", "splits disjoint"]
+    # The val split made the train split's, behind the record (sizes kept: verify="size")
+    (out / "val_mask.bin").write_bytes((out / "train_mask.bin").read_bytes())
+
+    def module():
+        return NeighborDataModule("prepared", out, verify="size", eval=EvalArgs(mode="sampled"))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the record is trusted: no word
+        assert int(module().data.val_mask.sum()) == 300
+    (out / "manifest.json").write_text(
+        json.dumps({k: v for k, v in manifest.items() if k != "checked"})
+    )
+    with (
+        pytest.warns(UserWarning, match="prepared without checking its features for NaN"),
+        pytest.raises(ConfigError, match="300 node.s. are in both train_mask and val_mask"),
+    ):
+        module().prepare_data()
+    data = make_synthetic_graph(TINY)  # an in-memory graph's writer records what it passed
+    assert PreparedGraph(write_graph(data, tmp_path / "g", {"t": 1})).manifest["checked"] == [
+        "node ids in range",
+        "features finite",
+        "splits disjoint",
+    ]
+    data.x[3, 0], data.test_mask[data.val_mask.nonzero()[0]] = float("nan"), True
+    written = PreparedGraph(write_graph(data, tmp_path / "bad", {"t": 1}))
+    assert written.manifest["checked"] == ["node ids in range"]
+
+
 @requires_sampler
 def test_heterogeneous_predict_from_a_folder_gives_the_predictions_in_memory(tmp_path):
     """Every target node once, as in memory (it was PyG's traceback: a store's node count is

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.typing import EdgeType
@@ -173,8 +173,10 @@ def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None)
     raise ConfigError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
 
 
-def validate_graph(data: Data, dataset: str, features: bool = True) -> int:
-    """Check splits and labels (and, with ``features``, that every feature is finite).
+def validate_graph(data: Data, dataset: str, features: bool = True, overlaps: bool = True) -> int:
+    """Check splits and labels; with ``features``, every feature; with ``overlaps``, the splits.
+
+    Features must be finite; no node may be in two splits.
 
     Returns:
         The number of classes.
@@ -229,7 +231,7 @@ def validate_graph(data: Data, dataset: str, features: bool = True) -> int:
             f"{num_classes - 1} but only {present} distinct classes occur, so the model would "
             f"have {num_classes} outputs; remap them (torch.unique(y, return_inverse=True))"
         )
-    for a, b in itertools.combinations(_SPLITS, 2):
+    for a, b in itertools.combinations(_SPLITS, 2) if overlaps else ():
         if shared := int((data[a] & data[b]).sum()):
             raise ConfigError(
                 f"--data.dataset {dataset!r}: {shared:,} node(s) are in both {a} and {b}; a node "
@@ -406,8 +408,9 @@ class PreparedSource:
     def data(self) -> Data:
         """A homogeneous folder's mapped tensors as a ``Data`` (no edges: they are the store's).
 
-        Its splits and labels checked as a graph in memory is (:func:`validate_graph`); not
-        its features, which a check would read whole.
+        Its splits and labels checked as a graph in memory is (:func:`validate_graph`), but
+        for what its prepare checked and recorded (``checked`` in the manifest): its features
+        (a check would read them whole; a folder without the record says so), the overlaps.
         """
         if self.hetero:
             raise RuntimeError("a heterogeneous prepared graph is read through its stores")
@@ -417,8 +420,13 @@ class PreparedSource:
                 "and train, val and test splits; prepare it with y.npy and train.npy, val.npy, "
                 "test.npy (node ids) beside x.npy (docs/stores.md)"
             )
-        data = self.graph.data
-        validate_graph(data, "prepared", features=False)
+        data, checked = self.graph.data, self.manifest.get("checked", ())
+        if "features finite" not in checked:
+            rank_zero_warn(
+                f"gnnscale: {self.root} was prepared without checking its features for NaN or "
+                "infinite values (by an older gnnscale); prepare it again to have them checked"
+            )
+        validate_graph(data, "prepared", features=False, overlaps="splits disjoint" not in checked)
         return data
 
     def loader_input(self, data: Graph | None = None) -> Stores:

@@ -55,6 +55,10 @@ __all__ = ["PreparedGraph", "write_graph", "write_streamed_synthetic"]
 
 FORMAT = "gnnscale.prepared_graph/1"
 BLOCK_BYTES = 64 << 20  # one CRC-32 per block: a damaged file names the block that is wrong
+# What a writer checked of the graph it wrote, recorded in the manifest ("checked"), so that a
+# fit does not read the whole folder again to check it: every node id of the edges and splits
+# within its node count, every feature finite, no node in two splits.
+CHECKS = ("node ids in range", "features finite", "splits disjoint")
 _SPLITS = ("train_mask", "val_mask", "test_mask")
 NODE_FILES = ("x", "y", *_SPLITS)  # a node-classification graph's files, one row per node
 DTYPES = {
@@ -279,11 +283,16 @@ def write_graph(
         w = _Writer.node_graph(folder, feature_dtype)
         n = data.num_nodes
         colptr, row, perm = to_csc(data, device=torch.device("cpu"))
+        ids = data.edge_index
+        passed = {CHECKS[0]: not ids.numel() or (int(ids.min()) >= 0 and int(ids.max()) < n)}
+        passed |= dict.fromkeys(CHECKS[1:], True)  # what the graph passed, recorded; not refused
         for a, b in _chunks(n, chunk_nodes, "nodes"):
             w["x"].write(data.x[a:b].to(DTYPES[feature_dtype]))
             w["y"].write(data.y[a:b].long())
             for key in _SPLITS:
                 w[key].write(data[key][a:b])
+            passed[CHECKS[1]] &= bool(torch.isfinite(data.x[a:b]).all())
+            passed[CHECKS[2]] &= not bool((sum(data[k][a:b].long() for k in _SPLITS) > 1).any())
         w["colptr"].write(colptr)
         w["row"].write(row)
         files = w.close()
@@ -292,7 +301,7 @@ def write_graph(
             perm_file.write(perm)
             files["perm"] = perm_file.close()
         meta = _meta(n, row.numel(), data.num_features, int(data.y.max()) + 1)
-        return meta | {"files": files}
+        return meta | {"files": files, "checked": [c for c in CHECKS if passed[c]]}
 
     size = _size(data.num_nodes, data.num_edges, data.num_features, feature_dtype)
     return prepare(out, source, fill, size)
@@ -373,7 +382,8 @@ def write_streamed_synthetic(
             w["colptr"].write(edges + degree.cumsum(0))
             w["row"].write(src)
             edges += int(degree.sum())
-        return _meta(n, edges, cfg.num_features, c) | {"files": w.close()}
+        meta = _meta(n, edges, cfg.num_features, c)  # checked as it is drawn (in range, finite,
+        return meta | {"files": w.close(), "checked": list(CHECKS)}  # one split per node)
 
     # The edges are drawn while writing: their expected count (capped Pareto in-degrees, at
     # least 1) is about avg_degree per node.

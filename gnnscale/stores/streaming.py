@@ -33,7 +33,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gnnscale.stores.prepared import DTYPES, FileWriter, PreparedGraphError, file_entry, prepare
+from gnnscale.stores.prepared import (
+    CHECKS,
+    DTYPES,
+    FileWriter,
+    PreparedGraphError,
+    file_entry,
+    prepare,
+)
 
 __all__ = ["Array", "Edges", "NodeInputs", "write"]
 
@@ -370,7 +377,7 @@ def write(
             meta = {"num_nodes": counts[""], "num_edges": num_edges[""]}
             meta |= {"num_features": num_features.get("", 0)}
             meta |= {"num_classes": num_classes.get("", 0)}
-        return meta | {"files": files}
+        return meta | {"files": files, "checked": list(CHECKS)}  # each as it streamed
 
     size = 0  # bytes written: labels, masks, copied features, each edge type's CSC
     for inputs in nodes.values():
