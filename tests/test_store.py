@@ -1103,6 +1103,32 @@ def test_a_damaged_or_stale_link_split_is_written_again_and_a_second_writer_wait
     thread.join()
 
 
+@requires_sampler
+@pytest.mark.parametrize("verify", ["size", "full"])
+@pytest.mark.parametrize("damaged", ["label_index.bin", "item__rev_rates__user/row.bin"])
+def test_a_link_split_holding_a_damaged_id_is_written_again(tmp_path, verify, damaged, capsys):
+    """An id past the node count, the file's size kept: it seeded or fed PyG's sampler, a
+    segmentation fault; now found at open (checksums, or a range check) and the split rewritten."""
+    out, _ = _link_store(tmp_path, LINK_TINY)
+
+    def module():
+        dm = LinkDataModule("prepared", out, edge_type=list(RATES), batch_size=64, verify=verify)
+        dm.prepare_data()
+        return dm
+
+    folder = module().links.folder
+    path = folder / "train" / damaged
+    ids = np.memmap(path, np.int64, "r+")
+    ids[3] = 10**12
+    ids.flush()
+    del ids
+    dm = module()
+    assert f"{folder} is damaged ({path}" in capsys.readouterr().out
+    dm.setup("fit")
+    assert int(np.fromfile(path, np.int64).max()) < 600
+    assert len(list(dm.train_dataloader())) > 0
+
+
 def test_prepare_refuses_nan_features_and_overlapping_splits_naming_the_file(tmp_path):
     """As they stream: the first bad row (a NaN fit stopped only if a batch drew it), or the
     two splits that share nodes (it passed without a word); nothing is left behind."""

@@ -590,7 +590,12 @@ class _PreparedLinks:
         )
         out = root.parent / f"{root.name}.link_split-{edge_key(dm.target)}"
         return link_split.write_split(
-            self.source.graph, dm.target, dm._reverse.get(dm.target), fractions, out
+            self.source.graph,
+            dm.target,
+            dm._reverse.get(dm.target),
+            fractions,
+            out,
+            verify=self.source.verify,
         )
 
     @cached_property

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from gnnscale.stores.prepared import FileWriter, PreparedGraph, prepare
+from gnnscale.stores.prepared import FileWriter, PreparedGraph, PreparedGraphError, prepare
 from gnnscale.stores.streaming import Edges, write_csc
 
 __all__ = ["STAGES", "parts", "write_split"]
@@ -92,8 +92,14 @@ def write_split(
     out: Path,
     seed: int = 0,
     chunk_edges: int = 1 << 22,
+    verify: Literal["full", "size"] = "full",
 ) -> Path:
     """Split ``target`` of ``graph`` into ``out`` (atomically; kept if already written).
+
+    A split already written is checked as its graph is (``verify``), and every node id it holds
+    (supervision pairs, each stage's neighbours) against the node counts: PyG's sampler trusts
+    them, and a damaged one was a segmentation fault. One read of the split, about as long as
+    its checksums'. A damaged split is written again.
 
     Args:
         graph: The prepared (heterogeneous) folder.
@@ -104,6 +110,7 @@ def write_split(
         out: The split folder.
         seed: The draw's seed.
         chunk_edges: Edges per chunk.
+        verify: ``full`` checks an existing split's every block's checksum; ``size`` its sizes.
     """
     key = _key(target)
     num_nodes = graph.manifest["num_nodes"]
@@ -184,5 +191,24 @@ def write_split(
         "seed": seed,
         "chunk_edges": chunk_edges,
     }
+
+    def check(split: PreparedGraph) -> None:  # what the sampler reads and trusts
+        for stage in STAGES:
+            index = split.tensor(f"{stage}/label_index")
+            ids = {f"{stage}/label_index": [(index[0], n_src), (index[1], n_dst)]}
+            ids[f"{stage}/{key}/row"] = [(split.tensor(f"{stage}/{key}/row"), n_src)]
+            if reverse is not None:
+                rkey = f"{stage}/{_key(reverse)}/row"
+                ids[rkey] = [(split.tensor(rkey), n_dst)]
+            for name, parts in ids.items():
+                for tensor, count in parts:
+                    for a in range(0, tensor.numel(), chunk_edges):
+                        low, high = (int(v) for v in torch.aminmax(tensor[a : a + chunk_edges]))
+                        if low < 0 or high >= count:
+                            raise PreparedGraphError(
+                                f"{split.path(name)} holds node {low if low < 0 else high:,}, "
+                                f"outside 0..{count - 1:,}"
+                            )
+
     size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges
-    return prepare(out, source, fill, size, derived=True)
+    return prepare(out, source, fill, size, derived=True, verify=verify, check=check)

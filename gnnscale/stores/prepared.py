@@ -155,10 +155,20 @@ def _key(source: dict[str, Any]) -> str:
     return hashlib.blake2b(json.dumps(source, sort_keys=True).encode(), digest_size=8).hexdigest()
 
 
-def _sound(out: Path, key: str) -> bool:
-    """Whether derived data at ``out`` is whole (its files' sizes) and made from ``key``."""
+def _sound(
+    out: Path,
+    key: str,
+    verify: Literal["full", "size"],
+    check: Callable[[PreparedGraph], None] | None,
+) -> bool:
+    """Whether derived data at ``out`` is whole and made from ``key``.
+
+    Whole: as ``verify`` checks it (sizes, or checksums too), then as ``check`` does.
+    """
     try:
-        graph = PreparedGraph(out, "size")
+        graph = PreparedGraph(out, verify)
+        if check is not None:
+            check(graph)
     except PreparedGraphError as err:
         print(f"gnnscale: {out} is damaged ({err}); writing it again")
         return False
@@ -180,6 +190,8 @@ def prepare(
     fill: Callable[[Path], dict[str, Any]],
     size: int,
     derived: bool = False,
+    verify: Literal["full", "size"] = "size",
+    check: Callable[[PreparedGraph], None] | None = None,
 ) -> Path:
     """Run ``fill`` into a partial folder beside ``out``, then commit it as ``out`` (atomic).
 
@@ -193,7 +205,9 @@ def prepare(
 
     ``derived``: ``out`` is made from other prepared data (a link split), so nothing is lost in
     writing it again: one that is damaged (its files' sizes) or made from other settings is
-    written again, and a second writer waits for the first and keeps what it wrote.
+    written again, and a second writer waits for the first and keeps what it wrote. One that
+    exists is checked as ``verify`` says (sizes, or every block's checksum), then by ``check``
+    (which raises :class:`PreparedGraphError`).
     """
     out = Path(out)
     key = _key(source)
@@ -204,7 +218,7 @@ def prepare(
         out.rmdir()  # an empty folder made for it: written in its place
     if derived:
         with atomic.locked(out, wait=True):
-            if out.exists() and _sound(out, key):
+            if out.exists() and _sound(out, key, verify, check):
                 return out
             shutil.rmtree(out, ignore_errors=True)  # damaged or stale: written again below
     if out.exists():
