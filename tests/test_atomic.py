@@ -57,7 +57,7 @@ def test_a_killed_writer_is_never_visible_under_the_name_and_is_redone(tmp_path,
     assert atomic.leftovers(target) == []
     assert (target / "sub" / "part.bin").read_bytes() == b"whole"
     assert _read(target) == {"format": "test/1", "bytes": 5}
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".t.lock", "t"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t"]  # no lock file left beside it
 
 
 def test_a_writer_that_raises_leaves_nothing(tmp_path):
@@ -122,6 +122,33 @@ def test_a_second_writer_is_refused_while_the_first_lives_and_proceeds_once_it_d
         first.join(30)
     _write(target, b"second")  # the kernel freed the dead writer's lock
     assert (target / "sub" / "part.bin").read_bytes() == b"second"
+
+
+def _take_turns(target, log, rounds):
+    for _ in range(rounds):
+        with atomic.locked(target, wait=True):
+            with log.open("a") as f:
+                f.write(f"in {os.getpid()}\n")
+            time.sleep(0.002)
+            with log.open("a") as f:
+                f.write(f"out {os.getpid()}\n")
+
+
+def test_the_lock_file_removed_by_each_holder_still_admits_one_holder_at_a_time(tmp_path):
+    """Each holder removes the lock file as it lets go; a waiter that got the removed file's
+    lock must open the path again, or two processes would hold two files' locks at once."""
+    target, log = tmp_path / "t", tmp_path / "log"
+    workers = [FORK.Process(target=_take_turns, args=(target, log, 30)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(60)
+        assert w.exitcode == 0
+    lines = log.read_text().split("\n")[:-1]
+    assert len(lines) == 4 * 30 * 2
+    for entered, left in zip(lines[::2], lines[1::2], strict=True):  # never two inside
+        assert entered.startswith("in ") and left == f"out {entered[3:]}", (entered, left)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["log"]
 
 
 def test_a_waiting_writer_proceeds_when_the_first_is_done(tmp_path):

@@ -30,7 +30,10 @@ def locked(target: Path, wait: bool = False) -> Iterator[None]:
     """Hold ``target``'s lock: an ``flock`` on ``.<name>.lock`` beside it, naming the holder.
 
     The kernel frees it when the holder dies, so no pid is checked for being alive (a reused pid,
-    or one on another machine sharing the storage, would mislead).
+    or one on another machine sharing the storage, would mislead). The holder removes the file
+    as it lets go, so nothing is left beside ``target``; a waiter that then holds the removed
+    file's lock opens the path again (the usual ``flock`` protocol for a lock file removed by
+    its holder).
 
     Args:
         target: The folder to be written.
@@ -38,21 +41,30 @@ def locked(target: Path, wait: bool = False) -> Iterator[None]:
             instead of raising ``ConfigError``.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / f".{target.name}.lock").open("a+") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            f.seek(0)
-            raise ConfigError(
-                f"{target} is being written by process {f.read()}; wait for it"
-            ) from None
-        f.truncate(0)
-        f.write(str(os.getpid()))
-        f.flush()
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    path = target.parent / f".{target.name}.lock"
+    while True:
+        with path.open("a+") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                f.seek(0)
+                raise ConfigError(
+                    f"{target} is being written by process {f.read()}; wait for it"
+                ) from None
+            try:
+                if os.fstat(f.fileno()).st_ino != os.stat(path).st_ino:
+                    continue  # its holder removed it while this one waited: lock the new one
+            except FileNotFoundError:
+                continue
+            f.truncate(0)
+            f.write(str(os.getpid()))
+            f.flush()
+            try:
+                yield
+            finally:
+                path.unlink(missing_ok=True)  # while held: a waiter then opens the path again
+                fcntl.flock(f, fcntl.LOCK_UN)
+            return
 
 
 def leftovers(target: Path) -> list[Path]:
