@@ -996,6 +996,18 @@ def test_a_prepared_folder_is_checked_for_splits_and_labels_as_a_graph_in_memory
     dm = module("good")
     dm.prepare_data()
     assert dm.num_classes == 3 and int(dm.data.train_mask.sum()) == 100
+    # A boolean mask is a mask (it was read as node ids 0 and 1: two training nodes)
+    mask = module("masks", train=range(100)).data.train_mask.numpy()
+    (arrays / "train.npy").unlink()
+    np.save(arrays / "train.npy", mask)
+    masked = module("as_mask")
+    assert torch.equal(masked.data.train_mask, torch.from_numpy(mask))
+    np.save(arrays / "train.npy", mask[:-1])
+    with pytest.raises(PreparedGraphError, match="is a boolean mask of 299 entries where the node"):
+        module("short_mask")
+    np.save(arrays / "train.npy", np.arange(100) + 0.5)  # truncated to ids before
+    with pytest.raises(PreparedGraphError, match=r"train\.npy must hold a split's node ids"):
+        module("float_ids")
 
 
 def test_a_prepared_folder_records_its_checks_and_a_fit_does_not_redo_them(tmp_path, homogeneous):

@@ -267,14 +267,17 @@ def write_labels(y: Array, path: Path, chunk_bytes: int) -> tuple[dict[str, Any]
 
 
 def write_mask(split: Array, num_nodes: int, path: Path, chunk_bytes: int) -> dict[str, Any]:
-    """The boolean mask of a split's node indices."""
+    """The boolean mask of a split: its node indices, or a boolean mask as given."""
     mask = _mapped(path, np.bool_, num_nodes)
     first = 0
     for chunk in split.chunks(_rows(split, chunk_bytes)):
-        index = np.asarray(chunk).astype(np.int64, copy=False)
-        _check_range(index, num_nodes, split.where, "node index", first)
-        mask[index] = True
-        first += len(index)
+        if split.dtype.kind == "b":  # a mask already, one entry per node (check_inputs)
+            mask[first : first + len(chunk)] = chunk
+        else:
+            index = np.asarray(chunk).astype(np.int64, copy=False)
+            _check_range(index, num_nodes, split.where, "node index", first)
+            mask[index] = True
+        first += len(chunk)
     if isinstance(mask, np.memmap):
         mask.flush()
     del mask
@@ -296,6 +299,17 @@ def check_inputs(nodes: dict[str | None, NodeInputs], edge_types: dict[Any, Edge
                 f"{inputs.y.where} must hold one integer label per node; it is "
                 f"{inputs.y.dtype} of shape {inputs.y.shape}"
             )
+        for split in (inputs.splits or {}).values():
+            if split.dtype.kind not in "biu" or len(split.shape) != 1:
+                raise PreparedGraphError(
+                    f"{split.where} must hold a split's node ids (integers) or a boolean mask "
+                    f"of one entry per node; it is {split.dtype} of shape {split.shape}"
+                )
+            if split.dtype.kind == "b" and split.shape[0] != n:
+                raise PreparedGraphError(
+                    f"{split.where} is a boolean mask of {split.shape[0]:,} entries where the "
+                    f"node type has {n:,} nodes; give one per node, or the split's node ids"
+                )
         if inputs.x is not None and (len(inputs.x.shape) != 2 or inputs.x.dtype.kind != "f"):
             raise PreparedGraphError(
                 f"{inputs.x.where} must be a 2-D float array (nodes x features); it is "
