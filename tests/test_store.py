@@ -192,6 +192,87 @@ def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
     assert "perm" not in PreparedGraph(streamed).manifest["files"]
 
 
+@requires_sampler
+@pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["used in place", "copied"])
+def test_edge_features_from_the_store_are_the_in_memory_loaders(tmp_path, homogeneous, dtype):
+    """``edge_attr.npy`` beside the edges, gathered by each batch's ``e_id``: what PyG's loader
+    slices from ``data.edge_attr`` in memory (a store held no edge features before)."""
+    folder, data = homogeneous
+    edge_index = torch.from_numpy(np.load(folder / "edge_index.npy")).long()
+    attr = torch.randn(edge_index.shape[1], 3, dtype=torch.float64)
+    np.save(folder / "edge_attr.npy", attr.numpy().astype(dtype))
+    out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
+    graph = PreparedGraph(out)
+    assert graph.manifest["num_edge_features"] == 3
+    assert ("path" in graph.manifest["files"]["edge_attr"]) == (dtype == np.float32)
+    data.edge_attr = attr.float()[edge_index[1].sort(stable=True).indices]  # memory's order
+    fs, gs = stores.open(out)
+    kwargs = {"num_neighbors": [5, 3], "input_nodes": data.train_mask, "batch_size": 64}
+    memory = _batches(data, 1, **kwargs)
+    disk = _batches((fs, gs), 1, transform=fs.add_edge_attr, **kwargs)
+    assert len(memory) == len(disk) == 5
+    for a, b in zip(memory, disk, strict=True):
+        assert b.edge_attr.dtype == torch.float32 and b.edge_attr.shape == (b.num_edges, 3)
+        assert torch.equal(a.edge_attr, b.edge_attr)
+    assert "edge_attr" not in _batches((fs, gs), 1, **kwargs)[0]  # PyG's loader alone: none
+
+
+@requires_sampler
+def test_heterogeneous_edge_features_from_the_store_are_the_in_memory_link_loaders(
+    tmp_path, heterogeneous
+):
+    """One relation with features, one without; a link loader's batches as in memory."""
+    folder, data, _ = heterogeneous
+    writes = ("author", "writes", "paper")
+    edges = folder / "edges" / "__".join(writes)
+    edge_index = torch.from_numpy(np.load(edges / "edge_index.npy")).long()
+    attr = torch.randn(edge_index.shape[1], 2)
+    np.save(edges / "edge_attr.npy", attr.numpy())
+    data[writes].edge_attr = attr[edge_index[1].sort(stable=True).indices]
+    out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
+    assert PreparedGraph(out).manifest["num_edge_features"] == {"author__writes__paper": 2}
+    fs, gs = stores.open(out)
+    fanout = {t: [4, 2] for t in data.edge_types}
+
+    def batches(source, transform=None):
+        torch.manual_seed(3)
+        labelled = (writes, data[writes].edge_index[:, :120])
+        loader = LinkNeighborLoader(
+            source,
+            fanout,
+            edge_label_index=labelled,
+            batch_size=40,
+            shuffle=True,
+            transform=transform,
+            is_sorted=source is data,
+        )
+        return list(loader)
+
+    memory, disk = batches(data), batches((fs, gs), fs.add_edge_attr)
+    assert len(memory) == len(disk) == 3
+    for a, b in zip(memory, disk, strict=True):
+        assert torch.equal(a[writes].edge_attr, b[writes].edge_attr)
+        assert "edge_attr" not in b["paper", "cites", "paper"]
+
+
+def test_edge_features_are_checked_as_node_features_are(tmp_path, homogeneous):
+    folder, _ = homogeneous
+    m = np.load(folder / "edge_index.npy").shape[1]
+    for bad, message in [
+        (np.ones((m - 1, 2), np.float32), r"edge_attr\.npy must hold one row of features per edge"),
+        (np.ones((m, 2), np.int64), r"edge_attr\.npy must be a float array .* it is int64"),
+    ]:
+        np.save(folder / "edge_attr.npy", bad)
+        with pytest.raises(PreparedGraphError, match=message):
+            stores.prepare_npy(folder, tmp_path / "store")
+    attr = np.ones((m, 2), np.float32)
+    attr[17, 1] = np.nan
+    np.save(folder / "edge_attr.npy", attr)
+    with pytest.raises(PreparedGraphError, match=r"edge_attr\.npy: 1 row.s. hold a NaN .* row 17"):
+        stores.prepare_npy(folder, tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
+
 def test_a_feature_cache_needs_the_fan_out_it_is_drawn_with(tmp_path, homogeneous):
     out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
     with pytest.raises(ConfigError, match="num_neighbors you train with"):

@@ -14,6 +14,12 @@ files (``x``, ``y``, ``train_mask``, ``val_mask``, ``test_mask``, those that exi
 each node's own index, computed rather than stored. PyG's samplers learn a graph's node types
 from the feature store, so ``n_id`` makes a node type without features (MAG's authors) visible;
 batches carry it as PyG's in-memory loaders do. Both stores are read-only.
+
+Edge features (``edge_attr``, per edge type) are held too, but PyG's loaders read only node
+tensors from a feature store (``filter_custom_store``: "TODO support edge attributes", PyG 2.8),
+so a loader takes :meth:`MappedFeatureStore.add_edge_attr` as its transform::
+
+    loader = NeighborLoader((fs, gs), ..., transform=fs.add_edge_attr)  # batch.edge_attr
 """
 
 from __future__ import annotations
@@ -55,11 +61,13 @@ class MappedFeatureStore(FeatureStore):
         graph: PreparedGraph,
         tensors: dict[tuple[NodeType | None, str], Tensor],
         num_nodes: dict[NodeType | None, int],
+        edge_attr: dict[EdgeType | None, Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.graph = graph
         self.tensors = tensors
         self.num_nodes = num_nodes
+        self.edge_attr = edge_attr or {}  # by edge type, in the input's edge order
         self.cache: dict[NodeType | None, RowCache] = {}
         self._held = [0, 0]  # feature rows the cache held, rows gathered: since the last take
 
@@ -105,6 +113,19 @@ class MappedFeatureStore(FeatureStore):
         self._held[0] += held
         self._held[1] += index.numel()  # type: ignore[union-attr]
         return out
+
+    def add_edge_attr(self, batch: Any) -> Any:
+        """A loader's transform: each sampled edge type's ``edge_attr``, gathered by its ``e_id``.
+
+        ``e_id`` is the input's edge id (the CSC's through ``perm``), so the features equal those
+        an in-memory loader slices from ``data.edge_attr``. Edge types without features, or
+        without ``e_id``, are left as they are.
+        """
+        for store in batch.edge_stores:
+            attr = self.edge_attr.get(store._key)
+            if attr is not None and "e_id" in store:
+                store.edge_attr = gather(attr, store.e_id, self.graph.threads)
+        return batch
 
     def count_held(self, batch: Any) -> Any:
         """A loader's transform: ``batch`` with the feature rows the cache held and gathered.
@@ -360,9 +381,9 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
     tensors = {}
     for name in manifest["files"]:
         group, _, attr = name.rpartition("/")
-        if group in groups and attr not in ("colptr", "row", "perm"):
+        if group in groups and attr not in ("colptr", "row", "perm", "edge_attr"):
             tensors[groups[group], attr] = graph.tensor(name)
-    csc, perm = {}, {}
+    csc, perm, edge_attr = {}, {}, {}
     for key, et in edge_types.items():
         prefix = f"{key}/" if key else ""
         src, dst = (None, None) if et is None else (et[0], et[-1])
@@ -370,4 +391,7 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
         csc[et] = (graph.tensor(f"{prefix}row"), graph.tensor(f"{prefix}colptr"), size)
         if f"{prefix}perm" in manifest["files"]:
             perm[et] = graph.tensor(f"{prefix}perm")
-    return MappedFeatureStore(graph, tensors, num_nodes), MappedGraphStore(csc, graph, perm)
+        if f"{prefix}edge_attr" in manifest["files"]:
+            edge_attr[et] = graph.tensor(f"{prefix}edge_attr")
+    fs = MappedFeatureStore(graph, tensors, num_nodes, edge_attr)
+    return fs, MappedGraphStore(csc, graph, perm)

@@ -5,6 +5,7 @@ Homogeneous::
     x.npy            float (num_nodes, num_features)  node features
     y.npy            int   (num_nodes,)               labels (optional)
     edge_index.npy   int   (2, num_edges)             row 0 sources, row 1 destinations
+    edge_attr.npy    float (num_edges, num_edge_features)  edge features (optional)
                      (or edges.parquet: integer columns src, dst; read a row batch at a time;
                      a folder of part files, as Spark writes one, is read in name order)
     train.npy, val.npy, test.npy                      node indices of each split (optional)
@@ -13,6 +14,7 @@ Heterogeneous: the same files per node type and per edge type::
 
     nodes/<type>/x.npy, y.npy, train.npy, val.npy, test.npy   each optional
     edges/<src>__<rel>__<dst>/edge_index.npy (or edges.parquet) indices into src's and dst's nodes
+    edges/<src>__<rel>__<dst>/edge_attr.npy    edge features (optional)
     num_nodes.json    {"<type>": count} for node types with neither x.npy nor y.npy
 
 Every array is opened with ``numpy.load(mmap_mode="r")`` (its header and shape) and read a chunk
@@ -164,12 +166,19 @@ def _is_integer(kind: Any) -> bool:
 
 
 def _edge_file(folder: Path) -> Edges | None:
-    """``folder``'s ``edge_index.npy`` or ``edges.parquet``; ``None`` if it has neither."""
+    """``folder``'s ``edge_index.npy`` or ``edges.parquet``; ``None`` if it has neither.
+
+    With the edges' features, ``edge_attr.npy``, where there is one.
+    """
     if (folder / "edge_index.npy").is_file():
-        return _edges(folder / "edge_index.npy")
-    if (folder / "edges.parquet").exists():  # a file, or a folder of part files
-        return _parquet_edges(folder / "edges.parquet")
-    return None
+        edges = _edges(folder / "edge_index.npy")
+    elif (folder / "edges.parquet").exists():  # a file, or a folder of part files
+        edges = _parquet_edges(folder / "edges.parquet")
+    else:
+        return None
+    if (folder / "edge_attr.npy").is_file():
+        edges.attr = _array(folder / "edge_attr.npy")
+    return edges
 
 
 def _node_inputs(folder: Path, count: int | None) -> NodeInputs:
@@ -260,7 +269,8 @@ def save_npy(data: Any, folder: Path) -> Path:
 
     Node attributes ``x`` and ``y`` are saved as they are; masks ``train_mask``, ``val_mask``,
     ``test_mask`` as the node indices of each split; a node type without ``x`` or ``y`` gives its
-    count in ``num_nodes.json``. For graphs that fit in memory: tests, examples, small datasets.
+    count in ``num_nodes.json``; edge features ``edge_attr`` as they are.
+    For graphs that fit in memory: tests, examples, small datasets.
     """
     from torch_geometric.data import HeteroData
 
@@ -286,6 +296,8 @@ def save_npy(data: Any, folder: Path) -> Path:
         where = folder / "edges" / "__".join(edge_type or ()) if hetero else folder
         where.mkdir(parents=True, exist_ok=True)
         np.save(where / "edge_index.npy", store.edge_index.numpy())
+        if "edge_attr" in store:
+            np.save(where / "edge_attr.npy", store.edge_attr.numpy())
     if counts:
         (folder / "num_nodes.json").write_text(json.dumps(counts))
     return folder
@@ -323,7 +335,11 @@ def read_data(data: Any) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
                 yield index[0, a : a + size], index[1, a : a + size]
 
         name = "the graph's edges" if edge_type is None else "__".join(edge_type)
-        edges[edge_type] = Edges(name, index.shape[1], chunks)
+        store = data[edge_type] if hetero else data
+        attr = (
+            _held(f"{name}: edge_attr", store.edge_attr.numpy()) if "edge_attr" in store else None
+        )
+        edges[edge_type] = Edges(name, index.shape[1], chunks, attr)
     return nodes, edges
 
 

@@ -15,6 +15,8 @@ and :func:`gnnscale.stores.open` map. No step holds a whole array:
   laid out as the store would write it (a C-order ``.npy`` of the stored dtype), used where it
   lies: the manifest records its path, offset, size and modification time instead of a copy.
 - **Splits** (node indices) become the masks the DataModules read.
+- **Edge features** (``edge_attr``) are copied as node features are, in the input's edge order:
+  a batch's ``e_id`` (the input's edge ids, through ``perm``) gathers them.
 
 Files a pass fills in place (``colptr``, ``row``, masks) are mapped shared: their pages belong
 to the page cache, which the kernel writes back and reclaims; the process's own memory holds
@@ -76,11 +78,13 @@ class Edges:
         where: What to name in an error (its file).
         num_edges: How many.
         chunks: ``edges -> iterator`` over ``(sources, destinations)`` of at most ``edges``.
+        attr: Each edge's features (``edge_attr``), one row per edge in the same order.
     """
 
     where: str
     num_edges: int
     chunks: Callable[[int], Iterator[tuple[np.ndarray, np.ndarray]]]
+    attr: Array | None = None
 
 
 @dataclass
@@ -317,6 +321,17 @@ def check_inputs(nodes: dict[str | None, NodeInputs], edge_types: dict[Any, Edge
             )
     for key, edges in edge_types.items():
         src, dst = (None, None) if key is None else (key[0], key[-1])
+        attr = edges.attr
+        if attr is not None and (attr.shape[0] != edges.num_edges or len(attr.shape) > 2):
+            raise PreparedGraphError(
+                f"{attr.where} must hold one row of features per edge of {edges.where} "
+                f"({edges.num_edges:,}); it is of shape {attr.shape}"
+            )
+        if attr is not None and attr.dtype.kind != "f":
+            raise PreparedGraphError(
+                f"{attr.where} must be a float array (edges x features); it is {attr.dtype}: "
+                "cast it to float"
+            )
         for end in (src, dst):
             if end not in nodes:
                 raise PreparedGraphError(
@@ -353,13 +368,21 @@ def write(
 
     def fill(folder: Path) -> dict[str, Any]:
         files: dict[str, Any] = {}
-        num_edges: dict[str, int] = {}
+        num_edges, num_edge_features = {}, {}
         for key, edges in edge_types.items():  # first: a bad index is refused early
             src, dst = (None, None) if key is None else (key[0], key[-1])
             n_src, n_dst = nodes[src].num_nodes, nodes[dst].num_nodes
             entries = write_csc(edges, n_src, n_dst, folder / prefix(key), chunk_bytes // 16)
             files |= {f"{prefix(key)}{name}": e for name, e in entries.items()}
             num_edges[prefix(key)[:-1]] = edges.num_edges
+        for key, edges in edge_types.items():  # in the input's order: gathered by e_id
+            if edges.attr is not None:
+                dtype = _stored_dtype(edges.attr, feature_dtype)
+                path = folder / f"{prefix(key)}edge_attr.bin"
+                files[f"{prefix(key)}edge_attr"] = write_features(
+                    edges.attr, dtype, path, chunk_bytes
+                )
+                num_edge_features[prefix(key)[:-1]] = int(np.prod(edges.attr.shape[1:]))
         num_features, num_classes = {}, {}
         for key, inputs in nodes.items():
             (folder / prefix(key)).mkdir(parents=True, exist_ok=True)
@@ -387,10 +410,12 @@ def write(
         if hetero:
             meta = {"num_nodes": counts, "num_edges": num_edges}
             meta |= {"num_features": num_features, "num_classes": num_classes}
+            meta |= {"num_edge_features": num_edge_features}
         else:
             meta = {"num_nodes": counts[""], "num_edges": num_edges[""]}
             meta |= {"num_features": num_features.get("", 0)}
             meta |= {"num_classes": num_classes.get("", 0)}
+            meta |= {"num_edge_features": num_edge_features.get("", 0)}
         return meta | {"files": files, "checked": list(CHECKS)}  # each as it streamed
 
     size = 0  # bytes written: labels, masks, copied features, each edge type's CSC
@@ -399,6 +424,9 @@ def write(
         if inputs.x is not None and inputs.x.in_place is None:
             dtype = DTYPES[_stored_dtype(inputs.x, feature_dtype)]
             size += int(np.prod(inputs.x.shape)) * dtype.itemsize
-    for key, edges in edge_types.items():  # row and perm, colptr
+    for key, edges in edge_types.items():  # row and perm, colptr; copied edge features
         size += 8 * (2 * edges.num_edges + nodes[None if key is None else key[-1]].num_nodes + 1)
+        if edges.attr is not None and edges.attr.in_place is None:
+            dtype = DTYPES[_stored_dtype(edges.attr, feature_dtype)]
+            size += int(np.prod(edges.attr.shape)) * dtype.itemsize
     return prepare(out, source | {"feature_dtype": feature_dtype}, fill, size)
