@@ -255,6 +255,50 @@ def test_heterogeneous_edge_features_from_the_store_are_the_in_memory_link_loade
         assert "edge_attr" not in b["paper", "cites", "paper"]
 
 
+@requires_sampler
+@pytest.mark.parametrize("relation", [None, ("author", "writes", "paper")], ids=["homo", "hetero"])
+def test_seed_edges_are_mapped_pairs_that_give_pygs_link_batches(tmp_path, request, relation):
+    """PyG's loader given an edge type stacks the whole COO in memory; ``seed_edges`` maps the
+    same pairs from a file written once beside the folder, and the batches are the same."""
+    from test_ondisk import _mapped_file
+
+    folder = request.getfixturevalue("homogeneous" if relation is None else "heterogeneous")[0]
+    out = stores.prepare_npy(folder, tmp_path / "store")
+    fs, gs = stores.open(out)
+    edge_type, pairs = stores.seed_edges(gs, relation)
+    name = "edges" if relation is None else "__".join(relation)
+    written = tmp_path / f"store.edges-{name}"
+    assert edge_type == relation and pairs.shape == (2, gs.csc_by_type[relation][0].numel())
+    assert _mapped_file(pairs.data_ptr()).startswith(str(written))  # not a private copy
+    mtime = (written / "edge_label_index.bin").stat().st_mtime_ns
+    assert torch.equal(stores.seed_edges(gs, relation)[1], pairs)  # written once
+    assert (written / "edge_label_index.bin").stat().st_mtime_ns == mtime
+    fanout = [4, 2] if relation is None else {t: [4, 2] for t in gs.csc_by_type}
+
+    def batches(edge_label_index):
+        torch.manual_seed(5)
+        loader = LinkNeighborLoader(
+            (fs, gs), fanout, edge_label_index=edge_label_index, batch_size=512, shuffle=True
+        )
+        return list(loader)
+
+    if relation is None:  # PyG's own COO of a homogeneous store fails in torch's sparse code
+        row, colptr, _ = gs.csc_by_type[None]
+        col = torch.arange(colptr.numel() - 1).repeat_interleave(colptr.diff())
+        stacked = batches((None, torch.stack([row, col])))
+    else:
+        stacked = batches(relation)  # PyG's own: the store's COO, stacked in memory
+    mapped = batches((edge_type, pairs))
+    assert len(stacked) == len(mapped) > 1
+    for a, b in zip(stacked, mapped, strict=True):
+        for x, y in zip(a.node_stores, b.node_stores, strict=True):
+            assert torch.equal(x.n_id, y.n_id)
+        for x, y in zip(a.edge_stores, b.edge_stores, strict=True):
+            assert sorted(x.keys()) == sorted(y.keys())
+            for key in ("edge_index", "edge_label_index", "edge_label"):
+                assert key not in x or torch.equal(x[key], y[key]), key
+
+
 def test_edge_features_are_checked_as_node_features_are(tmp_path, homogeneous):
     folder, _ = homogeneous
     m = np.load(folder / "edge_index.npy").shape[1]

@@ -4,15 +4,19 @@
   (``mapped``) gives it as PyG's ``(FeatureStore, GraphStore)`` pair; ``streaming`` writes it
   from inputs read chunk by chunk (``npy``: a folder of ``.npy`` arrays or Parquet edge lists;
   ``ogb``: OGB's node-property downloads as they unpack); ``link_split`` streams a relation's
-  link-prediction split into a folder of its own;
+  link-prediction split (or all its edges as seed pairs, ``seed_edges``) into a folder of its own;
 - ``graphs``: many small graphs in an LMDB or SQLite store, read one graph at a time;
 - ``cache``: folders of derived data (partitions, normalisations) built once, checked on reuse;
 - ``atomic``: what their writers share: the lock, the partial folder beside the target, the
   manifest written last, the rename into place.
 """
 
-from gnnscale.stores.mapped import fill_cache, open  # noqa: A004 (a store, as the builtin opens a file)
+from gnnscale.stores.mapped import (  # noqa: A004 (a store, as the builtin opens a file)
+    fill_cache,
+    open,
+    seed_edges,
+)
 from gnnscale.stores.npy import prepare_npy, save_npy
 from gnnscale.stores.ogb import prepare_ogb
 
-__all__ = ["fill_cache", "open", "prepare_npy", "prepare_ogb", "save_npy"]
+__all__ = ["fill_cache", "open", "prepare_npy", "prepare_ogb", "save_npy", "seed_edges"]

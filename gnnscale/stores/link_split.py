@@ -30,7 +30,7 @@ import torch
 from gnnscale.stores.prepared import FileWriter, PreparedGraph, PreparedGraphError, prepare
 from gnnscale.stores.streaming import Edges, write_csc
 
-__all__ = ["STAGES", "parts", "write_split"]
+__all__ = ["STAGES", "parts", "write_pairs", "write_split"]
 
 STAGES = ("train", "val", "test")
 # Each edge's part: passed messages on and supervising training (when no training edge is kept
@@ -74,8 +74,12 @@ def parts(
 def _relation(
     graph: PreparedGraph, key: str, chunk: int
 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The relation's edges ``(src, dst)`` in CSC order, a chunk at a time."""
-    colptr, row = graph.tensor(f"{key}/colptr"), graph.tensor(f"{key}/row")
+    """The relation's edges ``(src, dst)`` in CSC order, a chunk at a time.
+
+    ``key`` ``""``: the homogeneous graph's edges.
+    """
+    prefix = f"{key}/" if key else ""
+    colptr, row = graph.tensor(f"{prefix}colptr"), graph.tensor(f"{prefix}row")
     num_dst = colptr.numel() - 1
     for a in range(0, row.numel(), chunk):
         b = min(a + chunk, row.numel())
@@ -212,3 +216,35 @@ def write_split(
 
     size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges
     return prepare(out, source, fill, size, derived=True, verify=verify, check=check)
+
+
+def write_pairs(
+    graph: PreparedGraph,
+    edge_type: tuple[str, str, str] | None,
+    out: Path,
+    chunk_edges: int = 1 << 22,
+) -> Path:
+    """Every edge of ``edge_type`` as one ``(2, E)`` file, ``edge_label_index``, in ``out``.
+
+    Sources, then destinations, in the store's CSC order (by destination; within one, the
+    input's order): the pairs PyG's ``LinkNeighborLoader`` seeds from, mapped rather than
+    stacked in memory. Written a chunk at a time, once (derived data: a damaged one is written
+    again).
+    """
+    key = "" if edge_type is None else _key(edge_type)
+    num_edges = graph.tensor(f"{key}/row" if key else "row").numel()
+
+    def fill(folder: Path) -> dict[str, Any]:
+        pairs = FileWriter(folder / "edge_label_index.bin", "int64")
+        for side in (0, 1):
+            for edges in _relation(graph, key, chunk_edges):
+                pairs.write(torch.from_numpy(np.ascontiguousarray(edges[side])))
+        entry = pairs.close() | {"shape": [2, num_edges]}
+        return {
+            "num_nodes": graph.manifest["num_nodes"],
+            "num_edges": {},
+            "files": {"edge_label_index": entry},
+        }
+
+    source = {"graph": graph.manifest["key"], "edge_type": edge_type and list(edge_type)}
+    return prepare(out, source, fill, 16 * num_edges, derived=True)

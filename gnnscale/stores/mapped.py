@@ -37,11 +37,18 @@ from torch_geometric.sampler import BaseSampler, NodeSamplerInput
 from torch_geometric.typing import EdgeTensorType, EdgeType, NodeType
 
 from gnnscale.errors import ConfigError
-from gnnscale.stores import reads
+from gnnscale.stores import link_split, reads
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.reads import RowCache, gather
 
-__all__ = ["MappedFeatureStore", "MappedGraphStore", "fill_cache", "open", "stores_of"]
+__all__ = [
+    "MappedFeatureStore",
+    "MappedGraphStore",
+    "fill_cache",
+    "open",
+    "seed_edges",
+    "stores_of",
+]
 
 _READ_ONLY = "a prepared store is read-only: prepare a new folder to change it"
 
@@ -366,6 +373,33 @@ def fill_cache(
     sampler = HopSampler(stores, num_neighbors)
     sampler.vectorized = vectorized
     return fs.hold_drawn_rows(sampler, seeds, batch_size, gib)
+
+
+def seed_edges(
+    graph_store: MappedGraphStore, edge_type: EdgeType | None = None
+) -> tuple[EdgeType | None, Tensor]:
+    """Every edge of ``edge_type`` as ``LinkNeighborLoader``'s ``edge_label_index``, mapped.
+
+    PyG's loader given only an edge type of a store builds its ``(2, E)`` pairs in memory
+    (``torch.stack`` of the store's COO: 16 bytes an edge, private to each process). These
+    pairs are written once into a folder beside the prepared one, ``<folder>.edges-<edge
+    type>`` (``link_split.write_pairs``), and mapped: processes share their pages. They come in
+    the store's CSC order, the order PyG's own conversion gives, so batches are the same::
+
+        loader = LinkNeighborLoader((fs, gs), ..., edge_label_index=seed_edges(gs, edge_type))
+
+    Args:
+        graph_store: A prepared folder's graph store (:func:`open`).
+        edge_type: The relation; ``None`` in a homogeneous graph.
+    """
+    graph = graph_store.graph
+    if graph is None:
+        raise ConfigError("seed_edges needs a graph store opened from a prepared folder")
+    name = "edges" if edge_type is None else "__".join(edge_type)
+    out = link_split.write_pairs(
+        graph, edge_type, graph.folder.with_name(f"{graph.folder.name}.edges-{name}")
+    )
+    return edge_type, PreparedGraph(out, "size").tensor("edge_label_index")
 
 
 def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStore]:
