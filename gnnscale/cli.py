@@ -13,6 +13,7 @@ model or trainer: it is :func:`prepare`, parsed by jsonargparse on its own.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import difflib
 import inspect
@@ -30,7 +31,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from jsonargparse import ArgumentError, Namespace
+from jsonargparse import ArgumentError, DefaultHelpFormatter, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -614,7 +615,12 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
         subclass_mode_data=True,
         trainer_defaults=TRAINER_DEFAULTS,
         save_config_kwargs={"overwrite": True},
-        parser_kwargs={"exit_on_error": False},  # refusals raise ConfigError: one line, exit 2
+        # Refusals raise ConfigError (one line, exit 2); --help names every subcommand.
+        parser_kwargs={
+            "exit_on_error": False,
+            "description": _DESCRIPTION,
+            "formatter_class": _Help,
+        },
         args=args,
         run=run,
     )
@@ -701,7 +707,10 @@ def _function_main(function: Callable[..., Path], command: str, args: list[str] 
 
     try:
         return CLI(  # type: ignore[no-any-return]
-            function, args=sys.argv[2:] if args is None else args, exit_on_error=False
+            function,
+            args=sys.argv[2:] if args is None else args,
+            exit_on_error=False,
+            prog=command,
         )
     except ArgumentError as err:
         raise ConfigError(_parse_error(str(err), command)) from err
@@ -726,6 +735,23 @@ def prepare_graphs_main(args: list[str] | None = None) -> Path:
     return _function_main(prepare_graphs, "gnnscale prepare-graphs", args)
 
 
+# Subcommands that are not LightningCLI's (fit, validate, test, predict, plan): what runs each,
+# and its line in ``gnnscale --help``.
+SUBCOMMANDS: dict[str, tuple[Callable[[], Any], str]] = {
+    "prepare": (prepare_main, "write one graph to a folder every process maps (docs/stores.md)"),
+    "prepare-graphs": (prepare_graphs_main, "write many small graphs to a store (LMDB, SQLite)"),
+}
+_DESCRIPTION = "gnnscale: PyTorch Geometric training recipes for graphs that stop fitting.\n\n" + (
+    "The subcommands below run a recipe's --config; two more write its data:\n"
+    + "".join(f"  gnnscale {name:<16}{line}\n" for name, (_, line) in SUBCOMMANDS.items())
+    + "Each subcommand's options: gnnscale SUBCOMMAND --help."
+)
+
+
+class _Help(DefaultHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """jsonargparse's help, the description's lines kept as written (the subcommand table)."""
+
+
 def run() -> None:
     """Console entry point: ``main`` without a return value (which ``sys.exit`` would print).
 
@@ -733,12 +759,8 @@ def run() -> None:
     printed as one line, exit status 2; set ``GNNSCALE_DEBUG=1`` for the traceback.
     """
     try:
-        if sys.argv[1:2] == ["prepare"]:
-            prepare_main()
-        elif sys.argv[1:2] == ["prepare-graphs"]:
-            prepare_graphs_main()
-        else:
-            main()
+        command, _ = SUBCOMMANDS.get(sys.argv[1] if sys.argv[1:] else "", (main, ""))
+        command()
     except GnnscaleError as err:
         if os.environ.get("GNNSCALE_DEBUG"):
             raise

@@ -506,3 +506,25 @@ def test_predict_writes_each_nodes_class_to_parquet(tmp_path, mode):
     with torch.no_grad():
         expected = model.gnn(data.x, data.edge_index).argmax(-1)
     assert table.column("class").to_pylist() == expected.tolist()
+
+
+def test_help_names_every_subcommand_and_each_its_own(capsys, monkeypatch):
+    """``gnnscale --help`` read "Lightning Trainer command line tool" and left out the two
+    writers; ``gnnscale prepare --help`` said ``usage: gnnscale``."""
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    shown = capsys.readouterr().out
+    assert "Lightning Trainer command line tool" not in shown
+    for name in ("fit", "validate", "test", "predict", "plan"):
+        assert re.search(rf"^    {name} ", shown, re.M), name
+    for name in gnnscale.cli.SUBCOMMANDS:
+        assert re.search(rf"^  gnnscale {name} +\S", shown, re.M), name
+    for name, command in (("prepare", prepare_main), ("prepare-graphs", prepare_graphs_main)):
+        with pytest.raises(SystemExit):
+            command(["--help"])
+        assert capsys.readouterr().out.startswith(f"usage: gnnscale {name} ")
+        monkeypatch.setattr(sys, "argv", ["gnnscale", name, "--help"])
+        with pytest.raises(SystemExit):
+            gnnscale.cli.run()  # the table dispatches it
+        assert capsys.readouterr().out.startswith(f"usage: gnnscale {name} ")
