@@ -163,7 +163,7 @@ def write_csc(
             row[slot] = src[order]
             if perm is not None:  # each slot's input position
                 perm[slot] = first + order
-                sorted_input = sorted_input and np.array_equal(slot, first + np.arange(dst.size))
+                sorted_input = sorted_input and np.array_equal(slot, first + order)
             cursor[dst[starts]] += counts
             first += dst.size
             bar.update(len(dst))
