@@ -85,7 +85,8 @@ class BatchRequest:
         num_layers: The model's depth (0: any), checked against the fan-outs.
         first_layer_aggr: Reduction the workers may apply to the raw features for the first
             layer of neighbour batches (``HopLayout.x_aggr``); none: the model aggregates.
-        edge_dim: Edge feature dimension a graph-level model reads (none: a node model).
+        edge_dim: Edge feature dimension the model reads (``edge_attr``; none: it reads none).
+        graph_level: The model classifies whole graphs (``GraphGINE``), not nodes.
         layerwise_channels: Values per node that exact layer-wise inference holds at once (a
             layer's input and output); 0: unknown, not checked against the memory.
         reads_x: Whether the model reads the nodes' features; one that does not (EmbeddingSAGE
@@ -97,6 +98,7 @@ class BatchRequest:
     edge_dim: int | None = None
     layerwise_channels: int = 0
     reads_x: bool = True
+    graph_level: bool = False
 
     @staticmethod
     def of(model: Any) -> BatchRequest:

@@ -35,6 +35,7 @@ from gnnscale import (
     make_synthetic_graph,
     stores,
 )
+from gnnscale.batch import BatchRequest
 from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.data.sampler import HopSampler
@@ -299,6 +300,71 @@ def test_seed_edges_are_mapped_pairs_that_give_pygs_link_batches(tmp_path, reque
                 assert key not in x or torch.equal(x[key], y[key]), key
 
 
+class _WithEdges(NeighborDataModule):
+    """The generated graph with three features an edge, each edge once: of two copies of an
+    edge, PyG's in-memory sampler (its unstable sort without pyg-lib) and the store (the
+    input's order) may list either first, and their features differ."""
+
+    def _load(self):
+        from torch_geometric.utils import coalesce
+
+        data = super()._load()
+        data.edge_index = coalesce(data.edge_index, num_nodes=data.num_nodes)
+        g = torch.Generator().manual_seed(7)
+        data.edge_attr = torch.randn(data.num_edges, 3, generator=g)
+        return data
+
+
+@requires_sampler
+def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(tmp_path):
+    """``--model.edge_dim``: the loaders give each batch its edges' features, sliced by PyG in
+    memory and gathered by ``e_id`` from a folder; the same weights after an epoch, and the
+    edge weights trained (a model that ignored them would leave them as initialised)."""
+    from gnnscale import GATv2
+    from gnnscale.data.args import LoaderArgs
+    from gnnscale.stores.npy import prepare_data
+
+    kwargs = {
+        "num_neighbors": [5, 3],
+        "batch_size": 200,
+        "loader": LoaderArgs(num_workers=0),
+        "eval": EvalArgs(mode="sampled", num_neighbors=[5, 3]),
+    }
+    memory = _WithEdges(synthetic=TINY, **kwargs)
+    out = prepare_data(memory.data, tmp_path / "store", {"test": "edges"})
+    disk = NeighborDataModule("prepared", out, **kwargs)
+    trained = {}
+    for name, dm in (("memory", memory), ("disk", disk)):
+        L.seed_everything(0)
+        model = GATv2(TINY.num_features, TINY.num_classes, hidden_channels=16, heads=2, edge_dim=3)
+        before = model.gnn.convs[0].lin_edge.weight.detach().clone()
+        trainer = L.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(model, dm)
+        assert not torch.equal(model.gnn.convs[0].lin_edge.weight, before)
+        trained[name] = model.state_dict()
+    for key, value in trained["memory"].items():
+        assert torch.equal(value, trained["disk"][key]), key
+    L.seed_everything(0)
+    wrong = GATv2(TINY.num_features, TINY.num_classes, hidden_channels=16, heads=2, edge_dim=4)
+    with pytest.raises(ConfigError, match=r"edge_dim is 4 but the edges of \S+store have 3 f"):
+        fresh = NeighborDataModule("prepared", out, **kwargs)
+        L.Trainer(accelerator="cpu", logger=False, max_epochs=1).fit(wrong, fresh)
+    exact = NeighborDataModule("prepared", out, eval=EvalArgs(mode="layerwise"))
+    with pytest.raises(ConfigError, match="layer-wise evaluation reads no edge features; use --d"):
+        exact.configure_batches(BatchRequest(2, edge_dim=3))
+    plain = NeighborDataModule(synthetic=TINY, **kwargs)  # a graph without edge features
+    plain.configure_batches(BatchRequest(2, edge_dim=3))
+    with pytest.raises(ConfigError, match="edges of synthetic have 0 feature.s. .edge_attr.: set"):
+        plain.setup("fit")
+
+
 def test_edge_features_are_checked_as_node_features_are(tmp_path, homogeneous):
     folder, _ = homogeneous
     m = np.load(folder / "edge_index.npy").shape[1]
@@ -315,6 +381,25 @@ def test_edge_features_are_checked_as_node_features_are(tmp_path, homogeneous):
     with pytest.raises(PreparedGraphError, match=r"edge_attr\.npy: 1 row.s. hold a NaN .* row 17"):
         stores.prepare_npy(folder, tmp_path / "store")
     assert not (tmp_path / "store").exists()
+
+
+@requires_sampler
+def test_edge_ids_are_the_inputs_when_the_edges_fit_one_chunk(tmp_path, homogeneous):
+    """A relation read in one chunk (under 4M edges at the default chunk size) was taken for
+    one already in CSC order: sorted by destination within the chunk, its slots always ran
+    0, 1, 2, ..., so no map was kept and a batch's ``e_id`` were CSC positions."""
+    folder, _ = homogeneous
+    edge_index = torch.from_numpy(np.load(folder / "edge_index.npy")).long()
+    out = stores.prepare_npy(folder, tmp_path / "store")  # the default chunk: one
+    assert "perm" in PreparedGraph(out).manifest["files"]
+    fs, gs = stores.open(out)
+    torch.manual_seed(0)
+    for batch in NeighborLoader((fs, gs), num_neighbors=[4, 2], input_nodes=torch.arange(100)):
+        assert torch.equal(edge_index[:, batch.e_id], batch.n_id[batch.edge_index])
+    np.save(folder / "edge_index.npy", by_destination(edge_index).numpy())  # in CSC order
+    assert (
+        "perm" not in PreparedGraph(stores.prepare_npy(folder, tmp_path / "s2")).manifest["files"]
+    )
 
 
 def test_a_feature_cache_needs_the_fan_out_it_is_drawn_with(tmp_path, homogeneous):

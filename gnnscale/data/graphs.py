@@ -301,13 +301,13 @@ class GraphDataModule(L.LightningDataModule):
 
         Args:
             request: What the model's batches must carry (``gnnscale.batch``): a graph-level
-                model names the edge features it reads (``edge_dim``).
+                model (``graph_level``) and the edge features it reads (``edge_dim``).
         """
         edge_dim = request.edge_dim
-        if edge_dim is None:
+        if not request.graph_level or edge_dim is None:
             raise ConfigError(
                 f"--data {type(self).__name__} makes graph-level batches; the --model is a "
-                "node model (it reads no edge features): use gnnscale.GraphGINE"
+                "node model: use gnnscale.GraphGINE"
             )
         if edge_dim != self.num_edge_features:
             raise ConfigError(

@@ -196,6 +196,11 @@ class NodeDataModule(L.LightningDataModule):
                 "use sampled or layerwise (whose first layer reads the model's own input, such "
                 "as EmbeddingSAGE's table)"
             )
+        if request.edge_dim and (flags := self.eval.set_to("layerwise")):
+            raise ConfigError(
+                f"--model.edge_dim: exact layer-wise evaluation reads no edge features; use "
+                f"{' and '.join(f'--data.eval.{flag}=sampled' for flag in flags)}"
+            )
         fanout = self.eval.num_neighbors
         if fanout is not None and request.num_layers and len(fanout) != request.num_layers:
             raise ConfigError(
@@ -237,9 +242,19 @@ class NodeDataModule(L.LightningDataModule):
         log_backend_once(describe(self.loader.sampler))
         if self.trainer is not None and not self._configured:
             self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
+        self._check_edge_features()
         self._check_layerwise_fits()
         if stage == "fit":
             self._setup_train()
+
+    def _check_edge_features(self) -> None:
+        """Refuse a model reading edge features the graph does not have, or not as many."""
+        edge_dim, have = self.request.edge_dim, self.source.num_edge_features
+        if edge_dim and edge_dim != have:
+            raise ConfigError(
+                f"--model.edge_dim is {edge_dim} but the edges of {self.source.name} have "
+                f"{have} feature(s) (edge_attr): set --model.edge_dim {have or 'null'}"
+            )
 
     def _check_layerwise_fits(self) -> None:
         """Refuse exact layer-wise evaluation whose activations would not fit in memory.
@@ -304,6 +319,8 @@ class NodeDataModule(L.LightningDataModule):
         if node_files:
             data = self.source.loader_input(data)
             kwargs["transform"] = self.source.count_held(kwargs.get("transform"))
+            if self.request.edge_dim:  # before the layout, which orders edges by target
+                kwargs["transform"] = self.source.gather_edges(kwargs["transform"])
         return NeighborLoader(
             data,  # type: ignore[arg-type]
             num_neighbors=fanout,

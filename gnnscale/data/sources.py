@@ -326,6 +326,16 @@ class MemorySource:
         return then
 
     @property
+    def num_edge_features(self) -> int:
+        """Features per edge (``edge_attr``'s width; 0: none) of a homogeneous graph."""
+        attr = self.data.get("edge_attr")
+        return 0 if attr is None else int(attr[:1].numel())
+
+    def gather_edges(self, then: Callable | None = None) -> Callable | None:
+        """The loaders' transform: ``then``; PyG's loaders slice ``edge_attr`` in memory."""
+        return then
+
+    @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """Node and edge types (heterogeneous)."""
         assert isinstance(self.data, HeteroData)
@@ -462,6 +472,18 @@ class PreparedSource:
         return functools.partial(_counted, store=fs, then=then)
 
     @property
+    def num_edge_features(self) -> int:
+        """Features per edge (``edge_attr.npy``'s width; 0: none) of a homogeneous folder."""
+        return int(self.manifest.get("num_edge_features", 0))
+
+    def gather_edges(self, then: Callable | None = None) -> Callable | None:
+        """The loaders' transform: each batch's edge features gathered by ``e_id``, then ``then``.
+
+        PyG's loaders read no edge tensors from a feature store (``add_edge_attr``).
+        """
+        return functools.partial(_with_edges, store=self.stores[0], then=then)
+
+    @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """Node and edge types (heterogeneous)."""
         manifest = self.manifest
@@ -499,6 +521,12 @@ class PreparedSource:
         if gib:
             held = fill_cache(self.stores, num_neighbors, batch_size, gib, seeds, vectorized)
             rank_zero_info(f"gnnscale: {held}")
+
+
+def _with_edges(batch: Any, store: MappedFeatureStore, then: Callable | None) -> Any:
+    """``batch`` with its edges' features gathered by ``e_id`` (``add_edge_attr``)."""
+    batch = store.add_edge_attr(batch)
+    return batch if then is None else then(batch)
 
 
 def _counted(batch: Any, store: MappedFeatureStore, then: Callable | None) -> Any:

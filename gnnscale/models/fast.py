@@ -166,6 +166,7 @@ def hops_forward(
     target_only_layers: bool,
     sparse_aggregation: bool,
     bucket_rows: int,
+    edge_attr: Tensor | None = None,
 ) -> Tensor:
     """``gnn``'s forward on a neighbour batch: logits for its seeds (first) and maybe more rows.
 
@@ -184,11 +185,13 @@ def hops_forward(
             spans a layer's rows.
         sparse_aggregation: Aggregate with a sparse-dense product on ``layout.rowptr``.
         bucket_rows: Round hidden layers' rows up to a multiple of this (0: off).
+        edge_attr: Edge features, in ``edge_index``'s order (convs with an ``edge_dim``).
     """
     if not target_only_layers:
         return gnn(
             x,
             edge_index,
+            edge_attr=edge_attr,
             num_sampled_nodes_per_hop=layout.num_sampled_nodes,
             num_sampled_edges_per_hop=layout.num_sampled_edges,
         )
@@ -201,6 +204,7 @@ def hops_forward(
         layout.rowptr if sparse_aggregation else None,
         bucket_rows,
         None if layout.x_aggr is None else layout.x_aggr.to(x.dtype),
+        edge_attr,
     )
 
 
@@ -270,6 +274,7 @@ def target_only(
     rowptr: Tensor | None = None,
     bucket_rows: int = 0,
     x_aggr: Tensor | None = None,
+    edge_attr: Tensor | None = None,
 ) -> Tensor:
     """``gnn``'s forward on a neighbour batch, each layer computing only what is read next.
 
@@ -294,7 +299,11 @@ def target_only(
         x_aggr: The first layer's aggregated neighbour features, computed by the loader
             (``gnnscale.data.layout.aggregate_first_layer``; ``gnn`` a GraphSAGE): ``x`` then holds
             the first layer's targets only, and the layer is one matrix product.
+        edge_attr: Edge features in ``edge_index``'s order, each layer reading its edges' rows
+            (convs with an ``edge_dim``; scatter aggregation only).
     """
+    if edge_attr is not None and rowptr is not None:
+        raise ValueError("edge features need the convs' scatter aggregation, not a rowptr")
     num_layers, xs = len(gnn.convs), []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
         num_dst = sum(num_sampled_nodes[: num_layers - i])
@@ -313,7 +322,9 @@ def target_only(
             x = _sage_on_aggregated(conv, x_aggr, x, num_dst)
         else:
             pair = (x, x[:num_dst])
-            if layer_rowptr is None:
+            if edge_attr is not None:
+                x = conv(pair, edge_index[:, :num_edges], edge_attr[:num_edges])
+            elif layer_rowptr is None:
                 x = conv(pair, edge_index[:, :num_edges])
             else:
                 x = conv(pair, csr_adjacency(x, edge_index, layer_rowptr, num_dst, num_edges))

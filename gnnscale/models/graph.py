@@ -122,7 +122,7 @@ class GraphGINE(L.LightningModule):
 
     def batch_request(self) -> BatchRequest:
         """What this model's batches must carry (``gnnscale.batch``): ``edge_dim`` features."""
-        return BatchRequest(edge_dim=self.edge_dim)
+        return BatchRequest(edge_dim=self.edge_dim, graph_level=True)
 
     def forward(self, batch: Batch) -> Tensor:
         """One output per graph: ``[num_graphs]`` (regression) or ``[num_graphs, classes]``."""

@@ -75,6 +75,8 @@ class NodeClassifier(L.LightningModule):
     # The first layer's neighbour reduction, if the loader may compute it on the raw features;
     # None: the model aggregates every layer itself.
     first_layer_aggr: str | None = None
+    # Edge features the convs read (``edge_attr``, its width); None: none.
+    edge_dim: int | None = None
 
     def batch_request(self) -> BatchRequest:
         """What this model's batches must carry (``gnnscale.batch``): its DataModule's input."""
@@ -82,9 +84,17 @@ class NodeClassifier(L.LightningModule):
         if (gnn := getattr(self, "gnn", None)) is not None:  # a subclass may compute without one
             outputs = [gnn.hidden_channels] * (gnn.num_layers - 1) + [gnn.out_channels]
             held = max([outputs[0], *(a + b for a, b in zip(outputs, outputs[1:], strict=False))])
-        return BatchRequest(self.num_layers, self.first_layer_aggr, layerwise_channels=held)
+        return BatchRequest(
+            self.num_layers, self.first_layer_aggr, self.edge_dim, layerwise_channels=held
+        )
 
-    def forward(self, x: Tensor, edge_index: Tensor, layout: Layout | None = None) -> Tensor:
+    def forward(
+        self,
+        x: Tensor,
+        edge_index: Tensor,
+        layout: Layout | None = None,
+        edge_attr: Tensor | None = None,
+    ) -> Tensor:
         """Class logits for every node of the (sub)graph, or for a neighbour batch's seeds.
 
         Features are cast to the parameters' dtype (float32 under mixed precision; bfloat16,
@@ -99,6 +109,7 @@ class NodeClassifier(L.LightningModule):
                 computing only the rows the next one reads (``fast.hops_forward``). A
                 :class:`SubgraphLayout` (Cluster-GCN, GraphSAINT): every node, aggregated with a
                 sparse product (``fast.subgraph_forward``). None: PyG's forward.
+            edge_attr: Edge features, in ``edge_index``'s order, for convs with an ``edge_dim``.
         """
         if (
             isinstance(layout, HopLayout)
@@ -110,6 +121,8 @@ class NodeClassifier(L.LightningModule):
                 "batches without x_aggr (its batch_request() asks for none)"
             )
         x = x.to(self.dtype)
+        if edge_attr is not None:
+            edge_attr = edge_attr.to(self.dtype)
         if isinstance(layout, HopLayout):
             # In eval mode a BatchNorm is row-wise too: evaluation computes the rows read next.
             rowwise = not self.training and fast.rowwise_in_eval(self.gnn)
@@ -121,14 +134,19 @@ class NodeClassifier(L.LightningModule):
                 target_only_layers=self.target_only_layers or rowwise,
                 sparse_aggregation=self.sparse_aggregation,
                 bucket_rows=self.bucket_rows,
+                edge_attr=edge_attr,
             )
         if isinstance(layout, SubgraphLayout) and self.sparse_aggregation:
             return fast.subgraph_forward(self.gnn, x, edge_index, layout, self.bucket_rows)
-        return self.gnn(x, edge_index)
+        return self.gnn(x, edge_index, edge_attr=edge_attr)
+
+    def _edges(self, batch: Data) -> Tensor | None:
+        """The batch's edge features, where the convs read them (``edge_dim``)."""
+        return batch.edge_attr if self.edge_dim else None
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
         """Weighted cross-entropy; the DataModule's weights sum to 1 per batch in expectation."""
-        out = self(batch.x, batch.edge_index, layout_of(batch))
+        out = self(batch.x, batch.edge_index, layout_of(batch), self._edges(batch))
         y, weight = batch.y[: out.size(0)], batch.loss_weight[: out.size(0)]  # seeds only
         # Nodes outside every split may be unlabelled (y = -1): they weigh 0 and are ignored.
         loss = (F.cross_entropy(out.float(), y, reduction="none", ignore_index=-1) * weight).sum()
@@ -154,7 +172,7 @@ class NodeClassifier(L.LightningModule):
             if batch.mask is not None:
                 out, y = out[batch.mask], y[batch.mask]
             return out.to(self.device), y.to(self.device)
-        out, y = self(batch.x, batch.edge_index, layout_of(batch)), batch.y
+        out, y = self(batch.x, batch.edge_index, layout_of(batch), self._edges(batch)), batch.y
         if "batch_size" in batch:  # sampled: the evaluated seed nodes come first
             return out[: batch.batch_size], y[: batch.batch_size]
         mask = batch.get("eval_mask")  # the whole graph
@@ -287,6 +305,9 @@ class GATv2(NodeClassifier):
             0.6 on Cora (``recipes/planetoid`` does); with neighbour sampling, which already
             drops edges, it stopped GATv2 training on the recipes' graphs, hence 0 by default.
         norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
+        edge_dim: Edge features each attention layer reads (``edge_attr``, of this width: the
+            graph's, checked by the DataModule; a prepared folder's ``edge_attr.npy``); none:
+            attention on the nodes alone. Evaluation is then sampled or full, not layer-wise.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -304,11 +325,14 @@ class GATv2(NodeClassifier):
         dropout: float = 0.6,
         attention_dropout: float = 0.0,
         norm: str | None = None,
+        edge_dim: int | None = None,
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
         super().__init__(num_classes, num_layers, optimizer, lr_scheduler)
         check_probabilities(dropout=dropout, attention_dropout=attention_dropout)
+        if edge_dim is not None and edge_dim < 1:
+            raise ConfigError(f"--model.edge_dim must be >= 1, or none (got {edge_dim})")
         if hidden_channels % heads:
             raise ConfigError(
                 f"--model.hidden_channels ({hidden_channels}) must be divisible by "
@@ -325,12 +349,14 @@ class GATv2(NodeClassifier):
             jk="last" if linear_head else None,  # PyG then adds a Linear after the convs
             v2=True,
             heads=heads,
+            edge_dim=edge_dim,
         )
         if not linear_head and out_heads != heads:
             last = self.gnn.convs[-1]
             self.gnn.convs[-1] = pyg_nn.GATv2Conv(
-                last.in_channels, num_classes, heads=out_heads, concat=False
+                last.in_channels, num_classes, heads=out_heads, concat=False, edge_dim=edge_dim
             )
+        self.edge_dim = edge_dim
         for conv in self.gnn.convs:  # PyG's GAT gives every conv the feature dropout
             conv.dropout = attention_dropout
         self.gnn.dropout = Dropout(dropout)
