@@ -15,15 +15,9 @@ from __future__ import annotations
 
 import argparse
 import csv
-import difflib
-import inspect
-import logging
 import os
-import pydoc
-import re
 import shutil
 import sys
-import warnings
 from collections.abc import Callable
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -36,11 +30,11 @@ from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info
 from torch.multiprocessing import ProcessExitedException
 
-from gnnscale import checks, runs
-from gnnscale.batch import BatchRequest, ConfiguresBatches, LayerwiseBatch
+from gnnscale import argerrors, checks, runs, runtime
+from gnnscale.batch import BatchRequest, ConfiguresBatches
 from gnnscale.callbacks import PredictionWriter
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
@@ -49,7 +43,6 @@ from gnnscale.data.node import NeighborDataModule
 from gnnscale.data.sources import DATASETS, check_size
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
-from gnnscale.measure import cpu_bf16_native, keep_freed_memory, set_mmap_threshold, trim_heap
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded, launched_by
@@ -73,173 +66,6 @@ TRAINER_DEFAULTS = {
         "init_args": {"save_dir": "runs"},
     },
 }
-
-
-# glibc's mmap threshold as gnnscale sets it at start (GNNSCALE_MMAP_THRESHOLD): "0", glibc's
-# dynamic threshold (speed; a full-graph run keeps freed memory, see _SameStepMemory); "off",
-# every run keeps freed memory; a number of bytes, a fixed threshold (lean).
-# benchmarks/allocator.py measures each setting; its README table marks this one.
-DEFAULT_MMAP_THRESHOLD = "0"
-LEAN_MMAP_THRESHOLD = 128 * 1024  # GNNSCALE_MMAP_THRESHOLD=131072: lower peaks, for time
-
-
-def _mmap_setting() -> str:
-    """``GNNSCALE_MMAP_THRESHOLD`` checked; ``""`` where the user set glibc's own variables."""
-    value = os.environ.get("GNNSCALE_MMAP_THRESHOLD", DEFAULT_MMAP_THRESHOLD).strip()
-    if not (value.isdigit() or value == "off"):
-        raise ConfigError(
-            "GNNSCALE_MMAP_THRESHOLD must be 0 for glibc's own threshold (the default), off to "
-            f"keep freed memory in the heap, or a whole number of bytes (got {value!r}); set it "
-            "so or unset it"
-        )
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    return "" if "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc" in tunables else value
-
-
-def _steady_cpu_memory() -> None:
-    """Allocator settings for steady CPU memory, on Linux.
-
-    - glibc's mmap threshold: by default glibc's own, which rises each time a large block is
-      freed, so later tensors of a few MB come from the heap, fast to reuse but fragmenting it;
-      tensors above 32 MiB always get a mapping of their own, unmapped when freed.
-      ``GNNSCALE_MMAP_THRESHOLD=<bytes>`` fixes it (as ``MALLOC_MMAP_THRESHOLD_`` would): every
-      tensor above it gets its own mapping, returned when freed. Measured (``figures.py
-      allocator``) once the training step became target-only: 128 KiB cut the peaks by about
-      15% (neighbor_sage 1,224 MiB instead of 1,441, Cluster-GCN 1,442 instead of 1,689) but
-      doubled Cluster-GCN's s/epoch (2.73 instead of 1.37; 16 MiB and a 1 GiB trim threshold did
-      not help); so speed is the default and the lean setting is opt-in. ``gnnscale plan`` is
-      within 25% of both. ``off`` keeps every freed block in the heap
-      (:func:`keep_freed_memory`), which full-graph runs get anyway (:class:`_SameStepMemory`).
-    - bf16 matrix products on CPUs keep a compiled primitive per shape in two caches of 1024,
-      oneDNN's (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and PyTorch's ideep's
-      (``LRU_CACHE_CAPACITY``), and sampled batches bring new shapes every step: bf16 runs grew
-      by 75 MB per epoch of 20 batches; fp32 stayed flat. 8 in oneDNN's left 33 MB per epoch;
-      8 in both, a few MB: 300 products of new shapes grew the process by 171 MiB with neither
-      set, 86-96 with one, 9 with both; hetero_node_classification stayed flat over 4 epochs
-      where it grew 35 MB per epoch. GraphSAINT and Cluster-GCN epochs took as long with both
-      at 8, 64 or 1024 (within noise; peaks 350-400 MiB lower at 8); a neighbour step with rows
-      as sampled pays a primitive build per batch, which ``GraphSAGE(bucket_rows=1024)`` avoids.
-      Both are read at the first bf16 product, so this runs before any.
-
-    Settings the user made in the environment win (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
-    ``LRU_CACHE_CAPACITY``, ``MALLOC_MMAP_THRESHOLD_``, any ``glibc.malloc`` tunable).
-    """
-    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
-    os.environ.setdefault("LRU_CACHE_CAPACITY", "8")
-    value = _mmap_setting()
-    if value == "off":
-        keep_freed_memory()
-    elif value not in ("", "0"):
-        set_mmap_threshold(int(value))
-
-
-class _SameStepMemory(L.Callback):
-    """Keep freed memory in the heap where every step allocates the same large tensors.
-
-    Under glibc's own threshold those above 32 MiB are mapped and unmapped each step, faulted
-    in afresh page by page. Only under the default ``GNNSCALE_MMAP_THRESHOLD``; the heap's
-    free pages go back first. glibc cannot go back to its dynamic threshold afterwards.
-
-    - A run with one training batch an epoch (a full graph), from the start of training.
-      Measured at session 22 on the full-graph GATv2 recipe: 0.23-0.29 s/epoch with 42% of its
-      CPU time in the kernel; with freed memory kept, 0.08 s and 7%, its peak about 10% higher.
-      Runs of sampled batches keep glibc's threshold: their tensors vary in size, and a heap
-      that never gives back grew the neighbour recipe's peak by up to 38%.
-    - Exact layer-wise evaluation once nothing trains after it (test, predict, ``gnnscale
-      validate``): its one-hop batches are alike. On on_disk_graph's 2M-node test, 978 batches
-      of 4,096 seeds: 9.4M page faults, 22 s of system time and 39 s, against 0.4M, 0.8 s and
-      24 s with freed memory kept, the same peak (2,484 / 2,479 MiB). Layer-wise validation
-      during ``fit`` keeps glibc's threshold for the training that follows.
-    """
-
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Switch the allocator over if an epoch is one batch."""
-        if trainer.num_training_batches == 1:
-            _keep_freed_memory()
-
-    def on_test_batch_start(
-        self,
-        trainer: L.Trainer,
-        pl_module: L.LightningModule,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        """Switch the allocator over for a layer-wise pass that no training follows."""
-        if isinstance(batch, LayerwiseBatch) and trainer.state.fn != "fit":
-            _keep_freed_memory()
-
-    on_validation_batch_start = on_predict_batch_start = on_test_batch_start
-
-
-def _keep_freed_memory() -> None:
-    """Free pages back to the system, then keep freed memory (under the default setting)."""
-    if _mmap_setting() == DEFAULT_MMAP_THRESHOLD:
-        trim_heap()
-        keep_freed_memory()
-
-
-def _on_gpu(accelerator: str) -> bool:
-    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
-
-
-def _forks_ranks(strategy: Any) -> bool:
-    """Whether the strategy forks its ranks from this process, which needs CUDA uninitialised.
-
-    ``ddp_fork``, ``ddp_notebook`` or ``DDPStrategy(start_method="fork")``.
-    """
-    if isinstance(strategy, str):
-        return "fork" in strategy or "notebook" in strategy
-    init_args = getattr(strategy, "init_args", None)
-    return init_args is not None and init_args.get("start_method") == "fork"
-
-
-def _check_precision(precision: str, accelerator: str, strategy: Any = None) -> None:
-    """Lightning would quietly swap fp16 for bf16 on CPU; say so instead.
-
-    Asking whether a GPU has bf16 initialises CUDA, after which a forked rank cannot use it:
-    under a forking strategy the ranks find out themselves (torch's own error).
-    """
-    on_gpu = _on_gpu(accelerator)
-    if precision in ("16", "16-mixed") and not on_gpu:
-        raise ConfigError(
-            f"--trainer.precision={precision} needs a CUDA GPU (fp16 autocast with loss scaling); "
-            "on CPU use --trainer.precision=bf16-mixed or 32"
-        )
-    if (
-        precision.startswith("bf16")
-        and on_gpu
-        and not _forks_ranks(strategy)
-        and not torch.cuda.is_bf16_supported()
-    ):
-        raise ConfigError(
-            f"--trainer.precision={precision}: this GPU has no bf16; use "
-            "--trainer.precision=16-mixed"
-        )
-
-
-def _cpu_precision(precision: str, accelerator: str) -> str:
-    """``32-true`` for ``bf16-mixed`` on a CPU without oneDNN's bf16 kernels, else ``precision``.
-
-    The recipes train in bf16 autocast for its halved activations and, on CPUs with bf16
-    kernels (AVX-512, AMX) and GPUs, its speed. On a CPU without them every bf16 product runs
-    on a reference kernel: a neighbour step took 245 ms against 37 in fp32 (6.6x), so speed
-    wins by default and ``GNNSCALE_CPU_BF16=1`` keeps bf16 for its memory. ``bf16-true`` (the
-    parameters themselves in bf16) is left as asked.
-    """
-    if precision not in ("bf16", "bf16-mixed") or _on_gpu(accelerator) or cpu_bf16_native():
-        return precision
-    keep = os.environ.get("GNNSCALE_CPU_BF16", "0").strip()
-    if keep not in ("", "0", "1"):
-        raise ConfigError(f"GNNSCALE_CPU_BF16 must be 1 or 0 (got {keep!r}); set it so or unset it")
-    if keep == "1":
-        return precision
-    rank_zero_warn(
-        f"gnnscale: --trainer.precision={precision} on a CPU without bf16 matrix kernels (no "
-        "AVX-512 or AMX) runs 6x slower than fp32; training in 32-true instead. "
-        "GNNSCALE_CPU_BF16=1 keeps bf16-mixed (about half the activation memory)."
-    )
-    return "32-true"
 
 
 class Trainer(L.Trainer):
@@ -325,7 +151,7 @@ class GnnscaleCLI(LightningCLI):
         except ArgumentError as err:  # raised, not printed: main() sets exit_on_error=False
             given = sys.argv[1:] if args is None else args
             command = next((f"gnnscale {a}" for a in given if a in self.subcommands()), "gnnscale")
-            raise ConfigError(_parse_error(str(err), command)) from err
+            raise ConfigError(argerrors.one_line(str(err), command)) from err
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
         self.settings = runs.settings(config)  # what its checkpoints will say they continue
@@ -343,7 +169,7 @@ class GnnscaleCLI(LightningCLI):
         """
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.trainer
-        _check_precision(str(trainer.precision), str(trainer.accelerator), trainer.strategy)
+        runtime.check_precision(str(trainer.precision), str(trainer.accelerator), trainer.strategy)
         if self.subcommand == "fit":
             checks.check_validation(config.trainer)
         data = getattr(config.get("data"), "init_args", None)
@@ -355,7 +181,7 @@ class GnnscaleCLI(LightningCLI):
         elif data is not None and isinstance(data.get("dataset"), str):
             check_size(data.dataset, Path(data.get("root") or "data"))
         precision = str(config.trainer.precision)
-        if _cpu_precision(precision, str(config.trainer.accelerator)) != precision:
+        if runtime.cpu_precision(precision, str(config.trainer.accelerator)) != precision:
             config.trainer.precision = "32-true"
 
     def instantiate_classes(self) -> None:
@@ -404,7 +230,7 @@ class GnnscaleCLI(LightningCLI):
             Preemption(),
             runs.SavedSettings(self.settings),
             checks.AccumulationCheck(),
-            _SameStepMemory(),
+            runtime.SameStepMemory(),
         ]
         built = super().instantiate_trainer(**kwargs)
         if self.subcommand == "fit":
@@ -508,90 +334,6 @@ def _keep_csv_rows(logger: Any, keep: Callable[[int], bool]) -> int | None:
     return len(rows)
 
 
-_NOISE = (
-    "Does not validate against any of the Union subtypes",
-    "Subtypes:",
-    "Errors:",
-    "Expected a <class 'NoneType'>",
-    "Given value type:",
-)
-
-
-def _parse_error(message: str, command: str = "gnnscale fit") -> str:
-    """Condense jsonargparse's report of a refused key or value (union attempts) to one line."""
-    keys, reasons, given, class_path = [], [], "", ""
-    for line in message.splitlines():
-        line = line.strip().removeprefix("- ")
-        if match := re.match(r'Parser key "(.+?)":\s*(.*)$', line):
-            keys.append(match[1])
-            line = match[2]
-        if not line:
-            continue
-        if match := re.match(r"Problem with given class_path '(.+)':$", line):
-            class_path = match[1]
-        elif line.startswith("Given value:"):
-            given = line.removeprefix("Given value:").strip()
-        elif not line.startswith(_NOISE):
-            reasons.append(re.sub(r"<class '([\w.]+)'>", r"\1", line))
-    if not keys:  # not about a key: "unrecognized arguments: ...", a missing config file, ...
-        return f"{' '.join(reasons)} (see `{command} --help`)"
-    key = "--" + ".".join(keys)
-    match = re.match(r"NestedArg\(key='((.+)\.(\w+))', val=None\)$", given)
-    if match and re.search(rf'Parser key "{match[1]}":\s*\n.*\n\s*Subtypes: .*NoneType', message):
-        # jsonargparse 4.53 reads `null` for a key nested in a class's group only from a mapping
-        flag, field = f"--{keys[0]}.init_args.{match[2]}", match[3]
-        return (
-            f"{key}: null is not read for a nested key on the command line; write "
-            f"{flag}='{{{field}: null}}' (the group's other settings are kept) or set it in the "
-            "config file"
-        )
-    if match:
-        given = "null"
-    if len(reasons) == 1 and (match := re.match(r"Option '(\w+)' is not accepted", reasons[0])):
-        option = match[1]
-        cls = pydoc.locate(class_path)
-        names = list(inspect.signature(cls).parameters) if callable(cls) else []
-        close = difflib.get_close_matches(option, names, n=1)
-        hint = (
-            f"did you mean {key}.{close[0]}?"
-            if close
-            else f"see `{command} {key}.help {class_path}`"
-        )
-        return f"{key}.{option} is not an option of {class_path}; {hint}"
-    if given and not any("Got value" in r for r in reasons):
-        reasons.append(f"got {given!r}")
-    return f"{key}: {'; '.join(reasons)}"
-
-
-# Warnings no gnnscale user can act on, each silenced alone (the README explains the first):
-# PyG's advice to install pyg-lib, which is not on PyPI (torch-sparse samples instead); a
-# deprecation inside Lightning's own pytree helper; Lightning's note that its model summary
-# counts no FLOPs under bf16-mixed; its note, with a prediction writer, that a loader's batches
-# carry no dataset indices (gnnscale's predictions carry their own ids).
-_UNACTIONABLE = (
-    "Using 'NeighborSampler' without a 'pyg-lib' installation is deprecated",
-    "`isinstance(treespec, LeafSpec)` is deprecated",
-    "Precision bf16-mixed is not supported by the model summary",
-    "Couldn't infer the batch indices fetched from your dataloader",
-)
-
-
-class _NoAdvert(logging.Filter):
-    """Drops Lightning's advertisement for its cloud logger, printed by every run."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "litlogger" not in record.getMessage()
-
-
-def _quiet() -> None:
-    """Silence :data:`_UNACTIONABLE` and Lightning's advertisement; every other warning stays."""
-    for message in _UNACTIONABLE:
-        warnings.filterwarnings("ignore", message=re.escape(message))
-    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # rank_zero_info's
-    if not any(isinstance(f, _NoAdvert) for f in logger.filters):
-        logger.addFilter(_NoAdvert())
-
-
 def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     """Build the CLI and run its subcommand: every entry point (command, recipe script) does.
 
@@ -603,8 +345,8 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: stop if its agent is killed
         launched_by(os.getppid())
     checks.check_config_keys(sys.argv[1:] if args is None else args)
-    _steady_cpu_memory()
-    _quiet()
+    runtime.steady_cpu_memory()
+    runtime.quiet()
     return GnnscaleCLI(
         # Any model and DataModule: node, link and graph-level ones, or a user's own. The class
         # (``--data=...`` or the config's ``class_path``) comes before its ``init_args``.
@@ -713,7 +455,7 @@ def _function_main(function: Callable[..., Path], command: str, args: list[str] 
             prog=command,
         )
     except ArgumentError as err:
-        raise ConfigError(_parse_error(str(err), command)) from err
+        raise ConfigError(argerrors.one_line(str(err), command)) from err
 
 
 def prepare_main(args: list[str] | None = None) -> Path:

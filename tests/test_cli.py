@@ -17,6 +17,7 @@ from registry import recipe
 
 import gnnscale.cli
 import gnnscale.data.node
+import gnnscale.runtime
 from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
 from gnnscale.errors import ConfigError, GnnscaleError, TrainingDiverged
@@ -267,7 +268,7 @@ def test_true_precisions_train(tmp_path, precision):
 def test_cpu_bf16_autocast_falls_back_to_fp32_without_bf16_kernels(
     tmp_path, monkeypatch, native, keep, asked, runs
 ):
-    monkeypatch.setattr(gnnscale.cli, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(gnnscale.runtime, "cpu_bf16_native", lambda: native)
     if keep is None:
         monkeypatch.delenv("GNNSCALE_CPU_BF16", raising=False)
     else:
@@ -325,9 +326,9 @@ def test_a_forking_strategy_leaves_cuda_uninitialised(monkeypatch, strategy, ask
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: asked.append(1) or False)
     if asks:
         with pytest.raises(ConfigError, match="this GPU has no bf16"):
-            gnnscale.cli._check_precision("bf16-mixed", "gpu", strategy)
+            gnnscale.runtime.check_precision("bf16-mixed", "gpu", strategy)
     else:
-        gnnscale.cli._check_precision("bf16-mixed", "gpu", strategy)
+        gnnscale.runtime.check_precision("bf16-mixed", "gpu", strategy)
     assert len(asked) == asks
 
 
@@ -339,7 +340,7 @@ def test_a_forking_strategy_leaves_cuda_uninitialised(monkeypatch, strategy, ask
     ],
 )
 def test_a_malformed_environment_variable_is_one_line(tmp_path, monkeypatch, name, value, message):
-    monkeypatch.setattr(gnnscale.cli, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(gnnscale.runtime, "cpu_bf16_native", lambda: False)
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=message):
         _fit_planetoid(tmp_path, "--trainer.precision=bf16-mixed")
@@ -351,7 +352,7 @@ def test_a_recipe_fit_prints_no_warning_a_user_cannot_act_on_and_one_test_table(
     tmp_path, capsys, caplog
 ):
     # The messages gnnscale silences, each alone: any other warning still reaches the user.
-    from gnnscale.cli import _UNACTIONABLE
+    from gnnscale.runtime import UNACTIONABLE
 
     config = ["--config", str(recipe("neighbor_sage").config)]
     args = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--data.batch_size=256"]
@@ -361,7 +362,7 @@ def test_a_recipe_fit_prints_no_warning_a_user_cannot_act_on_and_one_test_table(
         warnings.warn("a warning gnnscale does not know", UserWarning, stacklevel=1)
     messages = [str(w.message) for w in caught]
     assert "a warning gnnscale does not know" in messages  # not silenced wholesale
-    for silenced in _UNACTIONABLE:
+    for silenced in UNACTIONABLE:
         assert not [m for m in messages if silenced in m], silenced
     # `.test(ckpt_path="best")` with the recipe's two ModelCheckpoints: Lightning's warning.
     assert not [m for m in messages if "multiple `ModelCheckpoint`" in m]
@@ -374,7 +375,7 @@ NEIGHBOUR_BATCHES = ["--data=gnnscale.NeighborDataModule", "--data.batch_size=25
 
 
 class AllocatorStages(L.Callback):
-    """Counts ``gnnscale.cli.keep_freed_memory``'s calls (``CALLS``) at the end of each stage."""
+    """Counts ``runtime.keep_freed_memory``'s calls (``CALLS``) at the end of each stage."""
 
     CALLS: list[bool] = []
     stages: list[tuple[str, int]] = []
@@ -403,8 +404,8 @@ def test_freed_memory_is_kept_where_steps_repeat_and_nothing_trains_after(
     calls, stages = [], []
     monkeypatch.setattr(AllocatorStages, "CALLS", calls)
     monkeypatch.setattr(AllocatorStages, "stages", stages)
-    monkeypatch.setattr(gnnscale.cli, "keep_freed_memory", lambda: calls.append(True))
-    monkeypatch.setattr(gnnscale.cli, "trim_heap", lambda: None)
+    monkeypatch.setattr(gnnscale.runtime, "keep_freed_memory", lambda: calls.append(True))
+    monkeypatch.setattr(gnnscale.runtime, "trim_heap", lambda: None)
     if env is not None:  # a fixed threshold the user chose: left alone
         monkeypatch.setenv("GNNSCALE_MMAP_THRESHOLD", env)
     callback = f"--trainer.callbacks+={__name__}.AllocatorStages"

@@ -84,11 +84,11 @@ def test_trim_heap_returns_the_freed_heap_pages():
 PRIMITIVES = """
 import os, sys
 import torch
-from gnnscale.cli import _steady_cpu_memory
+from gnnscale.runtime import steady_cpu_memory
 from gnnscale.measure import rss_mb, trim_heap
 if sys.argv[1] == "large":
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = os.environ["LRU_CACHE_CAPACITY"] = "1024"
-_steady_cpu_memory()
+steady_cpu_memory()
 w, x = torch.randn(100, 256).bfloat16(), torch.randn(11000, 100).bfloat16()
 before = rss_mb()
 for i in range(300):

@@ -1,0 +1,234 @@
+"""Process policy: the allocator, oneDNN's caches, precision, warnings no user can act on.
+
+Set once per process.
+
+``gnnscale.cli`` applies it at start (:func:`steady_cpu_memory`, :func:`quiet`) and as it builds
+a Trainer (:func:`check_precision`, :func:`cpu_precision`, :class:`SameStepMemory`); it lives
+here so that the command line holds only the command line.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import warnings
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+
+from gnnscale.batch import LayerwiseBatch
+from gnnscale.errors import ConfigError
+from gnnscale.measure import cpu_bf16_native, keep_freed_memory, set_mmap_threshold, trim_heap
+
+__all__ = [
+    "DEFAULT_MMAP_THRESHOLD",
+    "UNACTIONABLE",
+    "SameStepMemory",
+    "check_precision",
+    "cpu_precision",
+    "forks_ranks",
+    "keep_freed_memory_now",
+    "mmap_setting",
+    "on_gpu",
+    "quiet",
+    "steady_cpu_memory",
+]
+
+
+# glibc's mmap threshold as gnnscale sets it at start (GNNSCALE_MMAP_THRESHOLD): "0", glibc's
+# dynamic threshold (speed; a full-graph run keeps freed memory, see SameStepMemory); "off",
+# every run keeps freed memory; a number of bytes, a fixed threshold (lean).
+# benchmarks/allocator.py measures each setting; its README table marks this one.
+DEFAULT_MMAP_THRESHOLD = "0"
+
+
+def mmap_setting() -> str:
+    """``GNNSCALE_MMAP_THRESHOLD`` checked; ``""`` where the user set glibc's own variables."""
+    value = os.environ.get("GNNSCALE_MMAP_THRESHOLD", DEFAULT_MMAP_THRESHOLD).strip()
+    if not (value.isdigit() or value == "off"):
+        raise ConfigError(
+            "GNNSCALE_MMAP_THRESHOLD must be 0 for glibc's own threshold (the default), off to "
+            f"keep freed memory in the heap, or a whole number of bytes (got {value!r}); set it "
+            "so or unset it"
+        )
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    return "" if "MALLOC_MMAP_THRESHOLD_" in os.environ or "glibc.malloc" in tunables else value
+
+
+def steady_cpu_memory() -> None:
+    """Allocator settings for steady CPU memory, on Linux.
+
+    - glibc's mmap threshold: by default glibc's own, which rises each time a large block is
+      freed, so later tensors of a few MB come from the heap, fast to reuse but fragmenting it;
+      tensors above 32 MiB always get a mapping of their own, unmapped when freed.
+      ``GNNSCALE_MMAP_THRESHOLD=<bytes>`` fixes it (as ``MALLOC_MMAP_THRESHOLD_`` would): every
+      tensor above it gets its own mapping, returned when freed. Measured (``figures.py
+      allocator``) once the training step became target-only: 128 KiB cut the peaks by about
+      15% (neighbor_sage 1,224 MiB instead of 1,441, Cluster-GCN 1,442 instead of 1,689) but
+      doubled Cluster-GCN's s/epoch (2.73 instead of 1.37; 16 MiB and a 1 GiB trim threshold did
+      not help); so speed is the default and the lean setting is opt-in. ``gnnscale plan`` is
+      within 25% of both. ``off`` keeps every freed block in the heap
+      (:func:`keep_freed_memory`), which full-graph runs get anyway (:class:`SameStepMemory`).
+    - bf16 matrix products on CPUs keep a compiled primitive per shape in two caches of 1024,
+      oneDNN's (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``) and PyTorch's ideep's
+      (``LRU_CACHE_CAPACITY``), and sampled batches bring new shapes every step: bf16 runs grew
+      by 75 MB per epoch of 20 batches; fp32 stayed flat. 8 in oneDNN's left 33 MB per epoch;
+      8 in both, a few MB: 300 products of new shapes grew the process by 171 MiB with neither
+      set, 86-96 with one, 9 with both; hetero_node_classification stayed flat over 4 epochs
+      where it grew 35 MB per epoch. GraphSAINT and Cluster-GCN epochs took as long with both
+      at 8, 64 or 1024 (within noise; peaks 350-400 MiB lower at 8); a neighbour step with rows
+      as sampled pays a primitive build per batch, which ``GraphSAGE(bucket_rows=1024)`` avoids.
+      Both are read at the first bf16 product, so this runs before any.
+
+    Settings the user made in the environment win (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,
+    ``LRU_CACHE_CAPACITY``, ``MALLOC_MMAP_THRESHOLD_``, any ``glibc.malloc`` tunable).
+    """
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "8")
+    os.environ.setdefault("LRU_CACHE_CAPACITY", "8")
+    value = mmap_setting()
+    if value == "off":
+        keep_freed_memory()
+    elif value not in ("", "0"):
+        set_mmap_threshold(int(value))
+
+
+class SameStepMemory(L.Callback):
+    """Keep freed memory in the heap where every step allocates the same large tensors.
+
+    Under glibc's own threshold those above 32 MiB are mapped and unmapped each step, faulted
+    in afresh page by page. Only under the default ``GNNSCALE_MMAP_THRESHOLD``; the heap's
+    free pages go back first. glibc cannot go back to its dynamic threshold afterwards.
+
+    - A run with one training batch an epoch (a full graph), from the start of training.
+      Measured at session 22 on the full-graph GATv2 recipe: 0.23-0.29 s/epoch with 42% of its
+      CPU time in the kernel; with freed memory kept, 0.08 s and 7%, its peak about 10% higher.
+      Runs of sampled batches keep glibc's threshold: their tensors vary in size, and a heap
+      that never gives back grew the neighbour recipe's peak by up to 38%.
+    - Exact layer-wise evaluation once nothing trains after it (test, predict, ``gnnscale
+      validate``): its one-hop batches are alike. On on_disk_graph's 2M-node test, 978 batches
+      of 4,096 seeds: 9.4M page faults, 22 s of system time and 39 s, against 0.4M, 0.8 s and
+      24 s with freed memory kept, the same peak (2,484 / 2,479 MiB). Layer-wise validation
+      during ``fit`` keeps glibc's threshold for the training that follows.
+    """
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Switch the allocator over if an epoch is one batch."""
+        if trainer.num_training_batches == 1:
+            keep_freed_memory_now()
+
+    def on_test_batch_start(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        """Switch the allocator over for a layer-wise pass that no training follows."""
+        if isinstance(batch, LayerwiseBatch) and trainer.state.fn != "fit":
+            keep_freed_memory_now()
+
+    on_validation_batch_start = on_predict_batch_start = on_test_batch_start
+
+
+def keep_freed_memory_now() -> None:
+    """Free pages back to the system, then keep freed memory (under the default setting)."""
+    if mmap_setting() == DEFAULT_MMAP_THRESHOLD:
+        trim_heap()
+        keep_freed_memory()
+
+
+def on_gpu(accelerator: str) -> bool:
+    """Whether ``--trainer.accelerator`` runs on a CUDA GPU."""
+    return accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+
+
+def forks_ranks(strategy: Any) -> bool:
+    """Whether the strategy forks its ranks from this process, which needs CUDA uninitialised.
+
+    ``ddp_fork``, ``ddp_notebook`` or ``DDPStrategy(start_method="fork")``.
+    """
+    if isinstance(strategy, str):
+        return "fork" in strategy or "notebook" in strategy
+    init_args = getattr(strategy, "init_args", None)
+    return init_args is not None and init_args.get("start_method") == "fork"
+
+
+def check_precision(precision: str, accelerator: str, strategy: Any = None) -> None:
+    """Lightning would quietly swap fp16 for bf16 on CPU; say so instead.
+
+    Asking whether a GPU has bf16 initialises CUDA, after which a forked rank cannot use it:
+    under a forking strategy the ranks find out themselves (torch's own error).
+    """
+    gpu = on_gpu(accelerator)
+    if precision in ("16", "16-mixed") and not gpu:
+        raise ConfigError(
+            f"--trainer.precision={precision} needs a CUDA GPU (fp16 autocast with loss scaling); "
+            "on CPU use --trainer.precision=bf16-mixed or 32"
+        )
+    if (
+        precision.startswith("bf16")
+        and gpu
+        and not forks_ranks(strategy)
+        and not torch.cuda.is_bf16_supported()
+    ):
+        raise ConfigError(
+            f"--trainer.precision={precision}: this GPU has no bf16; use "
+            "--trainer.precision=16-mixed"
+        )
+
+
+def cpu_precision(precision: str, accelerator: str) -> str:
+    """``32-true`` for ``bf16-mixed`` on a CPU without oneDNN's bf16 kernels, else ``precision``.
+
+    The recipes train in bf16 autocast for its halved activations and, on CPUs with bf16
+    kernels (AVX-512, AMX) and GPUs, its speed. On a CPU without them every bf16 product runs
+    on a reference kernel: a neighbour step took 245 ms against 37 in fp32 (6.6x), so speed
+    wins by default and ``GNNSCALE_CPU_BF16=1`` keeps bf16 for its memory. ``bf16-true`` (the
+    parameters themselves in bf16) is left as asked.
+    """
+    if precision not in ("bf16", "bf16-mixed") or on_gpu(accelerator) or cpu_bf16_native():
+        return precision
+    keep = os.environ.get("GNNSCALE_CPU_BF16", "0").strip()
+    if keep not in ("", "0", "1"):
+        raise ConfigError(f"GNNSCALE_CPU_BF16 must be 1 or 0 (got {keep!r}); set it so or unset it")
+    if keep == "1":
+        return precision
+    rank_zero_warn(
+        f"gnnscale: --trainer.precision={precision} on a CPU without bf16 matrix kernels (no "
+        "AVX-512 or AMX) runs 6x slower than fp32; training in 32-true instead. "
+        "GNNSCALE_CPU_BF16=1 keeps bf16-mixed (about half the activation memory)."
+    )
+    return "32-true"
+
+
+# Warnings no gnnscale user can act on, each silenced alone (the README explains the first):
+# PyG's advice to install pyg-lib, which is not on PyPI (torch-sparse samples instead); a
+# deprecation inside Lightning's own pytree helper; Lightning's note that its model summary
+# counts no FLOPs under bf16-mixed; its note, with a prediction writer, that a loader's batches
+# carry no dataset indices (gnnscale's predictions carry their own ids).
+UNACTIONABLE = (
+    "Using 'NeighborSampler' without a 'pyg-lib' installation is deprecated",
+    "`isinstance(treespec, LeafSpec)` is deprecated",
+    "Precision bf16-mixed is not supported by the model summary",
+    "Couldn't infer the batch indices fetched from your dataloader",
+)
+
+
+class _NoAdvert(logging.Filter):
+    """Drops Lightning's advertisement for its cloud logger, printed by every run."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "litlogger" not in record.getMessage()
+
+
+def quiet() -> None:
+    """Silence :data:`UNACTIONABLE` and Lightning's advertisement; every other warning stays."""
+    for message in UNACTIONABLE:
+        warnings.filterwarnings("ignore", message=re.escape(message))
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # rank_zero_info's
+    if not any(isinstance(f, _NoAdvert) for f in logger.filters):
+        logger.addFilter(_NoAdvert())
