@@ -2,7 +2,8 @@
 
 :class:`GraphGINE` is to ``gnnscale.GraphDataModule`` what ``GraphSAGE`` is to the node
 DataModules: ``--model gnnscale.GraphGINE --data gnnscale.GraphDataModule`` in the same
-``gnnscale fit``, with ``in_channels``, ``num_classes`` and ``edge_dim`` linked from the data.
+``gnnscale fit``, with ``in_channels`` and ``num_classes`` linked from the data; ``edge_dim``
+is given (the DataModule refuses one its graphs do not have).
 
 The batch contract is the node models': a per-graph ``loss_weight`` (``1 / batch_size``, 0 for
 DDP padding) multiplies each graph's loss and the weighted sum is the step's loss, so gradient
