@@ -469,7 +469,7 @@ class PreparedSource:
         fs = self.stores[0]
         if not fs.cache:
             return then
-        return functools.partial(_counted, store=fs, then=then)
+        return functools.partial(_then, first=fs.count_held, then=then)
 
     @property
     def num_edge_features(self) -> int:
@@ -481,7 +481,7 @@ class PreparedSource:
 
         PyG's loaders read no edge tensors from a feature store (``add_edge_attr``).
         """
-        return functools.partial(_with_edges, store=self.stores[0], then=then)
+        return functools.partial(_then, first=self.stores[0].add_edge_attr, then=then)
 
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
@@ -523,15 +523,9 @@ class PreparedSource:
             rank_zero_info(f"gnnscale: {held}")
 
 
-def _with_edges(batch: Any, store: MappedFeatureStore, then: Callable | None) -> Any:
-    """``batch`` with its edges' features gathered by ``e_id`` (``add_edge_attr``)."""
-    batch = store.add_edge_attr(batch)
-    return batch if then is None else then(batch)
-
-
-def _counted(batch: Any, store: MappedFeatureStore, then: Callable | None) -> Any:
-    """``batch`` with the rows the feature cache held (``cached_rows``) of ``feature_rows``."""
-    batch = store.count_held(batch)
+def _then(batch: Any, first: Callable[[Any], Any], then: Callable | None) -> Any:
+    """``first(batch)``, then ``then`` on it: the loaders' transforms, chained (picklable)."""
+    batch = first(batch)
     return batch if then is None else then(batch)
 
 

@@ -198,21 +198,20 @@ def write_split(
 
     def check(split: PreparedGraph) -> None:  # what the sampler reads and trusts
         for stage in STAGES:
-            index = split.tensor(f"{stage}/label_index")
-            ids = {f"{stage}/label_index": [(index[0], n_src), (index[1], n_dst)]}
-            ids[f"{stage}/{key}/row"] = [(split.tensor(f"{stage}/{key}/row"), n_src)]
+            pairs = f"{stage}/label_index"
+            ids = [(pairs, split.tensor(pairs)[0], n_src), (pairs, split.tensor(pairs)[1], n_dst)]
+            ids.append((f"{stage}/{key}/row", split.tensor(f"{stage}/{key}/row"), n_src))
             if reverse is not None:
-                rkey = f"{stage}/{_key(reverse)}/row"
-                ids[rkey] = [(split.tensor(rkey), n_dst)]
-            for name, parts in ids.items():
-                for tensor, count in parts:
-                    for a in range(0, tensor.numel(), chunk_edges):
-                        low, high = (int(v) for v in torch.aminmax(tensor[a : a + chunk_edges]))
-                        if low < 0 or high >= count:
-                            raise PreparedGraphError(
-                                f"{split.path(name)} holds node {low if low < 0 else high:,}, "
-                                f"outside 0..{count - 1:,}"
-                            )
+                back = f"{stage}/{_key(reverse)}/row"
+                ids.append((back, split.tensor(back), n_dst))
+            for name, tensor, count in ids:
+                for a in range(0, tensor.numel(), chunk_edges):
+                    low, high = (int(v) for v in torch.aminmax(tensor[a : a + chunk_edges]))
+                    if low < 0 or high >= count:
+                        raise PreparedGraphError(
+                            f"{split.path(name)} holds node {low if low < 0 else high:,}, "
+                            f"outside 0..{count - 1:,}"
+                        )
 
     size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges
     return prepare(out, source, fill, size, derived=True, verify=verify, check=check)
