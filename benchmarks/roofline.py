@@ -46,7 +46,8 @@ from blocks import Block
 from registry import REPO, recipe
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from gnnscale.batch import BatchRequest, HopLayout
+from gnnscale.batch import HopLayout
+from gnnscale.handshake import BatchRequest
 
 SAMPLERS = {"neighbor_sage": "neighbour", "cluster_gcn": "Cluster-GCN", "graphsaint": "GraphSAINT"}
 GEMMS = {"mm", "addmm", "bmm"}

@@ -54,6 +54,7 @@ def bench_one(dm: NeighborDataModule, variant: str, args: argparse.Namespace) ->
     model = EmbeddingSAGE(
         in_channels=1,
         num_classes=dm.num_classes,
+        num_nodes=dm.num_nodes,
         embedding_dim=args.dim,
         sparse=sparse,
         embedding_device="cpu" if variant == "sparse, table on CPU" else "model",

@@ -9,16 +9,16 @@ worker sets (``gnnscale.data.layout``) and the model's ``forward`` reads:
 - :class:`SubgraphLayout`: a Cluster-GCN or GraphSAINT subgraph, its edges sorted by target;
 - none: the whole graph (a full batch).
 
-What the workers add is decided once, from the :class:`BatchRequest` that the model returns
-(``batch_request()``) and that its DataModule receives (``configure(request)``); the DataModule
-never reads the model's attributes. Evaluation batches that are not sampled subgraphs are
+What the workers add is decided once, from the ``BatchRequest`` that the model returns and its
+DataModule receives (``gnnscale.handshake``); the DataModule never reads the model's attributes.
+Evaluation batches that are not sampled subgraphs are
 :class:`LayerwiseBatch` (exact layer-wise inference) and :class:`LinkEval` (link ranking).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -27,13 +27,10 @@ from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
 
 __all__ = [
-    "BatchRequest",
-    "ConfiguresBatches",
     "HopLayout",
     "LayerwiseBatch",
     "Layout",
     "LinkEval",
-    "RequestsBatches",
     "SubgraphLayout",
     "layout_of",
 ]
@@ -75,53 +72,6 @@ Layout = HopLayout | SubgraphLayout
 def layout_of(batch: Data) -> Layout | None:
     """The layout a loader's worker gave ``batch``; ``None``: the whole graph, as PyG's."""
     return batch.get("layout")
-
-
-@dataclass(frozen=True)
-class BatchRequest:
-    """What a model asks its DataModule's loaders to add to batches (``configure``).
-
-    Args:
-        num_layers: The model's depth (0: any), checked against the fan-outs.
-        first_layer_aggr: Reduction the workers may apply to the raw features for the first
-            layer of neighbour batches (``HopLayout.x_aggr``); none: the model aggregates.
-        edge_dim: Edge feature dimension the model reads (``edge_attr``; none: it reads none).
-        graph_level: The model classifies whole graphs (``GraphGINE``), not nodes.
-        layerwise_channels: Values per node that exact layer-wise inference holds at once (a
-            layer's input and output); 0: unknown, not checked against the memory.
-        reads_x: Whether the model reads the nodes' features; one that does not (EmbeddingSAGE
-            reads node ids and its own table) cannot be evaluated on the whole graph at once.
-    """
-
-    num_layers: int = 0
-    first_layer_aggr: str | None = None
-    edge_dim: int | None = None
-    layerwise_channels: int = 0
-    reads_x: bool = True
-    graph_level: bool = False
-
-    @staticmethod
-    def of(model: Any) -> BatchRequest:
-        """``model``'s request (``batch_request()``); the default for any other model."""
-        return model.batch_request() if isinstance(model, RequestsBatches) else BatchRequest()
-
-
-@runtime_checkable
-class RequestsBatches(Protocol):
-    """A model that says what its batches must carry (gnnscale's models all do)."""
-
-    def batch_request(self) -> BatchRequest:
-        """What this model needs its DataModule's loaders to add to batches."""
-        ...
-
-
-@runtime_checkable
-class ConfiguresBatches(Protocol):
-    """A DataModule that takes a model's :class:`BatchRequest` (gnnscale's all do)."""
-
-    def configure_batches(self, request: BatchRequest) -> None:
-        """Check ``request`` against the loaders' settings and lay batches out as it asks."""
-        ...
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import os
 import shutil
 import sys
@@ -34,7 +35,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.multiprocessing import ProcessExitedException
 
 from gnnscale import argerrors, checks, runs, runtime
-from gnnscale.batch import BatchRequest, ConfiguresBatches
 from gnnscale.callbacks import PredictionWriter
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
@@ -43,6 +43,7 @@ from gnnscale.data.node import NeighborDataModule
 from gnnscale.data.sources import DATASETS, check_size
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
+from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded, launched_by
@@ -124,7 +125,7 @@ class Trainer(L.Trainer):
 
 
 class GnnscaleCLI(LightningCLI):
-    """LightningCLI that links ``num_features``/``num_classes`` and tests after ``fit``."""
+    """LightningCLI that links what the data tells the model, and tests after ``fit``."""
 
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
@@ -132,12 +133,22 @@ class GnnscaleCLI(LightningCLI):
         return {**LightningCLI.subcommands(), "plan": {"model", "datamodule"}}
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Never type the feature or class count twice: they come from the data."""
+        """Never type what the data knows: feature, class and node counts, the graph's types.
+
+        A link applies where the DataModule has the attribute and the model the argument
+        (``graph_spec``: ``gnnscale.handshake``).
+        """
+        for source, target in (
+            ("num_features", "in_channels"),
+            ("num_classes", "num_classes"),
+            ("num_nodes", "num_nodes"),
+        ):
+            parser.link_arguments(
+                f"data.{source}", f"model.init_args.{target}", apply_on="instantiate"
+            )
+        # As a dictionary: jsonargparse builds the model's dataclass argument from one.
         parser.link_arguments(
-            "data.num_features", "model.init_args.in_channels", apply_on="instantiate"
-        )
-        parser.link_arguments(
-            "data.num_classes", "model.init_args.num_classes", apply_on="instantiate"
+            "data.graph_spec", "model.init_args.graph", GraphSpec.as_dict, apply_on="instantiate"
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -199,6 +210,12 @@ class GnnscaleCLI(LightningCLI):
             if not reasons:
                 raise
             raise ConfigError(reasons[0]) from err
+        # jsonargparse counts a link as applied even where the model has no such argument
+        # (``num_nodes`` for GraphSAGE), and Lightning saves it with the model's
+        # hyperparameters: a checkpoint the CLI could not build the model from again.
+        accepted = inspect.signature(type(self.model).__init__).parameters
+        for key in [k for k in self.model.hparams if k[0] != "_" and k not in accepted]:
+            del self.model.hparams[key]
         if isinstance(self.datamodule, ConfiguresBatches):  # gnnscale's DataModules
             self.datamodule.configure_batches(BatchRequest.of(self.model))
 

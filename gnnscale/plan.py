@@ -39,6 +39,7 @@ import lightning as L
 import torch
 
 from gnnscale.batch import HopLayout, LayerwiseBatch, LinkEval
+from gnnscale.handshake import EvaluatesLayerwise
 from gnnscale.measure import PeakRSS, SavedTensors, rss_mb
 from gnnscale.memory import MemoryProfile, MiB, Plannable, tensor_mb
 from gnnscale.models import fast
@@ -274,7 +275,7 @@ def _checkpoint_mb(trainer: L.Trainer, model: L.LightningModule) -> float:
     return max(peak.peak_mb - before, 0.0)  # sampled peaks can read a hair under the start
 
 
-def _layerwise_mb(batch: LayerwiseBatch, model: Any, precision: str) -> float:
+def _layerwise_mb(batch: LayerwiseBatch, model: EvaluatesLayerwise, precision: str) -> float:
     """Whole-graph buffers of layer-wise inference, plus its largest one-hop batch.
 
     Per layer, ``gnnscale.models.inference.layerwise_inference`` keeps the layer's input for all
@@ -300,7 +301,7 @@ def _layerwise_mb(batch: LayerwiseBatch, model: Any, precision: str) -> float:
         for i, d_in in enumerate(widths[:-1]):
             x = rows.float() if i == 0 else torch.randn(biggest.num_nodes, d_in, dtype=dtype)
             edges = biggest.edge_index
-            if getattr(model, "sparse_aggregation", False):  # as layerwise_inference
+            if model.sparse_aggregation:  # as layerwise_inference
                 edges = fast.seeds_adjacency(x, edges, biggest.batch_size)
             seeds_layer(gnn, i, x, edges, biggest.batch_size)
             del x
@@ -386,9 +387,9 @@ def plan(
     step_mb = max(0.0, probe.peak_mb - resident_mb) * scale
     growth_mb = min(per_batch * run_epochs * per_epoch, step_mb)
     checkpoint_mb = _checkpoint_mb(trainer, model) if checkpoint else 0.0
-    if profile.layerwise is not None:
-        # As the model reads it (a NodeClassifier; EmbeddingSAGE's first input is its table).
-        batch = cast(Any, model).layerwise_input(profile.layerwise)
+    if profile.layerwise is not None and isinstance(model, EvaluatesLayerwise):
+        # As the model reads it (EmbeddingSAGE's first input is its table).
+        batch = model.layerwise_input(profile.layerwise)
         eval_mb = _layerwise_mb(batch, model, trainer_kwargs["precision"])
     else:
         eval_mb = _validate_mb(datamodule, model, trainer_kwargs, num_batches, world_size)

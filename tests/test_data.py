@@ -23,9 +23,9 @@ from gnnscale import (
     load_dataset,
     make_synthetic_graph,
 )
-from gnnscale.batch import BatchRequest
 from gnnscale.data.loaders import RankShare
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 

@@ -1,5 +1,6 @@
 """Node classification on a heterogeneous graph: HeteroNeighborDataModule and HeteroSAGE."""
 
+import dataclasses
 import functools
 import json
 import subprocess
@@ -11,11 +12,11 @@ import torch
 from registry import recipe
 
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, SyntheticRecommender
-from gnnscale.batch import BatchRequest
 from gnnscale.cli import main
 from gnnscale.data.args import EvalArgs, NodeSplit
 from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest
 from gnnscale.measure import read_metrics
 from gnnscale.testing import centroid_accuracy, requires_sampler
 
@@ -39,16 +40,8 @@ def _dm(**kwargs):
 
 
 def _model(dm, **kwargs):
-    """A HeteroSAGE built for ``dm``'s graph (as ``setup`` would build it)."""
-    node_types, edge_types = dm.metadata
-    graph = {
-        "node_types": node_types,
-        "edge_types": [list(e) for e in edge_types],
-        "num_features": dm.feature_dims,
-        "num_nodes": dm.num_nodes,
-        "target": dm.target_type,
-    }
-    return HeteroSAGE(dm.num_classes, graph=graph, **kwargs)
+    """A HeteroSAGE built for ``dm``'s graph (what the CLI links)."""
+    return HeteroSAGE(dm.num_classes, dm.graph_spec, **kwargs)
 
 
 def _in_degree(dm, edge_type):
@@ -112,6 +105,22 @@ def test_refusals_name_the_type():
         _dm(split=NodeSplit(0.7, 0.3))
     with pytest.raises(ConfigError, match="val_mask of --data.target_type 'item' is empty"):
         _ = _dm(split=NodeSplit(0.3, 0.0005)).data
+
+
+def test_the_model_is_built_for_the_graph_spec_and_reads_an_older_checkpoints():
+    dm = _dm()
+    spec = dm.graph_spec
+    assert spec.target == "item" and spec.k == 0
+    assert spec.num_features == {"user": 0, "item": dm.data["item"].x.size(1), "category": 0}
+    assert spec.num_nodes == {"user": 2000, "item": 1000, "category": 40}
+    model = HeteroSAGE(dm.num_classes, spec, hidden_channels=8)
+    assert set(model.tables) == {"user", "category"} and set(model.inputs) == {"item"}
+    assert model.tables["user"].num_embeddings == 2000
+    # Saved before the spec had a ranking cut-off: a plain dictionary without ``k``.
+    saved = {k: v for k, v in model.hparams["graph"].items() if k != "k"}
+    assert HeteroSAGE(dm.num_classes, saved, hidden_channels=8).hparams["graph"] == spec.as_dict()
+    with pytest.raises(ConfigError, match="classifies one node type"):
+        HeteroSAGE(dm.num_classes, dataclasses.replace(spec, target=RATES))
 
 
 @requires_sampler
@@ -183,7 +192,9 @@ def test_learns_from_the_graph_beyond_the_features():
     bar = centroid_accuracy(dm.data["item"])  # features alone, about the best they allow
     lr = {"optimizer": functools.partial(torch.optim.Adam, lr=0.01)}
     lr["embedding_optimizer"] = functools.partial(torch.optim.SparseAdam, lr=0.01)
-    acc = _fit_and_test(HeteroSAGE(dm.num_classes, hidden_channels=32, **lr), dm, epochs=5)
+    acc = _fit_and_test(
+        HeteroSAGE(dm.num_classes, dm.graph_spec, hidden_channels=32, **lr), dm, epochs=5
+    )
     assert bar < 0.5
     assert acc > bar + 0.3, f"GNN {acc:.3f}, features alone {bar:.3f}"
 
@@ -311,7 +322,8 @@ dm = HeteroNeighborDataModule(
 items = dm.data["item"]
 items.test_mask[items.test_mask.nonzero()[0]] = False  # 599: an odd count, unequal shares
 model = HeteroSAGE(
-    dm.num_classes, hidden_channels=16, optimizer=lambda p: torch.optim.Adam(p, lr=0.02)
+    dm.num_classes, dm.graph_spec, hidden_channels=16,
+    optimizer=lambda p: torch.optim.Adam(p, lr=0.02),
 )
 quiet = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
 ddp = DDPStrategy(start_method="fork", process_group_backend="gloo")

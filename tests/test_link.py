@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import re
 import subprocess
@@ -8,10 +9,11 @@ import pytest
 import torch
 
 from gnnscale import LinkDataModule, LinkPredictor, SyntheticRecommender, make_recommender_graph
-from gnnscale.batch import BatchRequest, LinkEval
+from gnnscale.batch import LinkEval
 from gnnscale.data.link import LinkEvalArgs
 from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.testing import TINY_ARGS, requires_sampler
 
 TINY = SyntheticRecommender(
@@ -81,6 +83,28 @@ def test_no_validation_or_test_edge_reaches_a_training_batch(neighbors):
     assert not test_edges & test_pos and val_pos <= test_edges
 
 
+@pytest.mark.parametrize("neighbors", ["uniform", "pinsage"])
+def test_the_graph_spec_names_the_relations_the_split_graphs_have(neighbors):
+    # Given to the model at instantiation, before the split: PinSAGE's relation included.
+    dm = _dm(neighbors=neighbors)
+    spec = dm.graph_spec
+    split = dm.links.splits[0]
+    assert spec.edge_types == tuple(split.metadata()[1])
+    assert spec.node_types == tuple(split.metadata()[0])
+    assert spec.num_nodes == {"user": 600, "item": 300, "category": 20}
+    assert spec.num_features == {
+        t: split[t].x.size(1) if "x" in split[t] else 0 for t in spec.num_nodes
+    }
+    assert spec.target == RATES and spec.k == dm.eval.k
+    # The checkpoint's copy: plain values, read back as the same spec.
+    saved = json.loads(json.dumps(spec.as_dict()))
+    assert GraphSpec(**saved) == spec
+    model = LinkPredictor(saved, hidden_channels=8)
+    assert set(model.tables) == {t for t, d in spec.num_features.items() if not d}
+    with pytest.raises(ConfigError, match="predicts an edge type's links"):
+        LinkPredictor(dataclasses.replace(spec, target="item"))
+
+
 @requires_sampler
 def test_per_edge_type_fanouts_are_respected():
     fanout = {
@@ -115,7 +139,8 @@ def test_unknown_or_missing_types_are_refused_by_name():
     with pytest.raises(ConfigError, match="user__buys__item is not an edge type"):
         _ = _dm(edge_type=["user", "buys", "item"]).target
     with pytest.raises(ConfigError, match="--model.num_layers is 3"):
-        _dm().configure_batches(BatchRequest.of(LinkPredictor(num_layers=3)))
+        dm = _dm()
+        dm.configure_batches(BatchRequest.of(LinkPredictor(dm.graph_spec, num_layers=3)))
     with pytest.raises(ConfigError, match="both 0"):
         _dm(num_negatives=0)
 
@@ -219,6 +244,7 @@ def test_the_model_ranks_well_above_popularity_with_either_neighbours():
         torch.manual_seed(0)
         dm = LinkDataModule(synthetic=cfg, batch_size=256, neighbors=neighbors)
         model = LinkPredictor(
+            dm.graph_spec,
             optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
             embedding_optimizer=lambda p: torch.optim.SparseAdam(p, lr=0.01),
         )
@@ -241,7 +267,7 @@ def test_a_homogeneous_dataset_is_one_node_and_one_edge_type(cora_root):
     held = _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1], 2708)
     held |= _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1].flip(0), 2708)
     assert not _keys(train[edge].edge_index, 2708) & held  # neither direction
-    model = LinkPredictor(optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
+    model = LinkPredictor(dm.graph_spec, optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
     result = _fit_and_test(model, dm, epochs=5)
     assert result["test/auc"] > 0.75, result
 
@@ -279,7 +305,7 @@ tiny = SyntheticRecommender(
 )
 L.seed_everything(0)
 dm = LinkDataModule(synthetic=tiny, batch_size=64, num_hard_negatives=1)
-model = LinkPredictor(hidden_channels=16)
+model = LinkPredictor(dm.graph_spec, hidden_channels=16)
 quiet = dict(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
 ddp = DDPStrategy(start_method="fork", process_group_backend="gloo")
 trainer = L.Trainer(
@@ -366,7 +392,7 @@ def test_predict_recommends_each_users_top_k_unknown_items(tmp_path):
 
     torch.manual_seed(0)
     dm = _dm(eval=LinkEvalArgs(k=10, candidates=50))  # predict ranks every item regardless
-    model = LinkPredictor(hidden_channels=16)
+    model = LinkPredictor(dm.graph_spec, hidden_channels=16)
     trainer = L.Trainer(
         max_epochs=1,
         logger=False,
@@ -402,7 +428,7 @@ def test_predict_gives_a_user_with_fewer_than_k_unknown_items_only_those(tmp_pat
 
     torch.manual_seed(0)
     dm = _dm(eval=LinkEvalArgs(k=TINY.num_items))
-    model = LinkPredictor(hidden_channels=16)
+    model = LinkPredictor(dm.graph_spec, hidden_channels=16)
     trainer = L.Trainer(
         logger=False,
         enable_progress_bar=False,

@@ -279,7 +279,7 @@ def test_the_mag_download_trains_its_papers_from_the_folder(tmp_path):
     mag_download(tmp_path)
     out = prepare_ogb("ogbn-mag", tmp_path, tmp_path / "store")
     dm = HeteroNeighborDataModule("prepared", out, batch_size=16, num_neighbors=[3, 3])
-    model = HeteroSAGE(dm.num_classes, hidden_channels=16)  # built from dm in setup
+    model = HeteroSAGE(dm.num_classes, dm.graph_spec, hidden_channels=16)
     trainer = L.Trainer(
         accelerator="cpu",
         max_epochs=1,

@@ -26,11 +26,11 @@ from gnnscale import (
     make_synthetic_graph,
     stores,
 )
-from gnnscale.batch import BatchRequest
 from gnnscale.cli import main
 from gnnscale.data.args import EvalArgs, LoaderArgs
 from gnnscale.data.subgraph import ClusterDataModule
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest
 from gnnscale.measure import anon_mb, read_metrics, trim_heap
 from gnnscale.stores import atomic, prepared, reads
 from gnnscale.stores.prepared import (

@@ -9,8 +9,8 @@ from torch_geometric.sampler import NeighborSampler
 
 import gnnscale.data.sampler as gsampler
 from gnnscale import LoaderArgs, NeighborDataModule, make_synthetic_graph
-from gnnscale.batch import BatchRequest
 from gnnscale.data.sampler import HopSampler, sample_hops
+from gnnscale.handshake import BatchRequest
 from gnnscale.testing import TINY, requires_sampler
 
 

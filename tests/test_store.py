@@ -35,11 +35,11 @@ from gnnscale import (
     make_synthetic_graph,
     stores,
 )
-from gnnscale.batch import BatchRequest
 from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.data.sampler import HopSampler
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest
 from gnnscale.stores import prepared, reads
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph, PreparedGraphError, write_graph
 from gnnscale.testing import TINY, centroid_accuracy, requires_sampler
@@ -750,7 +750,7 @@ def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp
     disk.batch_size = 128
     lr = {"optimizer": functools.partial(torch.optim.Adam, lr=0.01)}
     lr["embedding_optimizer"] = functools.partial(torch.optim.SparseAdam, lr=0.01)
-    model = HeteroSAGE(disk.num_classes, hidden_channels=32, **lr)
+    model = HeteroSAGE(disk.num_classes, disk.graph_spec, hidden_channels=32, **lr)
     trainer = L.Trainer(
         max_epochs=5,
         accelerator="cpu",
@@ -909,6 +909,7 @@ def test_links_trained_from_a_store_rank_well_above_popularity(tmp_path):
     torch.manual_seed(0)
     dm = LinkDataModule("prepared", out, edge_type=list(RATES), batch_size=256)
     model = LinkPredictor(
+        dm.graph_spec,
         optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
         embedding_optimizer=lambda p: torch.optim.SparseAdam(p, lr=0.01),
     )
@@ -1036,7 +1037,7 @@ class Record(L.Callback):
 
 L.seed_everything(0)
 dm = LinkDataModule("prepared", store, edge_type=list(RATES), batch_size=64, verify="size")
-model = LinkPredictor(hidden_channels=16)
+model = LinkPredictor(dm.graph_spec, hidden_channels=16)
 trainer = L.Trainer(
     accelerator="cpu", devices=2, strategy="ddp", max_epochs=2, logger=False,
     enable_progress_bar=False, enable_model_summary=False,

@@ -14,11 +14,11 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch_geometric.data import Batch, Data, InMemoryDataset
 
-from gnnscale.batch import BatchRequest
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.loaders import resumable
 from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest
 from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
 from gnnscale.stores.graphs import BACKENDS, Backend, GraphStore, write_graphs
 
@@ -281,6 +281,12 @@ class GraphDataModule(L.LightningDataModule):
         self.storage, self.loader = storage, loader
         self._graphs: Dataset | None = None
 
+    def __repr__(self) -> str:
+        # Lightning's own would build every loader (jsonargparse prints it for links it skips).
+        return f"{type(self).__name__}(root={str(self.root)!r})"
+
+    __str__ = __repr__
+
     @property
     def num_features(self) -> int:
         """Node feature dimension (``model.in_channels``)."""
@@ -300,7 +306,7 @@ class GraphDataModule(L.LightningDataModule):
         """Refuse a node-level model, or an ``edge_dim`` the store's edges do not have.
 
         Args:
-            request: What the model's batches must carry (``gnnscale.batch``): a graph-level
+            request: What the model's batches must carry (``gnnscale.handshake``): a graph-level
                 model (``graph_level``) and the edge features it reads (``edge_dim``).
         """
         edge_dim = request.edge_dim

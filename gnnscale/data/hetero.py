@@ -24,7 +24,6 @@ from torch_geometric.data import HeteroData
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
 
-from gnnscale.batch import BatchRequest
 from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
@@ -38,6 +37,7 @@ from gnnscale.data.sampler import log_backend_once
 from gnnscale.data.sources import GraphSource, check_cache, check_root, open_source
 from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.memory import MemoryProfile, proportional_batches
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
@@ -118,6 +118,13 @@ class HeteroGraphData(L.LightningDataModule):
         """Nodes per type."""
         return self._opened.num_nodes
 
+    def _spec(self, target: str | EdgeType, k: int = 0) -> GraphSpec:
+        """The graph a model is built for: this DataModule's types and sizes, and ``target``."""
+        node_types, edge_types = self.metadata
+        return GraphSpec(
+            tuple(node_types), tuple(edge_types), self.feature_dims, self.num_nodes, target, k
+        )
+
     def fanout(self, num_layers: int = 0) -> dict[EdgeType, list[int]]:
         """Fan-out per edge type (see :func:`per_edge_type_fanout`)."""
         return per_edge_type_fanout(self._num_neighbors, self.metadata[1], num_layers)
@@ -128,7 +135,7 @@ class HeteroGraphData(L.LightningDataModule):
         ``gnnscale``'s CLI calls this first; ``setup`` calls it otherwise.
 
         Args:
-            request: What the model's batches must carry (``gnnscale.batch``): its depth.
+            request: What the model's batches must carry (``gnnscale.handshake``): its depth.
         """
         num_layers = request.num_layers
         if isinstance(self._num_neighbors, list) and num_layers:
@@ -299,6 +306,12 @@ class HeteroNeighborDataModule(HeteroGraphData):
     def num_classes(self) -> int:
         """Classes of the target type (linked to ``model.num_classes``)."""
         return self.source.num_classes(self.target_type)
+
+    @property
+    def graph_spec(self) -> GraphSpec:
+        """The graph the model is built for (linked to ``model.graph``: ``gnnscale.handshake``)."""
+        _ = self.source  # the target type checked
+        return self._spec(self.target_type)
 
     def prepare_data(self) -> None:
         """Generate (and check) the graph."""

@@ -64,6 +64,7 @@ from gnnscale.data.sources import (
 )
 from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import GraphSpec
 from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
 from gnnscale.stores import link_split
 from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, fill_cache
@@ -331,8 +332,23 @@ class LinkDataModule(HeteroGraphData):
 
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
-        """Node and edge types of the graphs the model sees (PyG's ``metadata()``)."""
-        return self.links.metadata
+        """Node and edge types of the graphs the model sees (PyG's ``metadata()``).
+
+        The graph's, and with PinSAGE neighbours the destination type's ``similar`` relation.
+        """
+        node_types, edge_types = self._types
+        if self.neighbors == "pinsage":
+            dst = self.target[2]
+            edge_types = [*edge_types, (dst, "similar", dst)]
+        return node_types, edge_types
+
+    @property
+    def graph_spec(self) -> GraphSpec:
+        """The graph the model is built for (linked to ``model.graph``: ``gnnscale.handshake``).
+
+        Its target is the relation to predict, its ``k`` the ranking cut-off.
+        """
+        return self._spec(self.target, self.eval.k)
 
     # -- loaders ------------------------------------------------------------------------------
 
@@ -523,11 +539,6 @@ class _MemoryLinks:
                 graph[dst, "similar", dst].edge_index = similar
         return train, val, test
 
-    @property
-    def metadata(self) -> tuple[list[str], list[EdgeType]]:
-        """Node and edge types of the split graphs (PinSAGE's relation among them)."""
-        return self.splits[0].metadata()
-
     def input(self, stage: str) -> HeteroData:
         """What a stage's loaders sample: its graph."""
         return self.splits[STAGES.index(stage)]
@@ -602,11 +613,6 @@ class _PreparedLinks:
     def split_graph(self) -> PreparedGraph:
         """The split folder, mapped once (its sizes checked)."""
         return PreparedGraph(self.folder, "size")
-
-    @property
-    def metadata(self) -> tuple[list[str], list[EdgeType]]:
-        """Node and edge types, as prepared."""
-        return self.dm._types
 
     def input(self, stage: str) -> tuple[MappedFeatureStore, MappedGraphStore]:
         """The store pair a stage samples, its target relation (and reverse) the stage's."""

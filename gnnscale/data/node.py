@@ -9,7 +9,7 @@ training node counts the same however many of them a batch holds, and gradient a
 (which averages micro-batch losses) stays an unbiased mean over training nodes.
 
 How a batch is laid out (``batch.layout``) follows the model's ``BatchRequest``, which the
-DataModule takes in ``configure_batches`` (``gnnscale.batch``).
+DataModule takes in ``configure_batches`` (``gnnscale.handshake``).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from torch_geometric.loader import (
 )
 from torch_geometric.sampler import NodeSamplerInput
 
-from gnnscale.batch import BatchRequest, LayerwiseBatch
+from gnnscale.batch import LayerwiseBatch
 from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
@@ -59,6 +59,7 @@ from gnnscale.data.sources import (
 )
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
+from gnnscale.handshake import BatchRequest
 from gnnscale.memory import MemoryProfile, tensor_mb
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -116,6 +117,12 @@ class NodeDataModule(L.LightningDataModule):
         self.loader = loader
         self.eval = eval
 
+    def __repr__(self) -> str:
+        # Lightning's own would build every loader (jsonargparse prints it for links it skips).
+        return f"{type(self).__name__}(dataset={self.dataset!r}, root={str(self.root)!r})"
+
+    __str__ = __repr__
+
     @cached_property
     def source(self) -> GraphSource:
         """The graph in memory, or a prepared folder (``root``) read through its store pair.
@@ -168,6 +175,11 @@ class NodeDataModule(L.LightningDataModule):
         return self.data.num_features
 
     @property
+    def num_nodes(self) -> int:
+        """Nodes of the graph (linked to ``model.num_nodes``: ``EmbeddingSAGE``'s table)."""
+        return self.data.num_nodes
+
+    @property
     def num_classes(self) -> int:
         """Number of classes (linked to ``model.num_classes``)."""
         return self.source.num_classes()
@@ -182,7 +194,7 @@ class NodeDataModule(L.LightningDataModule):
         _ = self.data
 
     def configure_batches(self, request: BatchRequest) -> None:
-        """Take the model's request (``gnnscale.batch``); refuse a depth the fan-outs do not fit.
+        """Take the model's request (``gnnscale.handshake``); refuse a depth the fan-outs miss.
 
         ``gnnscale``'s CLI calls this before any data loads; ``setup`` calls it otherwise.
 

@@ -18,8 +18,9 @@ from torch import Tensor, nn
 from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 
-from gnnscale.batch import BatchRequest, LayerwiseBatch, layout_of
+from gnnscale.batch import LayerwiseBatch, layout_of
 from gnnscale.errors import ConfigError, check_probabilities
+from gnnscale.handshake import BatchRequest
 from gnnscale.models.fast import Dropout
 from gnnscale.models.node import NodeClassifier
 
@@ -39,6 +40,8 @@ class EmbeddingSAGE(NodeClassifier):
     Args:
         in_channels: Feature dimension of the data (linked; unused: nodes are their embeddings).
         num_classes: Number of classes (linked from the DataModule).
+        num_nodes: Rows of the table: the graph's node count (linked from the DataModule; saved
+            in checkpoints, so they reload without the data).
         embedding_dim: Width of each node's embedding.
         sparse: Sparse gradients (only looked-up rows); needs a sparse optimizer (``SparseAdam``).
         embedding_device: ``cpu`` keeps the table and its optimizer state in host memory; only
@@ -46,8 +49,6 @@ class EmbeddingSAGE(NodeClassifier):
         embedding_optimizer: Optimizer of the table (``SparseAdam`` if sparse, else e.g. ``Adam``).
         accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
             ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
-        num_nodes: Rows of the table; ``None`` takes the DataModule's node count (saved in
-            checkpoints, so they reload without the data).
         hidden_channels: Width of the hidden layers.
         num_layers: Message-passing layers; neighbour sampling needs one fan-out per layer.
         dropout: Dropout probability between layers.
@@ -61,12 +62,12 @@ class EmbeddingSAGE(NodeClassifier):
         self,
         in_channels: int,
         num_classes: int,
+        num_nodes: int,
         embedding_dim: int = 64,
         sparse: bool = True,
         embedding_device: Literal["model", "cpu"] = "model",
         embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
         accumulate_grad_batches: int = 1,
-        num_nodes: int | None = None,
         hidden_channels: int = 256,
         num_layers: int = 2,
         dropout: float = 0.5,
@@ -81,33 +82,19 @@ class EmbeddingSAGE(NodeClassifier):
         self.save_hyperparameters(ignore=["optimizer", "embedding_optimizer"])
         self.automatic_optimization = False  # two optimizers: Lightning steps neither
         self.embedding_optimizer = embedding_optimizer
-        self.embedding: nn.Embedding | None = None
-        if num_nodes is not None:
-            self._make_table(num_nodes)
+        table = HostEmbedding if embedding_device == "cpu" else nn.Embedding
+        self.embedding = table(num_nodes, embedding_dim, sparse=sparse)
         self.gnn = pyg_nn.GraphSAGE(
             embedding_dim, hidden_channels, num_layers, out_channels=num_classes, dropout=dropout
         )
         self.gnn.dropout = Dropout(dropout)
 
-    def _make_table(self, num_nodes: int) -> None:
-        hp = self.hparams
-        cls = HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
-        self.embedding = cls(num_nodes, hp["embedding_dim"], sparse=hp["sparse"])
-        hp["num_nodes"] = num_nodes
-
     def batch_request(self) -> BatchRequest:
-        """As GraphSAGE's, without features: the model reads node ids (``gnnscale.batch``)."""
+        """As GraphSAGE's, without features: the model reads node ids (``gnnscale.handshake``)."""
         return dataclasses.replace(super().batch_request(), reads_x=False)
-
-    def setup(self, stage: str) -> None:
-        """Size the table from the data."""
-        datamodule = self.trainer.datamodule  # type: ignore[attr-defined]
-        if self.embedding is None:
-            self._make_table(datamodule.data.num_nodes)
 
     def embed(self, n_id: Tensor) -> Tensor:
         """The embedding rows of the nodes ``n_id`` (global ids), on the GNN's device."""
-        assert self.embedding is not None, "the table is sized in setup() or by num_nodes"
         return self.embedding(n_id.to(self.embedding.weight.device)).to(self.device)
 
     def training_step(self, batch: Data, batch_idx: int) -> Tensor:
@@ -126,7 +113,6 @@ class EmbeddingSAGE(NodeClassifier):
 
     def layerwise_input(self, batch: LayerwiseBatch) -> LayerwiseBatch:
         """``batch`` with the table as every node's input (the model never reads ``x``)."""
-        assert self.embedding is not None, "the table is sized in setup() or by num_nodes"
         return dataclasses.replace(batch, x=self.embedding.weight, read_threads=1)
 
     def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:

@@ -25,8 +25,8 @@ from torch_geometric.data import Batch
 from torchmetrics import MeanAbsoluteError, MeanSquaredError
 from torchmetrics.classification import MulticlassAccuracy
 
-from gnnscale.batch import BatchRequest
 from gnnscale.errors import ConfigError, TrainingDiverged
+from gnnscale.handshake import BatchRequest
 
 __all__ = ["GraphGINE"]
 
@@ -122,7 +122,7 @@ class GraphGINE(L.LightningModule):
             self.val_rmse = MeanSquaredError(squared=False)
 
     def batch_request(self) -> BatchRequest:
-        """What this model's batches must carry (``gnnscale.batch``): ``edge_dim`` features."""
+        """What this model's batches must carry (``gnnscale.handshake``): ``edge_dim`` features."""
         return BatchRequest(edge_dim=self.edge_dim, graph_level=True)
 
     def forward(self, batch: Batch) -> Tensor:

@@ -13,8 +13,8 @@ from torch_geometric.data import HeteroData
 from torch_geometric.nn import SAGEConv, to_hetero
 from torchmetrics.classification import MulticlassAccuracy
 
-from gnnscale.batch import BatchRequest
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
+from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.embedding import HostEmbedding
 
 
@@ -48,28 +48,29 @@ class HeteroGNN(L.LightningModule):
 
     optimizer: OptimizerCallable
     embedding_optimizer: OptimizerCallable
-    encoder: nn.Module | None
+    encoder: nn.Module
 
     def batch_request(self) -> BatchRequest:
-        """What this model's batches must carry (``gnnscale.batch``): one fan-out per layer."""
+        """What this model's batches must carry (``gnnscale.handshake``): one fan-out per layer."""
         return BatchRequest(int(self.hparams["num_layers"]))
 
-    def _build_encoder(self, graph: dict[str, Any]) -> None:
+    def _build_encoder(self, graph: GraphSpec) -> None:
         """Input layers per node type and the heterogeneous encoder, for ``graph``'s types."""
         hp = self.hparams
         channels = hp["hidden_channels"]
         table = HostEmbedding if hp["embedding_device"] == "cpu" else nn.Embedding
         self.inputs = nn.ModuleDict()
         self.tables = nn.ModuleDict()
-        for t in graph["node_types"]:
-            if graph["num_features"][t]:
-                self.inputs[t] = nn.Linear(graph["num_features"][t], channels)
+        for t in graph.node_types:
+            if graph.num_features[t]:
+                self.inputs[t] = nn.Linear(graph.num_features[t], channels)
             else:
-                self.tables[t] = table(graph["num_nodes"][t], channels, sparse=hp["sparse"])
-        metadata = (list(graph["node_types"]), [tuple(e) for e in graph["edge_types"]])
+                self.tables[t] = table(graph.num_nodes[t], channels, sparse=hp["sparse"])
+        metadata = (list(graph.node_types), list(graph.edge_types))
         self.encoder = to_hetero(
             _SAGE(channels, hp["num_layers"], hp["dropout"]), metadata, aggr="mean"
         )
+        hp["graph"] = graph.as_dict()  # plain values: a checkpoint reloads without the data
 
     def _encode(self, batch: HeteroData) -> dict[str, Tensor]:
         """Embeddings of every node of the (sub)graph, per node type."""
@@ -81,7 +82,6 @@ class HeteroGNN(L.LightningModule):
                 table = cast(nn.Embedding, self.tables[t])
                 ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
                 x[t] = table(ids.to(table.weight.device)).to(self.device)
-        assert self.encoder is not None, "built in setup() or from the checkpoint's graph"
         return self.encoder(x, batch.edge_index_dict)
 
     @staticmethod
@@ -130,11 +130,13 @@ class HeteroSAGE(HeteroGNN):
     embedding table (sparse gradients, ``SparseAdam``); ``to_hetero`` gives every edge type its
     own ``SAGEConv`` per layer and averages the relations into each node type; a linear head
     turns the target type's last layer into class logits. Loss and accuracy cover the batch's
-    seeds only. Built in ``setup`` from the DataModule's types and sizes, which it saves in its
+    seeds only. Built from the graph its DataModule describes (``graph``), which it saves in its
     hyperparameters, so checkpoints reload without the data.
 
     Args:
         num_classes: Classes of the target type (linked from the DataModule).
+        graph: Node and edge types, feature widths, node counts and the target type (linked
+            from ``HeteroNeighborDataModule.graph_spec``; in Python, pass ``dm.graph_spec``).
         hidden_channels: Width of the embeddings and of every layer.
         num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
         dropout: Dropout between layers.
@@ -146,13 +148,12 @@ class HeteroSAGE(HeteroGNN):
             ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
         optimizer: Optimizer of the dense weights.
         embedding_optimizer: Optimizer of the tables.
-        graph: Node and edge types, sizes and target type; ``None`` takes them from the
-            DataModule (saved in checkpoints).
     """
 
     def __init__(
         self,
         num_classes: int,
+        graph: GraphSpec,
         hidden_channels: int = 64,
         num_layers: int = 2,
         dropout: float = 0.0,
@@ -161,7 +162,6 @@ class HeteroSAGE(HeteroGNN):
         accumulate_grad_batches: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
         embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
-        graph: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
@@ -178,32 +178,15 @@ class HeteroSAGE(HeteroGNN):
         # torchmetrics accumulates correct/total counts, so DDP reduces counts, not ratios.
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
-        self.encoder: nn.Module | None = None
-        if graph is not None:
-            self._build(graph)
-
-    def _build(self, graph: dict[str, Any]) -> None:
-        """Input layers per node type, the heterogeneous encoder, the head."""
-        self._build_encoder(graph)
-        self.head = nn.Linear(self.hparams["hidden_channels"], self.hparams["num_classes"])
-        self.target = str(graph["target"])
-        self.hparams["graph"] = graph
-
-    def setup(self, stage: str) -> None:
-        """Build from the DataModule's types and sizes (unless a checkpoint gave them)."""
-        if self.encoder is not None:
-            return
-        dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
-        node_types, edge_types = dm.metadata
-        self._build(
-            {
-                "node_types": node_types,
-                "edge_types": [list(e) for e in edge_types],
-                "num_features": dm.feature_dims,
-                "num_nodes": dm.num_nodes,
-                "target": dm.target_type,
-            }
-        )
+        spec = graph if isinstance(graph, GraphSpec) else GraphSpec(**graph)  # a checkpoint's
+        if not isinstance(spec.target, str):
+            raise ConfigError(
+                "HeteroSAGE classifies one node type's nodes: its graph is "
+                f"HeteroNeighborDataModule's graph_spec (got target {spec.target!r})"
+            )
+        self._build_encoder(spec)
+        self.head = nn.Linear(hidden_channels, num_classes)
+        self.target = str(spec.target)
 
     def forward(self, batch: HeteroData) -> Tensor:
         """Class logits of every target-type node of the (sub)graph, seeds first."""

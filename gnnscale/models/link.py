@@ -3,14 +3,14 @@
 Node types with features enter through a linear layer; featureless ones (users, categories)
 through a learned embedding table, sparse and optionally in host memory as in
 ``EmbeddingSAGE``. The encoder is one GraphSAGE stack made heterogeneous by PyG's
-``to_hetero`` (one ``SAGEConv`` per edge type and layer, summed per node type). It builds
-itself from ``LinkDataModule``'s node and edge types in ``setup`` and saves them in its
-hyperparameters, so checkpoints reload without the data.
+``to_hetero`` (one ``SAGEConv`` per edge type and layer, summed per node type). It is built for
+the graph ``LinkDataModule.graph_spec`` describes and saves it in its hyperparameters, so
+checkpoints reload without the data.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, cast
+from typing import Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,7 @@ from torchmetrics.classification import BinaryAUROC
 
 from gnnscale.batch import LinkEval
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
+from gnnscale.handshake import GraphSpec
 from gnnscale.models.hetero import HeteroGNN
 
 
@@ -30,6 +31,9 @@ class LinkPredictor(HeteroGNN):
     """Link prediction on ``LinkDataModule`` batches: embeddings, dot-product scores, BCE.
 
     Args:
+        graph: Node and edge types, feature widths, node counts, the relation to predict and
+            the ranking cut-off (linked from ``LinkDataModule.graph_spec``; in Python, pass
+            ``dm.graph_spec``).
         hidden_channels: Width of the embeddings and of every layer.
         num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
         dropout: Dropout between layers.
@@ -41,12 +45,11 @@ class LinkPredictor(HeteroGNN):
             ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
         optimizer: Optimizer of the dense weights.
         embedding_optimizer: Optimizer of the sparse tables.
-        graph: Node and edge types, sizes and target; ``None`` takes them from the DataModule
-            (saved in checkpoints, so they reload without the data).
     """
 
     def __init__(
         self,
+        graph: GraphSpec,
         hidden_channels: int = 64,
         num_layers: int = 2,
         dropout: float = 0.0,
@@ -55,7 +58,6 @@ class LinkPredictor(HeteroGNN):
         accumulate_grad_batches: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
         embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
-        graph: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
@@ -68,43 +70,24 @@ class LinkPredictor(HeteroGNN):
         self.automatic_optimization = False  # up to two optimizers: Lightning steps neither
         self.num_layers = num_layers
         self.optimizer, self.embedding_optimizer = optimizer, embedding_optimizer
-        self.encoder: nn.Module | None = None
-        if graph is not None:
-            self._build(graph)
-
-    def _build(self, graph: dict[str, Any]) -> None:
-        """Input layers per node type, the heterogeneous encoder, the ranking metrics."""
-        self._build_encoder(graph)
-        self.target = tuple(graph["target"])
-        self.hparams["graph"] = graph
-        k = graph["k"]
+        spec = graph if isinstance(graph, GraphSpec) else GraphSpec(**graph)  # a checkpoint's
+        if isinstance(spec.target, str) or spec.k < 1:
+            raise ConfigError(
+                "LinkPredictor predicts an edge type's links, ranked to a cut-off k >= 1: its "
+                f"graph is LinkDataModule's graph_spec (got target {spec.target!r}, k {spec.k})"
+            )
+        self._build_encoder(spec)
+        self.target = spec.target
         self.metrics = nn.ModuleDict(
             {
                 f"{stage}_{name}": metric
                 for stage in ("val", "test")
                 for name, metric in (
-                    ("recall", LinkPredRecall(k)),
-                    ("mrr", LinkPredMRR(k)),
-                    ("popularity", LinkPredRecall(k)),
+                    ("recall", LinkPredRecall(spec.k)),
+                    ("mrr", LinkPredMRR(spec.k)),
+                    ("popularity", LinkPredRecall(spec.k)),
                     ("auc", BinaryAUROC()),
                 )
-            }
-        )
-
-    def setup(self, stage: str) -> None:
-        """Build from the DataModule's types and sizes (unless a checkpoint gave them)."""
-        if self.encoder is not None:
-            return
-        dm: Any = self.trainer.datamodule  # type: ignore[attr-defined]
-        node_types, edge_types = dm.metadata
-        self._build(
-            {
-                "node_types": node_types,
-                "edge_types": [list(e) for e in edge_types],
-                "num_features": dm.feature_dims,
-                "num_nodes": dm.num_nodes,
-                "target": list(dm.target),
-                "k": dm.eval.k,
             }
         )
 

@@ -13,15 +13,9 @@ from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 from torchmetrics.classification import MulticlassAccuracy
 
-from gnnscale.batch import (
-    BatchRequest,
-    HopLayout,
-    LayerwiseBatch,
-    Layout,
-    SubgraphLayout,
-    layout_of,
-)
+from gnnscale.batch import HopLayout, LayerwiseBatch, Layout, SubgraphLayout, layout_of
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
+from gnnscale.handshake import BatchRequest
 from gnnscale.models import fast
 from gnnscale.models.fast import Dropout
 from gnnscale.models.inference import layerwise_inference
@@ -79,7 +73,7 @@ class NodeClassifier(L.LightningModule):
     edge_dim: int | None = None
 
     def batch_request(self) -> BatchRequest:
-        """What this model's batches must carry (``gnnscale.batch``): its DataModule's input."""
+        """What this model's batches must carry (``gnnscale.handshake``): its DataModule's input."""
         held = 0  # values per node that layer-wise inference holds: a layer's input and output
         if (gnn := getattr(self, "gnn", None)) is not None:  # a subclass may compute without one
             outputs = [gnn.hidden_channels] * (gnn.num_layers - 1) + [gnn.out_channels]
