@@ -47,9 +47,10 @@ from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
 from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded, launched_by
+from gnnscale.stores.manifest import FeatureDtype
 from gnnscale.stores.npy import prepare_data, prepare_npy
 from gnnscale.stores.ogb import OGB, prepare_ogb
-from gnnscale.stores.prepared import FeatureDtype, write_graph, write_streamed_synthetic
+from gnnscale.stores.writing import write_graph, write_streamed_synthetic
 
 __all__ = [
     "GnnscaleCLI",

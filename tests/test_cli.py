@@ -22,7 +22,7 @@ from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main, prepare_graphs_main, prepare_main
 from gnnscale.errors import ConfigError, GnnscaleError, TrainingDiverged
 from gnnscale.measure import read_metrics
-from gnnscale.stores.prepared import PreparedGraphError
+from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.testing import (
     TINY,
     centroid_accuracy,

@@ -439,7 +439,7 @@ def test_features_in_memory_are_aggregated_in_place_as_if_gathered_first(tmp_pat
 def test_features_not_read_in_place_reach_the_model_whole(tmp_path, source):
     """Where the loader would gather every row first, the model aggregates its first layer."""
     from gnnscale.data.synthetic import make_synthetic_graph
-    from gnnscale.stores.prepared import write_graph
+    from gnnscale.stores.writing import write_graph
 
     if source == "prepared":
         folder = write_graph(make_synthetic_graph(TINY), tmp_path / "tiny", {"test": "tiny"})

@@ -19,8 +19,9 @@ from torch_geometric.loader import NeighborLoader
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, stores
 from gnnscale.cli import prepare_main
 from gnnscale.errors import ConfigError
+from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.ogb import prepare_ogb
-from gnnscale.stores.prepared import PreparedGraph, PreparedGraphError
+from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.testing import requires_sampler
 
 SPLITS = {"train": "train", "val": "valid", "test": "test"}  # ours: OGB's file

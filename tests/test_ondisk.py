@@ -32,13 +32,10 @@ from gnnscale.data.subgraph import ClusterDataModule
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import anon_mb, read_metrics, trim_heap
-from gnnscale.stores import atomic, prepared, reads
-from gnnscale.stores.prepared import (
-    PreparedGraph,
-    PreparedGraphError,
-    write_graph,
-    write_streamed_synthetic,
-)
+from gnnscale.stores import atomic, reads, writing
+from gnnscale.stores.manifest import PreparedGraphError
+from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.stores.writing import write_graph, write_streamed_synthetic
 from gnnscale.testing import TINY, centroid_accuracy, cli_args, requires_sampler
 
 SAMPLED = ["--data.eval.mode=sampled", "--data.eval.num_neighbors=[-1,-1]"]
@@ -556,7 +553,7 @@ ROOMY = SyntheticGraph(num_nodes=5000, avg_degree=12, num_features=32, num_class
 
 def test_prepare_refuses_a_disk_without_room_before_writing(tmp_path, monkeypatch):
     written = PreparedGraph(write_streamed_synthetic(ROOMY, tmp_path / "g", "bfloat16"))
-    expected = prepared._size(5000, math.ceil(5000 * 12.0), 32, "bfloat16")
+    expected = writing._size(5000, math.ceil(5000 * 12.0), 32, "bfloat16")
     assert abs(expected / written.nbytes - 1) < 0.1  # the arithmetic the check relies on
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: usage._replace(free=1 << 26))
@@ -573,7 +570,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails wi
 from gnnscale import SyntheticGraph
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.errors import GnnscaleError
-from gnnscale.stores.prepared import write_streamed_synthetic
+from gnnscale.stores.writing import write_streamed_synthetic
 folder = Path(sys.argv[1])
 StreamingCheckpointIO().save_checkpoint({"w": torch.ones(10)}, folder / "last.ckpt")
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # as a disk that fills

@@ -16,7 +16,7 @@ from gnnscale.cli import Trainer, main
 from gnnscale.data.graphs import AtomGraphs, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.plan import _suggest, format_plan
-from gnnscale.stores.prepared import write_graph
+from gnnscale.stores.writing import write_graph
 from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
 
 NEIGHBOR = ["--config", str(recipe("neighbor_sage").config)]

@@ -8,7 +8,8 @@ from torch.utils.data import DataLoader, Dataset
 
 from gnnscale import make_synthetic_graph
 from gnnscale.stores import reads
-from gnnscale.stores.prepared import PreparedGraph, write_graph
+from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.stores.writing import write_graph
 from gnnscale.testing import TINY
 
 

@@ -414,7 +414,7 @@ def test_a_resume_onto_a_folder_prepared_again_is_refused_and_onto_a_moved_one_i
     import shutil
 
     from gnnscale import make_synthetic_graph
-    from gnnscale.stores.prepared import write_graph
+    from gnnscale.stores.writing import write_graph
 
     folder = tmp_path / "graph"
     write_graph(make_synthetic_graph(TINY), folder, {"seed": 0})

@@ -40,8 +40,10 @@ from gnnscale.data.args import EvalArgs
 from gnnscale.data.sampler import HopSampler
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
-from gnnscale.stores import prepared, reads
-from gnnscale.stores.prepared import MappedTensor, PreparedGraph, PreparedGraphError, write_graph
+from gnnscale.stores import reads, writing
+from gnnscale.stores.manifest import PreparedGraphError
+from gnnscale.stores.prepared import MappedTensor, PreparedGraph
+from gnnscale.stores.writing import write_graph
 from gnnscale.testing import TINY, centroid_accuracy, requires_sampler
 
 SPLITS = ("train", "val", "test")
@@ -189,7 +191,7 @@ def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
     for batch in loader:
         ends = batch.n_id[batch.edge_index]
         assert torch.equal(shuffled.edge_index[:, batch.e_id], ends)
-    streamed = prepared.write_streamed_synthetic(TINY, tmp_path / "streamed")
+    streamed = writing.write_streamed_synthetic(TINY, tmp_path / "streamed")
     assert "perm" not in PreparedGraph(streamed).manifest["files"]
 
 

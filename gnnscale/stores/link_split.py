@@ -3,7 +3,7 @@
 ``LinkDataModule`` splits a graph in memory with PyG's ``RandomLinkSplit``. A prepared graph may
 not fit, so here the split is streamed: each edge of the supervised relation, in its CSC order,
 draws its part from a seeded generator, a chunk at a time (:func:`parts`), and the split folder
-holds what each stage reads, in the prepared format (``gnnscale.stores.prepared``):
+holds what each stage reads, in the prepared format (``gnnscale.stores.manifest``):
 
 - ``train/``, ``val/``, ``test/``: the relation's CSC (and its reverse relation's) as that stage
   passes messages on: training edges less the supervision-only ones; all training edges;
@@ -27,8 +27,10 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from gnnscale.stores.prepared import FileWriter, PreparedGraph, PreparedGraphError, prepare
+from gnnscale.stores.manifest import FileWriter, PreparedGraphError
+from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.streaming import Edges, write_csc
+from gnnscale.stores.writing import prepare
 
 __all__ = ["STAGES", "parts", "write_pairs", "write_split"]
 

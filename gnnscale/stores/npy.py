@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from gnnscale.stores.prepared import PreparedGraphError
+from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.streaming import SPLITS, Array, Edges, NodeInputs, write
 
 __all__ = ["prepare_data", "prepare_npy", "read_data", "read_npy", "save_npy"]

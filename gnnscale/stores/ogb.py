@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from numpy.lib import format as npy_format
 
-from gnnscale.stores.prepared import PreparedGraphError
+from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.streaming import Array, Edges, NodeInputs, write
 
 __all__ = ["OGB", "prepare_ogb", "read_ogb"]

@@ -35,14 +35,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gnnscale.stores.prepared import (
-    CHECKS,
-    DTYPES,
-    FileWriter,
-    PreparedGraphError,
-    file_entry,
-    prepare,
-)
+from gnnscale.stores.manifest import CHECKS, DTYPES, FileWriter, PreparedGraphError, file_entry
+from gnnscale.stores.writing import prepare
 
 __all__ = ["Array", "Edges", "NodeInputs", "write"]
 
