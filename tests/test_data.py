@@ -541,7 +541,7 @@ def test_a_dataset_that_cannot_be_downloaded_is_one_line(tmp_path, monkeypatch):
 
     import torch_geometric.io
 
-    from gnnscale.data.sources import load_dataset
+    from gnnscale.data.datasets import load_dataset
 
     def offline(*args, **kwargs):  # what fsspec's HTTP client meets without a network
         raise socket.gaierror(-2, "Name or service not known")

@@ -4,19 +4,20 @@
   prepared folder); ``subgraph``: Cluster-GCN and GraphSAINT.
 - ``hetero``: node classification on a heterogeneous graph; ``link``: link prediction, with
   ``pinsage`` for PinSAGE neighbours and hard negatives; ``graphs``: many small graphs.
-- ``sources``: datasets by name; ``synthetic``: the generated graphs; ``args``: the option
-  groups every DataModule takes; ``layout``: what workers add to batches; ``loaders`` and
-  ``resume``: resumable, per-rank loaders.
+- ``datasets``: datasets by name, loaded and checked; ``sources``: the graph as a DataModule
+  reads it, in memory or from a prepared folder; ``synthetic``: the generated graphs; ``args``:
+  the option groups every DataModule takes; ``layout``: what workers add to batches; ``loaders``
+  and ``resume``: resumable, per-rank loaders.
 """
 
 from gnnscale.data.args import EvalArgs, GraphSplit, LoaderArgs, NodeSplit, Preprocess
+from gnnscale.data.datasets import DATASETS, load_dataset
 from gnnscale.data.graphs import AtomGraphs, GraphDataModule
 from gnnscale.data.hetero import HeteroNeighborDataModule
 from gnnscale.data.link import LinkDataModule, LinkEvalArgs, LinkSplit
 from gnnscale.data.node import FullBatchDataModule, NeighborDataModule, NodeDataModule
 from gnnscale.data.pinsage import PinSAGENeighbors
 from gnnscale.data.sampler import sampling_backend
-from gnnscale.data.sources import DATASETS, load_dataset
 from gnnscale.data.subgraph import ClusterDataModule, SAINTDataModule
 from gnnscale.data.synthetic import (
     SyntheticGraph,

@@ -42,6 +42,7 @@ from torch_geometric.typing import EdgeType
 
 from gnnscale.batch import LinkEval
 from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
+from gnnscale.data.datasets import DATASETS, check_root, load_dataset
 from gnnscale.data.hetero import HeteroGraphData, edge_key
 from gnnscale.data.loaders import rank_own, resumable
 from gnnscale.data.pinsage import (
@@ -53,12 +54,9 @@ from gnnscale.data.pinsage import (
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sampler import log_backend_once
 from gnnscale.data.sources import (
-    DATASETS,
     MemorySource,
     PreparedSource,
     check_cache,
-    check_root,
-    load_dataset,
     open_source,
     refuse_for_prepared,
 )

@@ -43,20 +43,12 @@ from gnnscale.data.args import (
     check_dataset,
     check_positive,
 )
+from gnnscale.data.datasets import DATASETS, check_root, load_dataset, validate_graph
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_block, rank_own, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sampler import HopSampler, describe, log_backend_once, vectorized
-from gnnscale.data.sources import (
-    DATASETS,
-    GraphSource,
-    check_cache,
-    check_root,
-    load_dataset,
-    open_source,
-    refuse_for_prepared,
-    validate_graph,
-)
+from gnnscale.data.sources import GraphSource, check_cache, open_source, refuse_for_prepared
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest

@@ -1,37 +1,37 @@
-"""Where a DataModule's graph comes from: datasets by name, and the source chosen once.
+"""Where a DataModule's graph comes from: the source chosen once, in memory or a prepared folder.
 
 :func:`open_source` is the one place that tells a graph in memory (:class:`MemorySource`) from a
 prepared folder (:class:`PreparedSource`, read through ``stores.open``'s ``(FeatureStore,
 GraphStore)`` pair, which carries the reads, the feature cache and the id checks). DataModules ask
 the source for types, sizes, masks, their loaders' input and sampler; never which one it is.
+Settings that hold for one kind only are refused here too (:func:`check_cache`: a feature cache
+is for a prepared folder; :func:`refuse_for_prepared`: what a prepared folder cannot honour), and
+a checkpoint records a folder's contents (:func:`folder_digest`).
+
+Which datasets there are, and what a graph must hold, is ``gnnscale.data.datasets``: a source
+reads a graph however it was named and loaded.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
-import itertools
 import json
-import os
-import socket
 import time
-import urllib.error
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, TypeAlias
 
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.typing import EdgeType
 
+from gnnscale.data.datasets import SPLIT_MASKS, validate_graph
 from gnnscale.data.sampler import HopSampler
-from gnnscale.data.synthetic import SyntheticGraph, make_synthetic_graph
-from gnnscale.errors import ConfigError, cause
-from gnnscale.memory import MiB, check_fits, graph_nbytes, store_tensors, tensor_mb
+from gnnscale.errors import ConfigError
+from gnnscale.memory import MiB, store_tensors, tensor_mb
 from gnnscale.stores.mapped import (
     MappedFeatureStore,
     MappedGraphStore,
@@ -39,205 +39,7 @@ from gnnscale.stores.mapped import (
     fill_cache,
     stores_of,
 )
-from gnnscale.stores.ogb import OGB
 from gnnscale.stores.prepared import PreparedGraph
-
-DATASETS = (
-    "synthetic",
-    "prepared",
-    "Cora",
-    "CiteSeer",
-    "PubMed",
-    "Reddit",
-    "Flickr",
-    "ogbn-arxiv",
-    "ogbn-products",
-)
-# As loaded (ogbn-products with each edge's reverse, which OGB's loader adds): nodes, edges,
-# feature width. A graph too large for the machine is refused from these before a download.
-SIZES = {
-    "Cora": (2_708, 10_556, 1_433),
-    "CiteSeer": (3_327, 9_104, 3_703),
-    "PubMed": (19_717, 88_648, 500),
-    "Reddit": (232_965, 114_615_892, 602),
-    "Flickr": (89_250, 899_756, 500),
-    "ogbn-arxiv": (169_343, 1_166_243, 128),
-    "ogbn-products": (2_449_029, 123_718_280, 100),
-}
-
-_SPLITS = ("train_mask", "val_mask", "test_mask")
-
-
-def check_root(dataset: str, root: Path) -> None:
-    """Refuse a ``--data.root`` that cannot hold or does not hold ``dataset``."""
-    if dataset == "synthetic":
-        return  # the root only holds caches, created on first use
-    if dataset == "prepared":
-        PreparedGraph.read_manifest(root)  # a clear error now if it is not a prepared folder
-        return
-    if not root.is_dir():
-        raise ConfigError(
-            f"--data.root {str(root)!r} does not exist or is not a folder: create it "
-            f"(mkdir -p {root}) to download {dataset} into it, or point --data.root at the "
-            f"folder that holds {dataset}"
-        )
-    if not os.access(root, os.R_OK | os.X_OK):
-        raise ConfigError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
-
-
-def check_size(dataset: str, root: Path) -> None:
-    """Refuse, from its known sizes alone, a dataset larger than this machine's memory.
-
-    Before anything is downloaded or loaded. A prepared folder is mapped, not loaded: never
-    refused here.
-    """
-    if dataset not in SIZES:
-        return
-    nodes, edges, features = SIZES[dataset]
-    if dataset in OGB:
-        fix = (
-            f"prepare it on disk (`gnnscale prepare --dataset {dataset} --root {root} --out DIR`, "
-            "from OGB's download unpacked there: docs/stores.md) and train or plan with "
-            "--data.dataset prepared --data.root DIR"
-        )
-    else:
-        fix = (
-            "write its arrays on a larger machine (gnnscale.stores.save_npy), prepare them on "
-            "disk (`gnnscale prepare --dataset npy --root ARRAYS --out DIR`) and train or plan "
-            "with --data.dataset prepared --data.root DIR"
-        )
-    check_fits(
-        graph_nbytes(nodes, edges, features),
-        f"--data.dataset {dataset}",
-        f"{nodes:,} nodes x {features} float32 features, {edges:,} edges",
-        fix,
-    )
-
-
-_NETWORK = (urllib.error.URLError, ConnectionError, TimeoutError, socket.gaierror)
-
-
-@contextlib.contextmanager
-def _downloading(name: str, raw: Path) -> Iterator[None]:
-    """A download that fails (offline, a blocked host) becomes one line saying where files go."""
-    try:
-        yield
-    except Exception as err:
-        # urllib's failure, or that of fsspec's HTTP client (aiohttp)
-        failed = cause(
-            err, lambda e: isinstance(e, _NETWORK) or type(e).__module__.startswith("aiohttp")
-        )
-        if failed is None:
-            raise
-        raise ConfigError(
-            f"--data.dataset {name}: its files are not in {raw} and downloading them failed "
-            f"({getattr(failed, 'reason', failed)}); offline, put the dataset's raw files there"
-        ) from None
-
-
-def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None) -> Data:
-    """Load a node-classification graph by name, downloading into ``root`` if needed.
-
-    Args:
-        name: One of :data:`DATASETS`.
-        root: Folder of the dataset files (Planetoid reads ``root/<name>/raw`` without network).
-        synthetic: Settings of the generated graph when ``name == "synthetic"``.
-    """
-    if name == "synthetic":
-        return make_synthetic_graph(synthetic or SyntheticGraph())
-    if name == "prepared":
-        return PreparedGraph(root).data
-    if name in ("Cora", "CiteSeer", "PubMed"):
-        from torch_geometric.datasets import Planetoid
-
-        with _downloading(name, root / name / "raw"):
-            return Planetoid(str(root), name)[0]
-    if name in ("Reddit", "Flickr"):
-        from torch_geometric import datasets
-
-        with _downloading(name, root / name / "raw"):
-            return getattr(datasets, name)(str(root / name))[0]
-    if name.startswith("ogbn-"):
-        try:
-            from ogb.nodeproppred import PygNodePropPredDataset
-        except ImportError as err:
-            raise ImportError(f"{name} needs the ogb package: pip install 'gnnscale[ogb]'") from err
-        with _downloading(name, root / name.replace("-", "_") / "raw"):
-            ds = PygNodePropPredDataset(name, str(root))
-        data, split = ds[0], ds.get_idx_split()
-        data.y = data.y.view(-1)
-        for key, idx in zip(_SPLITS, ("train", "valid", "test"), strict=True):
-            data[key] = torch.zeros(data.num_nodes, dtype=torch.bool)
-            data[key][split[idx]] = True
-        return data
-    raise ConfigError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
-
-
-def validate_graph(data: Data, dataset: str, features: bool = True, overlaps: bool = True) -> int:
-    """Check splits and labels; with ``features``, every feature; with ``overlaps``, the splits.
-
-    Features must be finite; no node may be in two splits.
-
-    Returns:
-        The number of classes.
-    """
-    for key in _SPLITS:
-        if data.get(key) is None:
-            raise ConfigError(
-                f"--data.dataset {dataset!r} has no {key!r}: gnnscale needs train, val and test "
-                "masks; choose a dataset with a public split or add the masks to the Data object"
-            )
-    if int(data.train_mask.sum()) == 0:
-        raise ConfigError(
-            f"the training split of --data.dataset {dataset!r} is empty (after preprocessing); "
-            "check --data.preprocess.largest_component and the split fractions"
-        )
-    if data.y is None or data.y.dim() != 1 or data.y.is_floating_point():
-        raise ConfigError(
-            f"--data.dataset {dataset!r} needs one integer class id per node in y (got shape "
-            f"{None if data.y is None else tuple(data.y.shape)}); convert one-hot labels with "
-            "y.argmax(-1)"
-        )
-    if features and data.x is not None and data.x.is_floating_point():
-        bad = int((~torch.isfinite(data.x)).any(-1).sum()) if data.x.dim() > 1 else 0
-        if bad:
-            raise ConfigError(
-                f"--data.dataset {dataset!r}: {bad} node(s) have NaN or infinite features; "
-                "fix or drop them (or impute) before training"
-            )
-    for key, name in (("val_mask", "validation"), ("test_mask", "test")):
-        if not bool(data[key].any()):
-            raise ConfigError(
-                f"the {name} split of --data.dataset {dataset!r} is empty: gnnscale validates and "
-                "tests on it (for a generated graph, raise --data.synthetic.val_fraction, or "
-                "lower train_fraction + val_fraction below 1)"
-            )
-    labelled = data.train_mask | data.val_mask | data.test_mask
-    y = data.y[labelled]
-    if int(y.min()) < 0:
-        raise ConfigError(
-            f"labels out of range in --data.dataset {dataset!r}: found {int(y.min())} among "
-            "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
-        )
-    num_classes, present = int(y.max()) + 1, int(torch.unique(y).numel())
-    if present < 2:
-        raise ConfigError(
-            f"--data.dataset {dataset!r} has one class ({int(y.max())}) among its split nodes: "
-            "classification needs at least two; check y and the split files"
-        )
-    if present < num_classes / 2:
-        raise ConfigError(
-            f"labels of --data.dataset {dataset!r} are not 0..num_classes-1: the largest is "
-            f"{num_classes - 1} but only {present} distinct classes occur, so the model would "
-            f"have {num_classes} outputs; remap them (torch.unique(y, return_inverse=True))"
-        )
-    for a, b in itertools.combinations(_SPLITS, 2) if overlaps else ():
-        if shared := int((data[a] & data[b]).sum()):
-            raise ConfigError(
-                f"--data.dataset {dataset!r}: {shared:,} node(s) are in both {a} and {b}; a node "
-                "belongs to one split: remove it from one"
-            )
-    return num_classes
 
 
 def check_cache(feature_cache_gib: float, dataset: str) -> None:
@@ -311,7 +113,7 @@ class MemorySource:
     def labelled(self) -> list[str]:
         """Node types with labels and split masks (heterogeneous)."""
         data = self.data
-        return [t for t in data.node_types if all(k in data[t] for k in ("y", *_SPLITS))]
+        return [t for t in data.node_types if all(k in data[t] for k in ("y", *SPLIT_MASKS))]
 
     def loader_input(self, data: Graph | None = None) -> Graph:
         """What PyG's loaders take: the graph, or ``data`` (a view of it: fewer attributes)."""
@@ -395,7 +197,7 @@ class PreparedSource:
         counts, files = self.manifest["num_nodes"], self.manifest["files"]
         if not isinstance(counts, dict):
             return []
-        return [t for t in counts if all(f"{t}/{k}" in files for k in ("y", *_SPLITS))]
+        return [t for t in counts if all(f"{t}/{k}" in files for k in ("y", *SPLIT_MASKS))]
 
     @cached_property
     def graph(self) -> PreparedGraph:
@@ -424,7 +226,7 @@ class PreparedSource:
         """
         if self.hetero:
             raise RuntimeError("a heterogeneous prepared graph is read through its stores")
-        if missing := [k for k in ("y", *_SPLITS) if k not in self.manifest["files"]]:
+        if missing := [k for k in ("y", *SPLIT_MASKS) if k not in self.manifest["files"]]:
             raise ConfigError(
                 f"{self.root} has no {', '.join(missing)}: node classification needs labels "
                 "and train, val and test splits; prepare it with y.npy and train.npy, val.npy, "
