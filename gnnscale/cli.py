@@ -477,7 +477,7 @@ def _function_main(function: Callable[..., Path], command: str, args: list[str] 
 
 
 def prepare_main(args: list[str] | None = None) -> Path:
-    """``gnnscale prepare``: one graph to a folder (``gnnscale.stores.prepared``)."""
+    """``gnnscale prepare``: one graph to a folder (``gnnscale.stores.writing``)."""
     given = sys.argv[2:] if args is None else args
     try:
         return _function_main(prepare, "gnnscale prepare", args)
