@@ -2,8 +2,9 @@
 
 - ``node``: node classification on one graph: full batch, neighbour sampling (also from a
   prepared folder); ``subgraph``: Cluster-GCN and GraphSAINT.
-- ``hetero``: node classification on a heterogeneous graph; ``link``: link prediction, with
-  ``pinsage`` for PinSAGE neighbours and hard negatives; ``graphs``: many small graphs.
+- ``hetero``: node classification on a heterogeneous graph; ``link``: link prediction, its
+  three graphs split in ``link_graphs``, with ``pinsage`` for PinSAGE neighbours and hard
+  negatives; ``graphs``: many small graphs.
 - ``datasets``: datasets by name, loaded and checked; ``sources``: the graph as a DataModule
   reads it, in memory or from a prepared folder; ``synthetic``: the generated graphs; ``args``:
   the option groups every DataModule takes; ``layout``: what workers add to batches; ``loaders``
@@ -14,7 +15,8 @@ from gnnscale.data.args import EvalArgs, GraphSplit, LoaderArgs, NodeSplit, Prep
 from gnnscale.data.datasets import DATASETS, load_dataset
 from gnnscale.data.graphs import AtomGraphs, GraphDataModule
 from gnnscale.data.hetero import HeteroNeighborDataModule
-from gnnscale.data.link import LinkDataModule, LinkEvalArgs, LinkSplit
+from gnnscale.data.link import LinkDataModule, LinkEvalArgs
+from gnnscale.data.link_graphs import LinkSplit
 from gnnscale.data.node import FullBatchDataModule, NeighborDataModule, NodeDataModule
 from gnnscale.data.pinsage import PinSAGENeighbors
 from gnnscale.data.sampler import sampling_backend

@@ -32,9 +32,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-import torch_geometric.transforms as T
-from lightning.pytorch.utilities import rank_zero_info
-from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler import NegativeSampling
@@ -44,18 +41,15 @@ from gnnscale.batch import LinkEval
 from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
 from gnnscale.data.datasets import DATASETS, check_root, load_dataset
 from gnnscale.data.hetero import HeteroGraphData, edge_key
+from gnnscale.data.link_graphs import STAGES, Links, LinkSplit, LinkTask, open_links
 from gnnscale.data.loaders import rank_own, resumable
 from gnnscale.data.pinsage import (
     HardNegatives,
     PinSAGENeighbors,
-    pair_keys,
-    pinsage_neighbors,
 )
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sampler import log_backend_once
 from gnnscale.data.sources import (
-    MemorySource,
-    PreparedSource,
     check_cache,
     open_source,
     refuse_for_prepared,
@@ -63,48 +57,9 @@ from gnnscale.data.sources import (
 from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import GraphSpec
-from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
-from gnnscale.stores import link_split
-from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, fill_cache
-from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.memory import MemoryProfile, proportional_batches
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
-STAGES = ("train", "val", "test")
-
-
-@dataclass(frozen=True)
-class LinkSplit:
-    """How ``RandomLinkSplit`` divides the supervised relation's edges.
-
-    Args:
-        val_fraction: Fraction of edges held out for validation.
-        test_fraction: Fraction of edges held out for test.
-        disjoint_train_ratio: Fraction of the training edges used only as supervision, never
-            for message passing (0: every training edge is both, and a batch's model sees the
-            edges it must predict).
-    """
-
-    val_fraction: float = 0.05
-    test_fraction: float = 0.1
-    disjoint_train_ratio: float = 0.3
-
-    def __post_init__(self) -> None:
-        """Refuse fractions that leave no training edges."""
-        for key in ("val_fraction", "test_fraction"):
-            if not 0 < getattr(self, key) < 1:
-                raise ConfigError(
-                    f"--data.split.{key} must be between 0 and 1 (got {getattr(self, key)})"
-                )
-        if self.val_fraction + self.test_fraction >= 1:
-            raise ConfigError(
-                "--data.split.val_fraction + --data.split.test_fraction must be below 1 (got "
-                f"{self.val_fraction + self.test_fraction:g}): no edges would be left to train on"
-            )
-        if not 0 <= self.disjoint_train_ratio < 1:
-            raise ConfigError(
-                "--data.split.disjoint_train_ratio must be >= 0 and < 1 "
-                f"(got {self.disjoint_train_ratio})"
-            )
 
 
 @dataclass(frozen=True)
@@ -278,9 +233,14 @@ class LinkDataModule(HeteroGraphData):
         return _as_hetero(load_dataset(self.dataset, self.root))
 
     @cached_property
-    def links(self) -> _Links:
+    def links(self) -> Links:
         """The target relation's split into training, validation and test (per source kind)."""
-        return _LINKS[type(self._opened)](self)
+        target = self.target
+        pinsage = self.pinsage if self.neighbors == "pinsage" else None
+        task = LinkTask(
+            target, self._reverse.get(target), self.undirected, self.split, self.num_nodes, pinsage
+        )
+        return open_links(self._opened, task)
 
     @property
     def target(self) -> EdgeType:
@@ -495,179 +455,3 @@ class LinkDataModule(HeteroGraphData):
             # pairs, for ThroughputMonitor
             batch.num_loss_nodes = store.edge_label.numel() if weight else 0
         return batch
-
-
-class _MemoryLinks:
-    """A graph in memory, split by PyG's ``RandomLinkSplit`` (PinSAGE's edges added)."""
-
-    def __init__(self, dm: LinkDataModule) -> None:
-        self.dm = dm
-
-    def prepare(self) -> None:
-        """Download (if needed) and load the graph."""
-        _ = self.dm.data
-
-    @cached_property
-    def splits(self) -> tuple[HeteroData, HeteroData, HeteroData]:
-        """Training, validation and test graphs (``RandomLinkSplit``), PinSAGE edges added."""
-        target = self.dm.target
-        rev = self.dm._reverse.get(target)
-        split = T.RandomLinkSplit(
-            num_val=self.dm.split.val_fraction,
-            num_test=self.dm.split.test_fraction,
-            is_undirected=self.dm.undirected,
-            disjoint_train_ratio=self.dm.split.disjoint_train_ratio,
-            neg_sampling_ratio=1.0,  # validation and test negatives, for AUC
-            add_negative_train_samples=False,  # drawn per batch instead
-            edge_types=[target],
-            rev_edge_types=[rev] if rev is not None else None,
-        )
-        with torch.random.fork_rng(devices=[]):  # the same split in every process and run
-            torch.manual_seed(0)
-            train, val, test = split(self.dm.data)
-        if self.dm.neighbors == "pinsage":
-            src, _, dst = target
-            similar = pinsage_neighbors(
-                train[target].edge_index,  # message-passing edges of training only
-                self.dm.data[src].num_nodes,
-                self.dm.data[dst].num_nodes,
-                self.dm.pinsage,
-            )
-            for graph in (train, val, test):
-                graph[dst, "similar", dst].edge_index = similar
-        return train, val, test
-
-    def input(self, stage: str) -> HeteroData:
-        """What a stage's loaders sample: its graph."""
-        return self.splits[STAGES.index(stage)]
-
-    def labels(self, stage: str) -> tuple[Tensor, Tensor]:
-        """A stage's supervision pairs and their labels (1: an edge)."""
-        store = self.input(stage)[self.dm.target]
-        return store.edge_label_index, store.edge_label
-
-    def known(self, *stages: str) -> Tensor:
-        """Sorted keys of the target edges (message passing and supervision) of ``stages``."""
-        target, num_dst = self.dm.target, self.dm.num_nodes[self.dm.target[2]]
-        parts = []
-        for stage in stages:
-            store = self.input(stage)[target]
-            parts.append(store.edge_index)
-            if "edge_label_index" in store:
-                parts.append(store.edge_label_index[:, store.edge_label == 1])
-        edges = torch.cat(parts, 1)
-        keys = pair_keys(edges, num_dst)
-        if self.dm.undirected:
-            keys = torch.cat([keys, pair_keys(edges.flip(0), num_dst)])
-        return torch.unique(keys)
-
-    def hold(self, *args: Any) -> None:
-        """No feature cache: every feature is in memory already."""
-
-    def memory_mb(self) -> tuple[float, float]:
-        """The graph and its three splits (which share features) in memory; nothing mapped."""
-        return tensor_mb(*store_tensors(self.dm.data, *self.splits)), 0.0
-
-
-class _PreparedLinks:
-    """A prepared folder's relation, split once into a folder beside it (``link_split``)."""
-
-    def __init__(self, dm: LinkDataModule) -> None:
-        assert isinstance(dm._opened, PreparedSource)
-        self.dm, self.source = dm, dm._opened
-
-    def prepare(self) -> None:
-        """Write the split (once), refusing a relation stored without its reverse."""
-        dm = self.dm
-        if dm.undirected:
-            t = dm.target
-            raise ConfigError(
-                f"--data.edge_type {edge_key(t)} has no reverse relation "
-                f"({t[2]}__rev_{t[1]}__{t[0]}): from a prepared "
-                "folder, links are predicted on a relation stored with its reverse"
-            )
-        _ = self.folder
-
-    @cached_property
-    def folder(self) -> Path:
-        """The streamed split, written once beside the prepared folder."""
-        dm, root = self.dm, self.source.root
-        fractions = (
-            dm.split.val_fraction,
-            dm.split.test_fraction,
-            dm.split.disjoint_train_ratio,
-        )
-        out = root.parent / f"{root.name}.link_split-{edge_key(dm.target)}"
-        return link_split.write_split(
-            self.source.graph,
-            dm.target,
-            dm._reverse.get(dm.target),
-            fractions,
-            out,
-            verify=self.source.verify,
-        )
-
-    @cached_property
-    def split_graph(self) -> PreparedGraph:
-        """The split folder, mapped once (its sizes checked)."""
-        return PreparedGraph(self.folder, "size")
-
-    def input(self, stage: str) -> tuple[MappedFeatureStore, MappedGraphStore]:
-        """The store pair a stage samples, its target relation (and reverse) the stage's."""
-        fs, gs = self.source.stores
-        split = self.split_graph
-        csc = dict(gs.csc_by_type)
-        target = self.dm.target
-        reverse = self.dm._reverse.get(target)
-        for t in (target, reverse):
-            if t is not None:
-                key, (_, _, size) = edge_key(t), csc[t]
-                csc[t] = (
-                    split.tensor(f"{stage}/{key}/row"),
-                    split.tensor(f"{stage}/{key}/colptr"),
-                    size,
-                )
-        # The stage's own relations' CSCs are the split's, in no input's order: no edge id map.
-        perm = {t: p for t, p in gs.perm_by_type.items() if t not in (target, reverse)}
-        return fs, MappedGraphStore(csc, self.source.graph, perm)
-
-    def labels(self, stage: str) -> tuple[Tensor, Tensor]:
-        """A stage's supervision pairs and their labels (1: an edge)."""
-        split = self.split_graph
-        return split.tensor(f"{stage}/label_index"), split.tensor(f"{stage}/label")
-
-    def known(self, *stages: str) -> Tensor:
-        """Sorted keys of the target edges of the last stage's graph and its own labels.
-
-        Each stage's graph holds the edges of the stages before it.
-        """
-        target, num_dst = self.dm.target, self.dm.num_nodes[self.dm.target[2]]
-        index, label = self.labels(stages[-1])
-        _, gs = self.input(stages[-1])
-        row, colptr = gs.get_edge_index(target, "csc")
-        dst = torch.repeat_interleave(torch.arange(colptr.numel() - 1), colptr.diff())
-        edges = torch.cat([torch.stack([row, dst]), index[:, label == 1]], 1)
-        return torch.unique(pair_keys(edges, num_dst))
-
-    def hold(self, fanout: dict[EdgeType, list[int]], batch_size: int, gib: float) -> None:
-        """Fill the feature cache (once) from a sampling pass on the training graph.
-
-        Seeded at the training edges' endpoints, each as often as it ends an edge, ``batch_size``
-        a time.
-        """
-        if not gib or self.source.stores[0].cache:
-            return
-        (src, _, dst), (index, label) = self.dm.target, self.labels("train")
-        ends = index[:, label == 1]
-        seeds = {src: ends.reshape(-1)} if src == dst else {src: ends[0], dst: ends[1]}
-        held = fill_cache(self.input("train"), fanout, batch_size, gib, seeds)
-        rank_zero_info(f"gnnscale: {held}")
-
-    def memory_mb(self) -> tuple[float, float]:
-        """Nothing in memory; the folder and its split mapped."""
-        mapped = self.source.graph.nbytes + self.split_graph.nbytes
-        return 0.0, mapped / MiB
-
-
-_Links = _MemoryLinks | _PreparedLinks
-_LINKS: dict[type, type[_Links]] = {MemorySource: _MemoryLinks, PreparedSource: _PreparedLinks}
