@@ -40,7 +40,7 @@ from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.datasets import DATASETS, check_size
 from gnnscale.data.graphs import prepare_graphs
-from gnnscale.data.node import NeighborDataModule
+from gnnscale.data.neighbor import NeighborDataModule
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError, GnnscaleError
 from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec

@@ -1,7 +1,7 @@
 """DataModules by task, the graphs they load and what their loaders add to batches.
 
-- ``node``: node classification on one graph: full batch, neighbour sampling (also from a
-  prepared folder); ``subgraph``: Cluster-GCN and GraphSAINT.
+- ``node``: node classification on one graph: the shared base, full batch; ``neighbor``:
+  neighbour sampling (also from a prepared folder); ``subgraph``: Cluster-GCN and GraphSAINT.
 - ``hetero``: node classification on a heterogeneous graph; ``link``: link prediction, its
   three graphs split in ``link_graphs``, with ``pinsage`` for PinSAGE neighbours and hard
   negatives; ``graphs``: many small graphs.
@@ -17,7 +17,8 @@ from gnnscale.data.graphs import AtomGraphs, GraphDataModule
 from gnnscale.data.hetero import HeteroNeighborDataModule
 from gnnscale.data.link import LinkDataModule, LinkEvalArgs
 from gnnscale.data.link_graphs import LinkSplit
-from gnnscale.data.node import FullBatchDataModule, NeighborDataModule, NodeDataModule
+from gnnscale.data.neighbor import NeighborDataModule
+from gnnscale.data.node import FullBatchDataModule, NodeDataModule
 from gnnscale.data.pinsage import PinSAGENeighbors
 from gnnscale.data.sampler import sampling_backend
 from gnnscale.data.subgraph import ClusterDataModule, SAINTDataModule
