@@ -19,9 +19,10 @@ import gnnscale.cli
 import gnnscale.data.node
 import gnnscale.runtime
 from gnnscale import FullBatchDataModule, make_synthetic_graph
-from gnnscale.cli import main, prepare_graphs_main, prepare_main
+from gnnscale.cli import main
 from gnnscale.errors import ConfigError, GnnscaleError, TrainingDiverged
 from gnnscale.measure import read_metrics
+from gnnscale.prepare import prepare_graphs_main, prepare_main
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.testing import (
     TINY,

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from registry import REPO, recipe
 
-from gnnscale.cli import main, prepare_main
+from gnnscale.cli import main
 from gnnscale.errors import GnnscaleError
+from gnnscale.prepare import prepare_main
 from gnnscale.testing import cli_args
 
 DOC = REPO / "docs" / "refused_inputs.md"

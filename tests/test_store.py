@@ -35,11 +35,11 @@ from gnnscale import (
     make_synthetic_graph,
     stores,
 )
-from gnnscale.cli import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.data.sampler import HopSampler
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
+from gnnscale.prepare import prepare_main
 from gnnscale.stores import reads, writing
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph
