@@ -419,7 +419,7 @@ def test_a_cpu_only_torch_sparse_leaves_gpu_batches_to_torch_sparse_tensors(
 ):
     """A torch-sparse built without CUDA samples on the CPU; a GPU batch's ``SparseTensor``
     product would raise "Not compiled with CUDA support" (seen on the first GPU run)."""
-    from gnnscale.data.layout import torch_sparse_runs_on
+    from gnnscale.sparse import torch_sparse_runs_on
 
     monkeypatch.setattr(torch.ops.torch_sparse, "cuda_version", lambda: cuda_version)
     assert torch_sparse_runs_on("cpu")

@@ -8,21 +8,14 @@ layer's aggregation and the adjacency's transpose; the DataModules pick them fro
 
 from __future__ import annotations
 
-import warnings
-from typing import Any
-
 import torch
-import torch_geometric.typing
 from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.index import index2ptr
-from torch_geometric.typing import SparseTensor
 from torch_geometric.utils import spmm
 
 from gnnscale.batch import HopLayout, SubgraphLayout
-
-warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
-warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
+from gnnscale.sparse import csr_adjacency
 
 
 def sort_by_target(batch: Data) -> Tensor:
@@ -51,47 +44,6 @@ def subgraph_layout(batch: Data) -> Data:
     """
     batch.layout = SubgraphLayout(sort_by_target(batch))
     return batch
-
-
-def torch_sparse_runs_on(device_type: str) -> bool:
-    """Whether torch-sparse is installed with kernels for this device type.
-
-    A torch-sparse built without CUDA (``pip install torch-sparse`` where no CUDA compiler is
-    found) still samples on the CPU, but its ``SparseTensor`` products raise "Not compiled with
-    CUDA support" on a GPU batch: there the adjacency is a ``torch.sparse`` tensor instead.
-    """
-    if not torch_geometric.typing.WITH_TORCH_SPARSE:
-        return False
-    if device_type == "cpu":
-        return True
-    return device_type == "cuda" and int(torch.ops.torch_sparse.cuda_version()) != -1
-
-
-def csr_adjacency(
-    x: Tensor, edge_index: Tensor, rowptr: Tensor, num_dst: int, num_edges: int
-) -> Any:
-    """The first ``num_dst`` rows of a batch's CSR adjacency (columns: ``x``'s rows), uncopied.
-
-    torch-sparse's ``SparseTensor`` where it runs on ``x``'s device, else on the CPU a
-    ``torch.sparse`` CSR tensor: the ``adj_t`` PyG's convs aggregate with a sparse-dense product.
-    On a GPU without torch-sparse's CUDA kernels, the edges themselves (PyG's scatter): cuSPARSE
-    needs one dtype for both operands, and under autocast a later layer's rows are bf16 or fp16
-    while the adjacency's values stay fp32 ("data type combination not supported").
-    """
-    num_src = x.size(0)
-    rowptr, col = rowptr[: num_dst + 1], edge_index[0, :num_edges]
-    if torch_sparse_runs_on(col.device.type):
-        return SparseTensor(
-            rowptr=rowptr,
-            col=col,
-            sparse_sizes=(num_dst, num_src),
-            is_sorted=True,
-            trust_data=True,
-        )
-    if col.device.type != "cpu":  # PyG's scatter over the edges
-        return edge_index[:, :num_edges]
-    ones = torch.ones(num_edges, dtype=x.dtype, device=col.device)
-    return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
 
 
 def hop_layout(

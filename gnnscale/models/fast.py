@@ -5,7 +5,7 @@ What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline
 - On neighbour batches each layer computes only the rows the next layer (or the loss) reads,
   as GraphSAGE is defined (``conv((x, x[:num_targets]), edges)``): :func:`target_only`.
 - GraphSAGE aggregates with a sparse-dense product on a CSR adjacency the loader's worker
-  built (``gnnscale.data.layout.csr_layout``), not a scatter: neighbour, Cluster-GCN and SAINT
+  built (``gnnscale.sparse.csr_adjacency``), not a scatter: neighbour, Cluster-GCN and SAINT
   batches.
 - On neighbour batches GraphSAGE's first layer takes its aggregation of the raw features from
   the loader (``gnnscale.data.layout.aggregate_first_layer``, which reads features held in
@@ -33,8 +33,8 @@ from torch_geometric import nn as pyg_nn
 from torch_geometric.index import index2ptr
 
 from gnnscale.batch import HopLayout, SubgraphLayout
-from gnnscale.data.layout import csr_adjacency
 from gnnscale.errors import check_probabilities
+from gnnscale.sparse import csr_adjacency
 
 
 class Dropout(torch.nn.Module):
