@@ -18,18 +18,18 @@ CLI; a few training batches are drawn once, and on the same batches, in one proc
   (``x.index_select`` of as many random rows of the same matrix): the time the loader's worker
   spends gathering features, against the step.
 * **first layer's aggregation** (GraphSAGE's default on neighbour batches,
-  ``--model.aggregate_in_loader``): the worker's ``aggregate_first_layer`` (reading the
+  ``--model.speed.aggregate_in_loader``): the worker's ``aggregate_first_layer`` (reading the
   features in place, gathering the targets' rows) timed on the same batches (each batch's
   first call: its output is fresh memory, as in a worker); that variant's step then gets the
   cut batches. The recipe's own row is the step aggregating every layer itself
-  (``--model.aggregate_in_loader=false``).
+  (``--model.speed.aggregate_in_loader=false``).
 * **top operators**: ``torch.profiler``'s self CPU time per operator over the batches.
 
 Each recipe's step also runs with its rows rounded up to 1,024s (opt-in,
-``--model.bucket_rows=1024``); the neighbour recipe's also as it was before target-only layers
-(PyG's ``BasicGNN.forward`` with ``trim_to_layer``, ``torch.nn.Dropout``, scatter aggregation)
-and as the hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``), and under
-``torch.compile(dynamic=True)``.
+``--model.speed.bucket_rows=1024``); the neighbour recipe's also as it was before target-only
+layers (PyG's ``BasicGNN.forward`` with ``trim_to_layer``, ``torch.nn.Dropout``, scatter
+aggregation) and as the hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``),
+and under ``torch.compile(dynamic=True)``.
 """
 
 from __future__ import annotations
@@ -253,7 +253,7 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     passes, repeats = (1, 1) if tiny else (5, 5)
     steps = {"gnnscale": (step_fn(model, precision), batches)}
     bucketed = copy.deepcopy(model)
-    bucketed.bucket_rows = 1024  # as --model.bucket_rows=1024: rows rounded up
+    bucketed.bucket_rows = 1024  # as --model.speed.bucket_rows=1024: rows rounded up
     steps["bucketed"] = (step_fn(bucketed, precision), batches)
     aggregate_ms = None
     if isinstance(batches[0].layout, HopLayout) and model.sparse_aggregation:  # GraphSAGE
@@ -335,7 +335,7 @@ def blocks(tiny: bool) -> list[Block]:
     ]
     labels = {
         "gnnscale": "{}",
-        "bucketed": "{}, rows rounded up to 1,024s (`--model.bucket_rows=1024`; held to the "
+        "bucketed": "{}, rows rounded up to 1,024s (`--model.speed.bucket_rows=1024`; held to the "
         "unpadded GEMMs)",
         "in_loader": "{}, first layer aggregated in the loader (as shipped)",
         "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
@@ -349,7 +349,8 @@ def blocks(tiny: bool) -> list[Block]:
             label = labels[variant]
             if variant == "gnnscale" and "in_loader" in r["step_ms"]:  # not as shipped
                 label += (
-                    ", every layer aggregated in the step (`--model.aggregate_in_loader=false`)"
+                    ", every layer aggregated in the step "
+                    "(`--model.speed.aggregate_in_loader=false`)"
                 )
             lines.append(
                 f"| {label.format(SAMPLERS[name])} | {step_ms:,.1f} | {gemm:,.1f} "

@@ -2,7 +2,7 @@
 
     python benchmarks/speed_defaults.py                 # full size: prints the table
     python benchmarks/speed_defaults.py --size tiny     # check the pipeline (seconds a run)
-    python benchmarks/speed_defaults.py --rounds 5 --recipes neighbor_sage --tricks dropout
+    python benchmarks/speed_defaults.py --rounds 5 --recipes neighbor_sage --tricks cpu_dropout
 
 Each trick of ``gnnscale.models.fast`` is measured where a user sees it: ``gnnscale fit`` on
 ``neighbor_sage``, ``cluster_gcn`` and ``graphsaint`` as shipped (4 epochs, no per-epoch
@@ -12,11 +12,12 @@ seed as its partner; s/epoch is the median of ``perf/epoch_s`` after the first (
 A trick is a default when the run without it takes at least 3% longer than the run with it on
 some recipe (the median of the pairs' ratios); else it is opt-in, or it goes.
 
-Tricks with a setting are switched with it (``--model.init_args.sparse_aggregation=false``,
-``bucket_rows=1024``, ``aggregate_in_loader=false``, ``optimizer.init_args.fused=true``); the
-others (``dropout``, ``target_only``) are switched off by running the same command through
-``benchmarks/without.py``, which puts back what PyG or PyTorch does in their place, in that
-process only.
+Each trick is switched by its setting in the model's ``speed`` group
+(``--model.init_args.speed.sparse_aggregation=false``, ``speed.cpu_dropout=false``,
+``speed.target_only_layers=false``, ``speed.bucket_rows=1024``,
+``speed.aggregate_in_loader=false``; ``gnnscale.models.fast.SpeedTricks``), fused Adam by
+``--model.init_args.optimizer.init_args.fused=true``: off, each puts back what PyG or PyTorch
+does in its place.
 
 Not every trick is on every recipe's path: Cluster-GCN and GraphSAINT batches are subgraphs
 (``fast.subgraph_forward``), which never take the neighbour-only paths (target-only layers,
@@ -42,7 +43,6 @@ from recipes import number, run
 
 RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")
 NEIGHBOUR = ("neighbor_sage",)
-WITHOUT = REPO / "benchmarks" / "without.py"
 THRESHOLD = 1.03  # without ÷ with at or above this: the trick earns a default
 
 
@@ -51,18 +51,16 @@ class Trick:
     """One speed trick and how to switch it.
 
     Args:
-        key: Short name (and, for ``patched``, the name ``without.py`` takes).
+        key: Short name (the model's ``speed`` field that switches it, where one does).
         label: What the table calls it.
         args: CLI overrides that switch it (off for a default, on for an opt-in).
-        patched: Whether ``benchmarks/without.py`` switches it off instead.
         recipes: The recipes whose training step takes its path.
         opt_in: Off as shipped: the measured arm runs with it.
     """
 
     key: str
     label: str
-    args: tuple[str, ...] = ()
-    patched: bool = False
+    args: tuple[str, ...]
     recipes: tuple[str, ...] = RECIPES
     opt_in: bool = False
 
@@ -71,20 +69,29 @@ TRICKS = (
     Trick(
         "sparse_aggregation",
         "sparse aggregation (CSR product, not scatter)",
-        args=("--model.init_args.sparse_aggregation=false",),
+        args=("--model.init_args.speed.sparse_aggregation=false",),
     ),
-    Trick("dropout", "bit-mask Dropout (fused with ReLU)", patched=True),
-    Trick("target_only", "target-only layers", patched=True, recipes=NEIGHBOUR),
+    Trick(
+        "cpu_dropout",
+        "bit-mask Dropout (fused with ReLU)",
+        args=("--model.init_args.speed.cpu_dropout=false",),
+    ),
+    Trick(
+        "target_only_layers",
+        "target-only layers",
+        args=("--model.init_args.speed.target_only_layers=false",),
+        recipes=NEIGHBOUR,
+    ),
     Trick(
         "bucket_rows",
         "bucket_rows=1024 (rows padded)",
-        args=("--model.init_args.bucket_rows=1024",),
+        args=("--model.init_args.speed.bucket_rows=1024",),
         opt_in=True,
     ),
     Trick(
         "aggregate_in_loader",
         "first layer aggregated in the loader",
-        args=("--model.init_args.aggregate_in_loader=false",),
+        args=("--model.init_args.speed.aggregate_in_loader=false",),
         recipes=NEIGHBOUR,
     ),
     Trick(
@@ -115,11 +122,10 @@ class Run:
         return statistics.median(self.epochs_s[1:] or self.epochs_s)
 
 
-def fit(name: str, args: list[str], workdir: Path, label: str, without: str | None) -> Run:
+def fit(name: str, args: list[str], workdir: Path, label: str) -> Run:
     """``gnnscale fit`` on recipe ``name`` in a fresh process (as ``recipes.measure``).
 
-    ``without``: a trick of ``benchmarks/without.py`` to turn off in that process. Every
-    epoch's ``perf/epoch_s`` is kept (``recipes.measure`` keeps their median only).
+    Every epoch's ``perf/epoch_s`` is kept (``recipes.measure`` keeps their median only).
     """
     entry = recipe(name)
     assert not entry.prepare_config, "the sampler recipes generate their graph"
@@ -132,9 +138,6 @@ def fit(name: str, args: list[str], workdir: Path, label: str, without: str | No
         f"--trainer.logger.init_args.save_dir={save_dir}",
         *args,
     )
-    if without is not None:
-        assert command[0] == "-m", f"{name} runs a script; without.py runs modules only"
-        command = [str(WITHOUT), without, *command]
     load_before, start = os.getloadavg(), time.perf_counter()
     out = run([python, *command], workdir)
     wall = time.perf_counter() - start
@@ -173,26 +176,23 @@ def measure_all(
                 f"--trainer.max_epochs={epochs}",  # after tiny's own
             ]
             stamp = time.strftime("%H%M%S")
-            fit(name, [*base, "--trainer.max_epochs=1"], folder, f"{name}-{stamp}-warm", None)
+            fit(name, [*base, "--trainer.max_epochs=1"], folder, f"{name}-{stamp}-warm")
             applicable = [t for t in tricks if name in t.recipes]
             order: list[tuple[int, Trick | None]] = [(0, None)]
             for r in range(rounds):
                 order += [(r, t) for t in (applicable if r % 2 == 0 else applicable[::-1])]
                 order.append((r + 1, None))
             for i, (r, trick) in enumerate(order):
-                off = trick is not None
                 key = trick.key if trick is not None else "default"
                 args = [*base, *(trick.args if trick is not None else ())]
-                without = trick.key if trick is not None and trick.patched else None
-                run_ = fit(name, args, folder, f"{name}-{stamp}-{i:03d}-{key}", without)
+                run_ = fit(name, args, folder, f"{name}-{stamp}-{i:03d}-{key}")
                 run_.trick, run_.round = key, r
                 runs.append(run_)
                 print(
                     f"{name} {key} round {r}: {run_.epoch_s:.3f} s/epoch (epochs "
                     f"{', '.join(f'{e:.2f}' for e in run_.epochs_s)}), {run_.peak_mb:,.0f} MiB, "
                     f"{run_.wall_s:.0f} s, load {run_.load_before[0]:.1f}"
-                    + (f", without.py {without}" if without else "")
-                    + (f", {' '.join(trick.args)}" if off and trick and trick.args else ""),
+                    + (f", {' '.join(trick.args)}" if trick is not None else ""),
                     flush=True,
                 )
                 if log is not None:

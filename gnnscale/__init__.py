@@ -1,7 +1,8 @@
 """gnnscale: PyTorch Geometric scaling recipes on a small, tested core.
 
 The package, by concern: ``data/`` (DataModules by task, graph sources, what loaders add to
-batches), ``models/`` (LightningModules by task; ``models/fast.py`` holds the CPU fast paths),
+batches), ``models/`` (LightningModules by task; ``models/fast.py`` holds the CPU fast paths
+and their switches), ``sparse.py`` (the sparse adjacency that data and models both build),
 ``stores/`` (graphs on disk: prepared graphs, many-graph stores, caches), ``batch.py`` (what
 batches carry between DataModules and models), ``handshake.py`` (what a DataModule and its model
 tell each other when the run is built), and beside them the CLI (``cli.py``: a table of
@@ -44,8 +45,10 @@ from gnnscale.models import (
     GraphGINE,
     GraphSAGE,
     HeteroSAGE,
+    LayerSpeedTricks,
     LinkPredictor,
     NodeClassifier,
+    SpeedTricks,
 )
 
 __all__ = [
@@ -63,6 +66,7 @@ __all__ = [
     "GraphSAGE",
     "HeteroNeighborDataModule",
     "HeteroSAGE",
+    "LayerSpeedTricks",
     "LinkDataModule",
     "LinkEvalArgs",
     "LinkPredictor",
@@ -74,6 +78,7 @@ __all__ = [
     "PinSAGENeighbors",
     "Preprocess",
     "SAINTDataModule",
+    "SpeedTricks",
     "StreamingCheckpointIO",
     "SyntheticGraph",
     "SyntheticRecommender",

@@ -80,7 +80,7 @@ def steady_cpu_memory() -> None:
       set, 86-96 with one, 9 with both; hetero_node_classification stayed flat over 4 epochs
       where it grew 35 MB per epoch. GraphSAINT and Cluster-GCN epochs took as long with both
       at 8, 64 or 1024 (within noise; peaks 350-400 MiB lower at 8); a neighbour step with rows
-      as sampled pays a primitive build per batch, which ``GraphSAGE(bucket_rows=1024)`` avoids.
+      as sampled pays a primitive build per batch, which ``--model.speed.bucket_rows=1024`` avoids.
       Both are read at the first bf16 product, so this runs before any.
 
     Settings the user made in the environment win (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,

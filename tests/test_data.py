@@ -19,6 +19,7 @@ from gnnscale import (
     NeighborDataModule,
     Preprocess,
     SAINTDataModule,
+    SpeedTricks,
     SyntheticGraph,
     load_dataset,
     make_synthetic_graph,
@@ -456,20 +457,32 @@ def test_features_not_read_in_place_reach_the_model_whole(tmp_path, source):
     assert batch.x.size(0) == sum(batch.layout.num_sampled_nodes)
 
 
+def _sage(norm=None, aggr="mean", **speed):
+    """A GraphSAGE of this size, built when called."""
+    return lambda: GraphSAGE(TINY.num_features, 5, norm=norm, aggr=aggr, speed=SpeedTricks(**speed))
+
+
 @requires_sampler
 @pytest.mark.parametrize(
     ("model", "aggregated"),
     [
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2), True),  # the default
-        (lambda: GraphSAGE(TINY.num_features, 5, num_layers=2, aggregate_in_loader=False), False),
-        (
-            lambda: GraphSAGE(TINY.num_features, 5, norm="batch_norm", aggregate_in_loader=True),
-            False,
-        ),
-        (lambda: GraphSAGE(TINY.num_features, 5, aggr="lstm", aggregate_in_loader=True), False),
+        (_sage(), True),  # the default
+        (_sage(aggregate_in_loader=False), False),
+        (_sage(sparse_aggregation=False), False),  # needs the sparse product
+        (_sage(target_only_layers=False), False),  # needs target-only layers
+        (_sage(norm="batch_norm"), False),
+        (_sage(aggr="lstm"), False),
         (lambda: GATv2(TINY.num_features, 5, num_layers=2, hidden_channels=16, heads=2), False),
     ],
-    ids=["sage", "sage-not-in-loader", "sage-batch-norm", "sage-lstm", "gatv2"],
+    ids=[
+        "sage",
+        "sage-not-in-loader",
+        "sage-scatter",
+        "sage-not-target-only",
+        "sage-batch-norm",
+        "sage-lstm",
+        "gatv2",
+    ],
 )
 def test_only_a_model_that_takes_it_gets_its_first_layer_from_the_loader(
     tmp_path, model, aggregated

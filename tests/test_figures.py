@@ -5,6 +5,7 @@ end to end, fills every marked block that the READMEs carry, and writes nothing 
 """
 
 import contextlib
+import dataclasses
 import os
 import re
 import signal
@@ -14,9 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from registry import RECIPES, REPO
+from registry import RECIPES, REPO, recipe
 
-from gnnscale.testing import requires_torch_sparse
+from gnnscale import SpeedTricks
+from gnnscale.cli import main
+from gnnscale.testing import cli_args, requires_torch_sparse
 
 MARKERS = re.compile(r"<!-- (\w+):begin -->")
 
@@ -116,43 +119,21 @@ def test_figures_are_not_written_from_uncommitted_code(monkeypatch, capsys):
     assert ran
 
 
-WITHOUT_CHECK = """
-import sys
-import torch
-import torch.nn.functional as F
-import without
-from gnnscale.models import GraphSAGE, fast
-
-def dropout():
-    torch.manual_seed(0)
-    return fast.Dropout(0.5).train()(torch.ones(64, 64), relu=True)
-
-def state():
-    model = GraphSAGE(in_channels=8, num_classes=3, hidden_channels=8, aggregate_in_loader=True)
-    torch.manual_seed(0)
-    torch_dropout = F.dropout(torch.ones(64, 64), 0.5, training=True)
-    return (model.target_only_layers, model.batch_request().first_layer_aggr,
-            torch.equal(dropout(), torch_dropout))
-
-print(state())
-for trick in sys.argv[1:]:  # each in turn: the others stay as shipped until theirs
-    without.TRICKS[trick]()
-    print(state())
-"""
+SPEED_FIELDS = [f.name for f in dataclasses.fields(SpeedTricks)]
 
 
-def test_without_turns_off_its_trick_and_nothing_else():
-    """``benchmarks/without.py`` (the speed table's arms): each trick off, the others as shipped."""
-    done = subprocess.run(
-        [sys.executable, "-c", WITHOUT_CHECK, "dropout", "target_only"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO / "benchmarks",
-        check=True,
-    )
-    assert done.stdout.splitlines() == [
-        "(True, 'mean', False)",  # as shipped: target-only layers, the bit-mask dropout
-        "(True, 'mean', True)",  # dropout off: torch's mask
-        "(False, None, True)",  # target-only off too (and with it the loader's aggregate)
-    ]
+@pytest.mark.parametrize("key", SPEED_FIELDS)
+def test_each_speed_trick_is_switched_by_its_setting_alone(tmp_path, key):
+    """``speed_defaults``' arms: each trick's arguments, through the CLI on every recipe it is
+    measured on, change that one field of the model's ``speed`` group and nothing else."""
+    import speed_defaults
+
+    (trick,) = [t for t in speed_defaults.TRICKS if t.key == key]  # every switch is measured
+    for name in trick.recipes:
+        config = ["--config", str(recipe(name).config), *cli_args(tmp_path)]
+        shipped = dict(main(config, run=False).model.hparams)  # as the CLI gave them
+        switched = dict(main([*config, *trick.args], run=False).model.hparams)
+        assert SpeedTricks(**shipped.pop("speed")) == SpeedTricks(), name  # shipped: defaults
+        speed = SpeedTricks(**switched.pop("speed"))
+        assert speed == dataclasses.replace(SpeedTricks(), **{key: getattr(speed, key)}), name
+        assert speed != SpeedTricks() and switched == shipped, name

@@ -1,3 +1,4 @@
+from dataclasses import fields
 from functools import partial
 
 import lightning as L
@@ -16,12 +17,16 @@ from gnnscale import (
     FullBatchDataModule,
     GATv2,
     GraphSAGE,
+    LayerSpeedTricks,
     NeighborDataModule,
     Preprocess,
     SAINTDataModule,
+    SpeedTricks,
     make_synthetic_graph,
 )
 from gnnscale.batch import LayerwiseBatch
+from gnnscale.errors import ConfigError
+from gnnscale.models import fast
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
@@ -232,9 +237,9 @@ def _rows_per_layer(model) -> list[int]:
 # Rows as sampled (bucket_rows=0): the rows each layer computes are counted below; rounding them
 # up is tested on its own (test_bucketed_rows_change_no_output_or_gradient).
 TARGET_ONLY = {
-    "sage-sparse": partial(GraphSAGE, sparse_aggregation=True, bucket_rows=0),
-    "sage-scatter": partial(GraphSAGE, sparse_aggregation=False, bucket_rows=0),
-    "sage-max": partial(GraphSAGE, aggr="max", bucket_rows=0),
+    "sage-sparse": partial(GraphSAGE, speed=SpeedTricks(sparse_aggregation=True, bucket_rows=0)),
+    "sage-scatter": partial(GraphSAGE, speed=SpeedTricks(sparse_aggregation=False, bucket_rows=0)),
+    "sage-max": partial(GraphSAGE, aggr="max", speed=SpeedTricks(bucket_rows=0)),
     "gatv2": partial(GATv2, hidden_channels=32, heads=4),
     "gatv2-linear-head": partial(GATv2, hidden_channels=32, heads=4, linear_head=True),
 }
@@ -315,9 +320,8 @@ def test_bucketed_rows_change_no_output_or_gradient(tmp_path, sparse):
     m = next(m for m in (7, 11, 13, 17) if sum(nodes[:3]) % m and sum(nodes[:2]) % m)
     for bucket in (0, m):
         torch.manual_seed(0)
-        model = GraphSAGE(
-            TINY.num_features, 5, num_layers=3, sparse_aggregation=sparse, bucket_rows=bucket
-        )
+        speed = SpeedTricks(sparse_aggregation=sparse, bucket_rows=bucket)
+        model = GraphSAGE(TINY.num_features, 5, num_layers=3, speed=speed)
         model.gnn.dropout.p = 0.0
         rows.clear()
         for conv in model.gnn.convs:
@@ -355,8 +359,7 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
             5,
             num_layers=num_layers,
             aggr=aggr,
-            bucket_rows=bucket,
-            aggregate_in_loader=True,
+            speed=SpeedTricks(bucket_rows=bucket, aggregate_in_loader=True),
         )
         model.gnn.dropout.p = 0.0  # training mode, same outputs
         rows.append([])
@@ -382,9 +385,100 @@ def test_a_first_layer_aggregate_reaches_only_a_model_that_takes_it(tmp_path):
     from gnnscale.data.layout import aggregate_first_layer
 
     batch = aggregate_first_layer(copy.copy(_neighbour_batch(tmp_path, (5, 4))), "mean")
-    model = GraphSAGE(TINY.num_features, 5, aggregate_in_loader=False)
+    model = GraphSAGE(TINY.num_features, 5, speed=SpeedTricks(aggregate_in_loader=False))
     with pytest.raises(ValueError, match="computes its first layer's aggregation itself"):
         model(batch.x, batch.edge_index, batch.layout)
+
+
+def _switched(model: str, name: str, multiple: int) -> LayerSpeedTricks:
+    """The model's ``speed`` group with trick ``name`` (or ``all``) turned from its default."""
+    group = SpeedTricks if model == "sage" else LayerSpeedTricks
+    turned = {"target_only_layers": False, "cpu_dropout": False}
+    if group is SpeedTricks:
+        turned |= {"sparse_aggregation": False, "aggregate_in_loader": False}
+        turned["bucket_rows"] = multiple  # opt-in: on
+    return group(**(turned if name == "all" else {name: turned[name]}))
+
+
+def _path(model) -> list[tuple[int, str]]:
+    """A list each conv appends to as it runs: its output rows, and what it aggregated over."""
+
+    def kind(adj) -> str:
+        if isinstance(adj, torch.Tensor) and adj.layout == torch.strided:
+            return "edges" if adj.dtype == torch.long else "aggregated rows"  # the loader's
+        return "sparse product"  # a SparseTensor, or torch.sparse CSR
+
+    seen: list[tuple[int, str]] = []
+    for conv in model.gnn.convs:
+        conv.register_forward_hook(lambda m, args, out: seen.append((out.size(0), kind(args[1]))))
+    return seen
+
+
+SPEED_SWITCHES = [("sage", name) for name in [f.name for f in fields(SpeedTricks)] + ["all"]]
+SPEED_SWITCHES += [("gatv2", name) for name in [f.name for f in fields(LayerSpeedTricks)]]
+
+
+@requires_sampler
+@pytest.mark.parametrize(("model", "name"), SPEED_SWITCHES)
+def test_each_speed_switch_changes_the_path_not_the_results(tmp_path, model, name):
+    """Each trick of a model's ``speed`` group, switched, takes another path to the same seed
+    logits (evaluation) and the same gradients (training without dropout), same weights."""
+    import copy
+
+    from gnnscale.data.layout import aggregate_first_layer
+
+    batch = _neighbour_batch(tmp_path)
+    nodes = batch.layout.num_sampled_nodes
+    seeds, hops = nodes[0], [sum(nodes[:k]) for k in (3, 2, 1)]
+    m = next(m for m in (7, 11, 13, 17) if hops[0] % m and hops[1] % m)
+    runs = []
+    for speed in (None, _switched(model, name, m)):
+        torch.manual_seed(0)
+        if model == "sage":
+            built = GraphSAGE(TINY.num_features, 5, num_layers=3, speed=speed or SpeedTricks())
+        else:
+            speed = speed or LayerSpeedTricks()
+            built = GATv2(TINY.num_features, 5, num_layers=3, hidden_channels=32, speed=speed)
+        given = batch  # as its loader would hand it over
+        if built.batch_request().first_layer_aggr is not None:
+            given = aggregate_first_layer(copy.copy(batch), built.batch_request().first_layer_aggr)
+        path = _path(built)
+        with torch.no_grad():
+            logits = built.eval()(given.x, given.edge_index, given.layout)[:seeds]
+        evaluated = list(path)
+        built.gnn.dropout.p = 0.0  # training mode, the same outputs
+        out = built.train()(given.x, given.edge_index, given.layout)[:seeds]
+        F.cross_entropy(out, batch.y[:seeds]).backward()
+        grads = torch.cat([p.grad.flatten() for p in built.parameters()])
+        runs.append((logits, grads, evaluated, list(path[len(evaluated) :]), built))
+    (logits, grads, *_), (logits_off, grads_off, evaluated, trained, off) = runs
+    torch.testing.assert_close(logits_off, logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grads_off, grads, rtol=1e-4, atol=1e-6)
+    # The path: what each conv computed and aggregated over (PyG's scatter over edges, the
+    # sparse product, or the loader's aggregate), in evaluation and in training.
+    sparse = model == "sage" and name not in ("sparse_aggregation", "target_only_layers", "all")
+    adjacency = ["sparse product" if sparse else "edges"] * 3
+    if model == "sage" and name not in ("sparse_aggregation", "aggregate_in_loader"):
+        adjacency[0] = "aggregated rows"  # by the loader, on target-only layers
+    if name in ("target_only_layers", "all"):  # PyG's forward: every sampled row, then trimmed
+        adjacency[0] = "edges"
+        assert [r for r, _ in evaluated] == [batch.x.size(0), hops[0], hops[1]]
+    elif name == "bucket_rows":  # the second layer's rows rounded up (the first, aggregated
+        # by the loader, shows the conv's hooks its real rows only)
+        assert [r for r, _ in evaluated] == [hops[0], -(-hops[1] // m) * m, seeds]
+    else:
+        assert [r for r, _ in evaluated] == hops
+    assert [k for _, k in evaluated] == [k for _, k in trained] == adjacency
+    torch_dropout = name in ("cpu_dropout", "all")
+    assert type(off.gnn.dropout) is (torch.nn.Dropout if torch_dropout else fast.Dropout)
+    assert type(runs[0][-1].gnn.dropout) is fast.Dropout
+    in_loader = model == "sage" and name in ("bucket_rows", "cpu_dropout")
+    assert (off.batch_request().first_layer_aggr == "mean") == in_loader
+
+
+def test_a_negative_row_multiple_is_refused():
+    with pytest.raises(ConfigError, match=r"--model\.speed\.bucket_rows must be >= 0 \(got -1\)"):
+        SpeedTricks(bucket_rows=-1)
 
 
 @requires_sampler
@@ -399,7 +493,9 @@ def test_sparse_aggregation_matches_scatter_in_a_training_step(
     outputs, grads = [], []
     for sparse in (True, False):
         torch.manual_seed(0)  # same weights, same dropout masks
-        model = GraphSAGE(TINY.num_features, 5, sparse_aggregation=sparse).train()
+        model = GraphSAGE(
+            TINY.num_features, 5, speed=SpeedTricks(sparse_aggregation=sparse)
+        ).train()
         with torch.autocast("cpu", torch.bfloat16, enabled=precision == "bf16"):
             out = model(batch.x, batch.edge_index, batch.layout)
         F.cross_entropy(out.float(), batch.y[:64]).backward()
@@ -492,7 +588,7 @@ def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, d
     outputs = []
     for sparse in (True, False):
         torch.manual_seed(0)
-        model = GraphSAGE(TINY.num_features, 5, sparse_aggregation=sparse).eval()
+        model = GraphSAGE(TINY.num_features, 5, speed=SpeedTricks(sparse_aggregation=sparse)).eval()
         with torch.no_grad():
             outputs.append(model(batch.x, batch.edge_index, batch.layout))
     assert outputs[0].shape == (batch.num_nodes, 5)
@@ -512,7 +608,8 @@ def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, d
     results, rows = [], []
     for bucket in (0, multiple):
         torch.manual_seed(0)
-        model = GraphSAGE(TINY.num_features, 5, num_layers=3, norm=norm, bucket_rows=bucket)
+        speed = SpeedTricks(bucket_rows=bucket)
+        model = GraphSAGE(TINY.num_features, 5, num_layers=3, norm=norm, speed=speed)
         model.gnn.dropout.p = 0.0
         rows.clear()
         for conv in model.gnn.convs:

@@ -64,7 +64,7 @@ def test_prepared_graph_trains_exactly_like_the_same_graph_in_memory(tmp_path, t
         "--data.loader.num_workers=0",
         "--data.loader.persistent_workers=false",
         # A prepared graph's model aggregates its first layer; so does this one in memory.
-        "--model.aggregate_in_loader=false",
+        "--model.speed.aggregate_in_loader=false",
         *(f"--data.synthetic.{k}={v}" for k, v in dataclasses.asdict(TINY).items()),
     ]
     memory = _fit(tmp_path / "memory", *args)

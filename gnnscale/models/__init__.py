@@ -2,12 +2,14 @@
 
 - ``node``: GraphSAGE and GATv2 node classifiers (``NodeClassifier``, their shared base);
   ``embedding``: GraphSAGE over a learned embedding per node; ``inference``: exact layer-wise
-  inference; ``fast``: the CPU fast paths the node models call, isolated.
+  inference; ``fast``: the CPU fast paths the node models call, isolated, and their switches
+  (``SpeedTricks``, ``LayerSpeedTricks``: the node models' ``speed`` option group).
 - ``hetero``: heterogeneous encoders and HeteroSAGE; ``link``: link prediction;
   ``graph``: graph-level regression and classification (GINE).
 """
 
 from gnnscale.models.embedding import EmbeddingSAGE
+from gnnscale.models.fast import LayerSpeedTricks, SpeedTricks
 from gnnscale.models.graph import GraphGINE
 from gnnscale.models.hetero import HeteroSAGE
 from gnnscale.models.link import LinkPredictor
@@ -19,6 +21,8 @@ __all__ = [
     "GraphGINE",
     "GraphSAGE",
     "HeteroSAGE",
+    "LayerSpeedTricks",
     "LinkPredictor",
     "NodeClassifier",
+    "SpeedTricks",
 ]

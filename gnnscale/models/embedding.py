@@ -21,7 +21,7 @@ from torch_geometric.data import Data
 from gnnscale.batch import LayerwiseBatch, layout_of
 from gnnscale.errors import ConfigError, check_probabilities
 from gnnscale.handshake import BatchRequest
-from gnnscale.models.fast import Dropout
+from gnnscale.models.fast import Dropout, SpeedTricks
 from gnnscale.models.node import NodeClassifier
 
 __all__ = ["EmbeddingSAGE"]
@@ -52,11 +52,11 @@ class EmbeddingSAGE(NodeClassifier):
         hidden_channels: Width of the hidden layers.
         num_layers: Message-passing layers; neighbour sampling needs one fan-out per layer.
         dropout: Dropout probability between layers.
+        speed: GraphSAGE's speed tricks, each a switch
+            (:class:`~gnnscale.models.fast.SpeedTricks`); the loader's first-layer aggregation
+            does not apply (the input is the table, not features): the model aggregates.
         optimizer: Optimizer of the dense GNN weights.
     """
-
-    target_only_layers = True
-    sparse_aggregation = True
 
     def __init__(
         self,
@@ -71,6 +71,7 @@ class EmbeddingSAGE(NodeClassifier):
         hidden_channels: int = 256,
         num_layers: int = 2,
         dropout: float = 0.5,
+        speed: SpeedTricks = SpeedTricks(),  # noqa: B008 (frozen dataclass)
         optimizer: OptimizerCallable = torch.optim.Adam,
     ) -> None:
         super().__init__(num_classes, num_layers, optimizer, None)
@@ -87,7 +88,11 @@ class EmbeddingSAGE(NodeClassifier):
         self.gnn = pyg_nn.GraphSAGE(
             embedding_dim, hidden_channels, num_layers, out_channels=num_classes, dropout=dropout
         )
-        self.gnn.dropout = Dropout(dropout)
+        if speed.cpu_dropout:  # else PyG's torch.nn.Dropout
+            self.gnn.dropout = Dropout(dropout)
+        self.target_only_layers = self.target_only_in_eval = speed.target_only_layers
+        self.sparse_aggregation = speed.sparse_aggregation  # its aggregation is the mean
+        self.bucket_rows = speed.bucket_rows
 
     def batch_request(self) -> BatchRequest:
         """As GraphSAGE's, without features: the model reads node ids (``gnnscale.handshake``)."""

@@ -1,28 +1,21 @@
 """The fast paths the node models call, kept apart from the models (which read like PyG's).
 
-What gnnscale adds to PyG's models, for speed (measured in ``benchmarks/roofline.py``):
-
-- On neighbour batches each layer computes only the rows the next layer (or the loss) reads,
-  as GraphSAGE is defined (``conv((x, x[:num_targets]), edges)``): :func:`target_only`.
-- GraphSAGE aggregates with a sparse-dense product on a CSR adjacency the loader's worker
-  built (``gnnscale.sparse.csr_adjacency``), not a scatter: neighbour, Cluster-GCN and SAINT
-  batches.
-- On neighbour batches GraphSAGE's first layer takes its aggregation of the raw features from
-  the loader (``gnnscale.data.layout.aggregate_first_layer``, which reads features held in
-  memory in place and gathers only the layer's targets' rows): one matrix product in the step.
-- :class:`Dropout` draws its CPU mask from 1, 8 or 16 random bits an element, in one pass with
-  the ReLU before it.
-- Cluster-GCN and GraphSAINT batches are padded to a few row counts (``bucket_rows``), each
-  norm taking its statistics from the real rows only: :func:`padded_forward`.
+What gnnscale adds to PyG's models for speed, each switched by a field of :class:`SpeedTricks`
+(the models' ``speed`` option group, whose docstring says what each does and what it bought):
+target-only layers (:func:`target_only`), the CPU dropout (:class:`Dropout`), sparse
+aggregation on the CSR adjacency the loader's worker laid out (``gnnscale.sparse``), rows
+rounded up to multiples (:func:`pad_rows`, :func:`padded_forward`) and the first layer
+aggregated in the loader (``gnnscale.data.layout.aggregate_first_layer``).
 
 Each earns its place at the epoch level: ``python benchmarks/figures.py speed`` measures every
-one switched off in turn on the sampler recipes (benchmarks/README.md). Tricks that bought less
+one switched in turn on the sampler recipes (benchmarks/README.md). Tricks that bought less
 than 3% there are gone (the backward from the adjacency's transpose, the in-place gradient of
 the targets' rows) or opt-in (``bucket_rows``).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -33,8 +26,83 @@ from torch_geometric import nn as pyg_nn
 from torch_geometric.index import index2ptr
 
 from gnnscale.batch import HopLayout, SubgraphLayout
-from gnnscale.errors import check_probabilities
+from gnnscale.errors import ConfigError, check_probabilities
 from gnnscale.sparse import csr_adjacency
+
+# The reductions a sparse-dense product computes (PyG's ``spmm``); others scatter.
+SPARSE_AGGRS = ("mean", "max", "min", "sum")
+
+
+@dataclass(frozen=True)
+class LayerSpeedTricks:
+    """The speed tricks that any node model's layers take (GATv2's ``speed`` option group).
+
+    Each is on by default and changes speed, not results: outputs and gradients are those of
+    PyG's forward (``tests/test_models.py``; the CPU dropout draws other masks, at the same
+    rate). s/epoch ratios are the ``speed_defaults`` table's (benchmarks/README.md): the run
+    with the trick off against the run with it on.
+
+    Args:
+        target_only_layers: On neighbour batches each layer computes only the rows the next
+            layer (or the loss) reads (:func:`target_only`), where PyG's ``trim_to_layer`` drops
+            rows after a layer computed them (2.72x neighbor_sage's s/epoch without it). A model
+            with a ``norm`` keeps PyG's forward in training (batch statistics span a layer's
+            rows); in evaluation, where every norm is row-wise (none, or ``batch_norm``'s
+            running statistics), it is target-only too. Off: PyG's forward, in training and
+            evaluation.
+        cpu_dropout: Dropout draws its CPU mask from 1, 8 or 16 random bits an element, in one
+            pass with the ReLU before it (:class:`Dropout`; 1.47x cluster_gcn's and 1.31x
+            graphsaint's s/epoch without it, 1.00x neighbor_sage's). Off: PyG's
+            ``torch.nn.Dropout``, after a separate ReLU.
+    """
+
+    target_only_layers: bool = True
+    cpu_dropout: bool = True
+
+
+@dataclass(frozen=True)
+class SpeedTricks(LayerSpeedTricks):
+    """Every speed trick of a GraphSAGE model (its ``speed`` option group).
+
+    Those of :class:`LayerSpeedTricks` (``target_only_layers``, ``cpu_dropout``), and the ones
+    of GraphSAGE's aggregation, measured the same way.
+
+    Args:
+        sparse_aggregation: Aggregate with a sparse-dense product on the CSR adjacency the
+            loader laid out (``gnnscale.sparse.csr_adjacency``: torch-sparse's
+            ``SparseTensor``, else ``torch.sparse``) instead of PyG's scatter, on Cluster-GCN
+            and GraphSAINT batches, on neighbour batches with target-only layers (PyG's forward
+            scatters) and in layer-wise evaluation (1.04x neighbor_sage's, 1.74x cluster_gcn's,
+            1.73x graphsaint's s/epoch without it). An ``aggr`` other than mean, max, min or
+            sum always scatters.
+        bucket_rows: Opt-in (0: off). On neighbour batches, round each hidden layer's rows up
+            to a multiple of this (:func:`target_only`); on Cluster-GCN and GraphSAINT batches,
+            the batch's rows (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16
+            products on CPU then reuse a few oneDNN primitives instead of building one a batch.
+            It bought less than 3% of s/epoch on any sampler recipe (1024 is the size measured).
+        aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
+            features (the same sparse product, which has no parameters) where they are held in
+            memory in float32 or float64, reading them in place: only the first layer's
+            targets' rows are gathered, and the training step runs that layer as one matrix
+            product on them (``gnnscale.data.layout.aggregate_first_layer``; 0.91x
+            neighbor_sage's fp32 epoch). Needs ``target_only_layers``, ``sparse_aggregation``
+            and no ``norm``; sampled evaluation batches get it too. Elsewhere (a prepared
+            graph, half-precision features, a model without features) the model aggregates.
+    """
+
+    sparse_aggregation: bool = True
+    bucket_rows: int = 0
+    aggregate_in_loader: bool = True
+
+    def __post_init__(self) -> None:
+        """Refuse a negative row multiple."""
+        if self.bucket_rows < 0:
+            raise ConfigError(f"--model.speed.bucket_rows must be >= 0 (got {self.bucket_rows})")
+
+
+# Models save their ``speed`` group in their checkpoints' hyper-parameters: plain values, which
+# ``torch.load``'s default (``weights_only``) may then rebuild, as Lightning's loading does.
+torch.serialization.add_safe_globals([LayerSpeedTricks, SpeedTricks])
 
 
 class Dropout(torch.nn.Module):

@@ -39,7 +39,7 @@ def layerwise_inference(
     layer's outputs, by gloo (:func:`_cpu_group`), into every process's copy.
 
     ``sparse``: the convs aggregate a sparse adjacency (``fast.seeds_adjacency``; GraphSAGE's
-    ``sparse_aggregation``), not PyG's scatter over the edges, which copies a row per edge.
+    ``speed.sparse_aggregation``), not PyG's scatter over the edges, which copies a row per edge.
     Where the layer's input is in memory, on the model's device and in its dtype, the
     adjacency's columns are the graph's node ids: the product reads each batch's rows where
     they are, with no gathered copy of them (the neighbour recipe's 200k-node test: 3.75 s,

@@ -17,7 +17,7 @@ from gnnscale.batch import HopLayout, LayerwiseBatch, Layout, SubgraphLayout, la
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import BatchRequest
 from gnnscale.models import fast
-from gnnscale.models.fast import Dropout
+from gnnscale.models.fast import Dropout, LayerSpeedTricks, SpeedTricks
 from gnnscale.models.inference import layerwise_inference
 
 _ADAM_LR = 0.005
@@ -61,9 +61,12 @@ class NodeClassifier(L.LightningModule):
         self.val_acc = MulticlassAccuracy(num_classes, average="micro")
         self.test_acc = MulticlassAccuracy(num_classes, average="micro")
 
-    # What the layers can do, set by the subclasses (see gnnscale.models.fast): compute only
-    # the rows the next layer reads, aggregate with a sparse product, pad rows to multiples.
+    # The speed tricks the layers take, set by the subclasses from their ``speed`` option group
+    # (gnnscale.models.fast.SpeedTricks): compute only the rows the next layer reads (in
+    # training; in evaluation also wherever every norm is row-wise, unless switched off),
+    # aggregate with a sparse product, pad rows to multiples.
     target_only_layers = False
+    target_only_in_eval = True
     sparse_aggregation = False
     bucket_rows = 0
     # The first layer's neighbour reduction, if the loader may compute it on the raw features;
@@ -119,7 +122,9 @@ class NodeClassifier(L.LightningModule):
             edge_attr = edge_attr.to(self.dtype)
         if isinstance(layout, HopLayout):
             # In eval mode a BatchNorm is row-wise too: evaluation computes the rows read next.
-            rowwise = not self.training and fast.rowwise_in_eval(self.gnn)
+            rowwise = (
+                not self.training and self.target_only_in_eval and fast.rowwise_in_eval(self.gnn)
+            )
             return fast.hops_forward(
                 self.gnn,
                 x,
@@ -222,23 +227,11 @@ class GraphSAGE(NodeClassifier):
         dropout: Dropout probability between layers.
         norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
         aggr: Neighbourhood aggregation: ``mean``, ``max``, ``sum``.
-        sparse_aggregation: Aggregate neighbour batches with a sparse-dense product on the CSR
-            adjacency the loader built (torch-sparse's ``SparseTensor``, else ``torch.sparse``)
-            instead of PyG's scatter; ``aggr`` other than mean/max/min/sum always scatters.
-        bucket_rows: Opt-in (0: off). On neighbour batches, round each hidden layer's rows up
-            to a multiple of this (see :func:`target_only`); on Cluster-GCN and GraphSAINT
-            batches, the batch's rows (a ``norm`` sees the real rows only:
-            :func:`padded_forward`). bf16 products on CPU then reuse a few oneDNN primitives
-            instead of building one a batch. It bought less than 3% of s/epoch on any sampler
-            recipe (benchmarks/README.md, ``speed_defaults``; 1024 is the size measured).
-        aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
-            features (the same sparse product, which has no parameters) where they are held in
-            memory in float32 or float64, reading them in place: only the first layer's
-            targets' rows are gathered, and the training step runs that layer as one matrix
-            product on them (``gnnscale.data.layout.aggregate_first_layer``; 0.91x
-            neighbor_sage's fp32 epoch). Needs ``sparse_aggregation`` and no ``norm``; sampled
-            evaluation batches get it too. Elsewhere (a prepared graph, half-precision
-            features) the model aggregates.
+        speed: The speed tricks, each a switch (:class:`~gnnscale.models.fast.SpeedTricks`):
+            ``--model.init_args.speed.cpu_dropout=false`` runs without one. All on but
+            ``bucket_rows``; a trick this model's settings cannot take (target-only layers and
+            the loader's aggregation with a ``norm``, sparse aggregation with another ``aggr``)
+            is off.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -253,9 +246,7 @@ class GraphSAGE(NodeClassifier):
         dropout: float = 0.5,
         norm: str | None = None,
         aggr: str = "mean",
-        sparse_aggregation: bool = True,
-        bucket_rows: int = 0,
-        aggregate_in_loader: bool = True,
+        speed: SpeedTricks = SpeedTricks(),  # noqa: B008 (frozen dataclass)
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -271,13 +262,13 @@ class GraphSAGE(NodeClassifier):
             norm=norm,
             aggr=aggr,
         )
-        self.gnn.dropout = Dropout(dropout)
-        self.target_only_layers = norm is None
-        self.sparse_aggregation = sparse_aggregation and aggr in {"mean", "max", "min", "sum"}
-        if bucket_rows < 0:
-            raise ConfigError(f"--model.bucket_rows must be >= 0 (got {bucket_rows})")
-        self.bucket_rows = bucket_rows
-        if aggregate_in_loader and self.target_only_layers and self.sparse_aggregation:
+        if speed.cpu_dropout:  # else PyG's torch.nn.Dropout
+            self.gnn.dropout = Dropout(dropout)
+        self.target_only_layers = speed.target_only_layers and norm is None
+        self.target_only_in_eval = speed.target_only_layers
+        self.sparse_aggregation = speed.sparse_aggregation and aggr in fast.SPARSE_AGGRS
+        self.bucket_rows = speed.bucket_rows
+        if speed.aggregate_in_loader and self.target_only_layers and self.sparse_aggregation:
             self.first_layer_aggr = aggr
 
 
@@ -302,6 +293,10 @@ class GATv2(NodeClassifier):
         edge_dim: Edge features each attention layer reads (``edge_attr``, of this width: the
             graph's, checked by the DataModule; a prepared folder's ``edge_attr.npy``); none:
             attention on the nodes alone. Evaluation is then sampled or full, not layer-wise.
+        speed: The speed tricks GATv2's layers take, each a switch
+            (:class:`~gnnscale.models.fast.LayerSpeedTricks`: target-only layers, the CPU
+            dropout), both on. GATv2 keeps its edge list: its attention weighs each edge before
+            summing, so GraphSAGE's aggregation tricks do not apply.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
@@ -320,6 +315,7 @@ class GATv2(NodeClassifier):
         attention_dropout: float = 0.0,
         norm: str | None = None,
         edge_dim: int | None = None,
+        speed: LayerSpeedTricks = LayerSpeedTricks(),  # noqa: B008 (frozen dataclass)
         optimizer: OptimizerCallable | None = None,
         lr_scheduler: LRSchedulerCallable | None = None,
     ) -> None:
@@ -353,5 +349,7 @@ class GATv2(NodeClassifier):
         self.edge_dim = edge_dim
         for conv in self.gnn.convs:  # PyG's GAT gives every conv the feature dropout
             conv.dropout = attention_dropout
-        self.gnn.dropout = Dropout(dropout)
-        self.target_only_layers = norm is None
+        if speed.cpu_dropout:  # else PyG's torch.nn.Dropout
+            self.gnn.dropout = Dropout(dropout)
+        self.target_only_layers = speed.target_only_layers and norm is None
+        self.target_only_in_eval = speed.target_only_layers
