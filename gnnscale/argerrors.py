@@ -6,6 +6,7 @@ jsonargparse tries each type of a union and reports every attempt; ``gnnscale.cl
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import pydoc
@@ -52,11 +53,10 @@ def one_line(message: str, command: str = "gnnscale fit") -> str:
         )
     if match:
         given = "null"
-    if len(reasons) == 1 and (match := re.match(r"Option '(\w+)' is not accepted", reasons[0])):
-        option = match[1]
-        cls = pydoc.locate(class_path)
-        names = list(inspect.signature(cls).parameters) if callable(cls) else []
-        close = difflib.get_close_matches(option, names, n=1)
+    refused = r"Option '(\w+)' is not accepted|unrecognized arguments: --([\w.]+)"
+    if len(reasons) == 1 and (match := re.match(refused, reasons[0])) and class_path:
+        option = match[1] or match[2]  # the second: a key of one of the class's groups
+        close = difflib.get_close_matches(option, _options(class_path), n=1)
         hint = (
             f"did you mean {key}.{close[0]}?"
             if close
@@ -66,3 +66,20 @@ def one_line(message: str, command: str = "gnnscale fit") -> str:
     if given and not any("Got value" in r for r in reasons):
         reasons.append(f"got {given!r}")
     return f"{key}: {'; '.join(reasons)}"
+
+
+def _options(class_path: str) -> list[str]:
+    """The keys ``class_path`` takes: its parameters, and ``group.field`` for a dataclass group."""
+    cls = pydoc.locate(class_path)
+    if not callable(cls):
+        return []
+    try:
+        parameters = inspect.signature(cls, eval_str=True).parameters.values()
+    except (NameError, TypeError):  # an annotation that does not resolve here
+        return list(inspect.signature(cls).parameters)
+    names = []
+    for parameter in parameters:
+        names.append(parameter.name)
+        if dataclasses.is_dataclass(group := parameter.annotation):
+            names += [f"{parameter.name}.{f.name}" for f in dataclasses.fields(group)]
+    return names
