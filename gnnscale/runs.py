@@ -12,6 +12,8 @@ may continue, and says which.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -115,12 +117,40 @@ def _saved(state: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _refuse_old_arguments(
+    path: Path, state: dict[str, Any], class_path: Any, subcommand: str
+) -> None:
+    """Refuse a checkpoint whose model's saved arguments its class no longer takes.
+
+    Lightning builds the model from them before it loads the weights; an argument renamed since
+    (an older gnnscale's) would stop it with a traceback.
+    """
+    hparams = state.get("hyper_parameters") or {}
+    class_path = hparams.get("_class_path", class_path)
+    module, _, name = str(class_path).rpartition(".")
+    try:
+        params = inspect.signature(getattr(importlib.import_module(module), name)).parameters
+    except (ImportError, AttributeError, ValueError):
+        return  # not a class this process can name: Lightning's own message stands
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    old = sorted(k for k in hparams if k[0] != "_" and k not in params)
+    if old:
+        raise ConfigError(
+            f"--ckpt_path {path} was saved with arguments {name} no longer takes "
+            f"({', '.join(old)}; CHANGELOG.md says what they became): {subcommand} it with the "
+            "gnnscale that saved it, or drop --ckpt_path to start a new run"
+        )
+
+
 def check(path: Path, wanted: dict[str, Any], subcommand: str) -> None:
     """Refuse ``path`` unless its run had ``wanted``'s settings (for ``fit``; else its model).
 
     ``validate``, ``test`` and ``predict`` may read other data with the same model.
     """
-    differ = _differences(_saved(_load(path)), wanted, model_only=subcommand != "fit")
+    state = _load(path)
+    _refuse_old_arguments(path, state, wanted.get("model.class_path"), subcommand)
+    differ = _differences(_saved(state), wanted, model_only=subcommand != "fit")
     if differ:
         advice = (
             "resume with that run's settings, or drop --ckpt_path to start a new run"

@@ -246,6 +246,19 @@ def test_evaluating_last_reads_the_newest_matching_run_and_writes_beside_it(tmp_
         _planetoid(tmp_path, "test", "--ckpt_path=last")  # hidden 64: no such run
 
 
+def test_a_checkpoint_with_arguments_the_model_no_longer_takes_is_refused_in_one_line(tmp_path):
+    # As one saved before the speed switches moved under --model.speed: Lightning would build
+    # GATv2 from its saved arguments first and stop on the unknown one.
+    _planetoid(tmp_path, "fit", "--trainer.max_epochs=1")
+    last = tmp_path / "runs" / "planetoid" / "version_0" / "checkpoints" / "last.ckpt"
+    state = torch.load(last, weights_only=False)
+    state["hyper_parameters"]["sparse_aggregation"] = True
+    torch.save(state, last)
+    for subcommand in ("fit", "test"):
+        with pytest.raises(ConfigError, match=r"arguments GATv2 no longer takes \(sparse_agg"):
+            _planetoid(tmp_path, subcommand, f"--ckpt_path={last}")
+
+
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
