@@ -14,6 +14,7 @@ from gnnscale.data.link import LinkEvalArgs
 from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest, GraphSpec
+from gnnscale.models.link import top_destinations
 from gnnscale.testing import TINY_ARGS, requires_sampler
 
 TINY = SyntheticRecommender(
@@ -171,7 +172,7 @@ def test_ranking_masks_known_edges_and_keeps_to_the_candidates():
             k,
             batch_size=2,
         )
-        top, truth = ev.rank(scores)
+        top, truth = top_destinations(ev, scores)
         for row, source in enumerate([0, 3, 6]):
             s = table[source].clone()
             s[known[1, known[0] == source]] = -float("inf")

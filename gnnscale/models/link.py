@@ -10,6 +10,7 @@ checkpoints reload without the data.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal, cast
 
 import torch
@@ -25,6 +26,8 @@ from gnnscale.batch import LinkEval
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import GraphSpec
 from gnnscale.models.hetero import HeteroGNN
+
+__all__ = ["LinkPredictor", "top_destinations"]
 
 
 class LinkPredictor(HeteroGNN):
@@ -146,12 +149,12 @@ class LinkPredictor(HeteroGNN):
         def popular(sources: Tensor, dsts: Tensor) -> Tensor:
             return evaluation.popularity[dsts].expand(sources.numel(), -1).clone()
 
-        top, truth = evaluation.rank(scores)
+        top, truth = top_destinations(evaluation, scores)
         num_sources = top.size(0)
         for name, ranked in (
             ("recall", top),
             ("mrr", top),
-            ("popularity", evaluation.rank(popular)[0]),
+            ("popularity", top_destinations(evaluation, popular)[0]),
         ):
             metric = cast(Metric, self.metrics[f"{stage}_{name}"])
             metric.update(ranked, truth)
@@ -182,7 +185,7 @@ class LinkPredictor(HeteroGNN):
         """
         h = self.embed_all(batch)
         src, _, dst = self.target
-        top, _ = batch.rank(lambda sources, dsts: h[src][sources] @ h[dst][dsts].T)
+        top, _ = top_destinations(batch, lambda sources, dsts: h[src][sources] @ h[dst][dsts].T)
         sources = torch.unique(batch.positives[0])  # rank's rows, in its order
         pair = sources.unsqueeze(1) * batch.popularity.numel() + top  # as batch.known's keys
         # A known edge is ranked (last) only when nothing else is: left out.
@@ -194,3 +197,58 @@ class LinkPredictor(HeteroGNN):
             "target": target,
             "score": (h[src][sources[row]] * h[dst][target]).sum(-1),
         }
+
+
+def top_destinations(
+    evaluation: LinkEval, scores: Callable[[Tensor, Tensor], Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Top-``k`` destinations of every source with positives, scored by ``scores``.
+
+    Known edges are never ranked; with ``candidates``, only they and each source's own
+    positives are.
+
+    Args:
+        evaluation: The evaluation step: positives, known edges, candidates, ``k``.
+        scores: ``scores(sources, dsts) -> (len(sources), len(dsts))``.
+
+    Returns:
+        ``(S, k)`` top destinations (global ids), and the positives as ``(row, dst)``: what
+        PyG's ``LinkPredMetric.update`` takes.
+    """
+    sources, row = torch.unique(evaluation.positives[0], return_inverse=True)
+    if not sources.numel():  # a DDP rank whose share holds no source (a tiny graph)
+        return torch.empty(0, evaluation.k, dtype=torch.long), evaluation.positives
+    num_dst = evaluation.popularity.numel()
+    sampled = torch.zeros(num_dst, dtype=torch.bool)
+    if evaluation.candidates is not None:
+        sampled[evaluation.candidates] = True
+    tops = []
+    for chunk in torch.split(torch.arange(sources.numel()), evaluation.batch_size):
+        mine = (row >= chunk[0]) & (row <= chunk[-1])
+        r, d = row[mine] - chunk[0], evaluation.positives[1, mine]
+        if evaluation.candidates is None:
+            cols = torch.arange(num_dst)
+        else:  # the sample, and this chunk's own positives
+            cols = torch.unique(torch.cat([evaluation.candidates, d]))
+        local = torch.full((num_dst,), -1, dtype=torch.long)
+        local[cols] = torch.arange(cols.numel())
+        s = scores(sources[chunk], cols).float()
+        if evaluation.candidates is not None:  # another source's positive is not a candidate
+            own = s[r, local[d]]
+            s[:, ~sampled[cols]] = float("-inf")
+            s[r, local[d]] = own
+        known_r, known_d = _known(evaluation, sources[chunk], num_dst)
+        ranked = local[known_d] >= 0
+        s[known_r[ranked], local[known_d[ranked]]] = float("-inf")
+        tops.append(cols[s.topk(min(evaluation.k, cols.numel()), dim=1).indices])
+    return torch.cat(tops), torch.stack([row, evaluation.positives[1]])
+
+
+def _known(evaluation: LinkEval, sources: Tensor, num_dst: int) -> tuple[Tensor, Tensor]:
+    """Known edges of ``sources``: ``(row in sources, dst)``."""
+    lo = torch.searchsorted(evaluation.known, sources * num_dst)
+    hi = torch.searchsorted(evaluation.known, (sources + 1) * num_dst)
+    counts = hi - lo
+    row = torch.arange(sources.numel()).repeat_interleave(counts)
+    offset = torch.arange(int(counts.sum())) - (counts.cumsum(0) - counts).repeat_interleave(counts)
+    return row, evaluation.known[lo.repeat_interleave(counts) + offset] % num_dst
