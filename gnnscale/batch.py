@@ -7,7 +7,8 @@ worker sets (``gnnscale.data.layout``) and the model's ``forward`` reads:
 
 - :class:`HopLayout`: a neighbour batch, hop by hop, its edges sorted by target;
 - :class:`SubgraphLayout`: a Cluster-GCN or GraphSAINT subgraph, its edges sorted by target;
-- none: the whole graph (a full batch).
+- :class:`WholeGraph`: the whole graph evaluated at once, with the nodes it scores;
+- none: the whole graph as PyG's loaders give it (a full training batch).
 
 What the workers add is decided once, from the ``BatchRequest`` that the model returns and its
 DataModule receives (``gnnscale.handshake``); the DataModule never reads the model's attributes.
@@ -18,20 +19,26 @@ Evaluation batches that are not sampled subgraphs are
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
 
 __all__ = [
+    "FeatureReads",
     "HopLayout",
     "LayerwiseBatch",
     "Layout",
     "LinkEval",
     "SubgraphLayout",
+    "WholeGraph",
+    "feature_reads",
     "layout_of",
+    "loss_count",
+    "supervise",
 ]
 
 
@@ -65,12 +72,61 @@ class SubgraphLayout(NamedTuple):
     rowptr: Tensor
 
 
-Layout = HopLayout | SubgraphLayout
+class WholeGraph(NamedTuple):
+    """The whole graph as one evaluation batch: every node computed, the nodes to score named.
+
+    Args:
+        score: Mask of the nodes scored (the validation or test nodes, a DDP rank's block);
+            none: every node.
+    """
+
+    score: Tensor | None = None
+
+
+Layout = HopLayout | SubgraphLayout | WholeGraph
 
 
 def layout_of(batch: Data) -> Layout | None:
     """The layout a loader's worker gave ``batch``; ``None``: the whole graph, as PyG's."""
     return batch.get("layout")
+
+
+class FeatureReads(NamedTuple):
+    """A batch's feature rows read from a prepared folder, and how many its cache held.
+
+    A loader's transform sets it (``MappedFeatureStore.count_held``) where a cache is filled.
+    """
+
+    cached: int
+    total: int
+
+
+def feature_reads(batch: Any) -> FeatureReads | None:
+    """What ``batch``'s feature rows were read from (``FeatureReads``); none: not counted."""
+    return getattr(batch, "feature_reads", None)
+
+
+def loss_count(batch: Any) -> int:
+    """How many examples ``batch``'s loss covers (``supervise``): seeds, labelled pairs, graphs.
+
+    0 for a batch that is not a gnnscale DataModule's.
+    """
+    return int(getattr(batch, "num_loss_nodes", 0))
+
+
+def supervise(batch: Data | HeteroData, weight: Tensor, count: int, on: Any = None) -> None:
+    """Set what a training batch's loss covers; every DataModule's training batches go through it.
+
+    ``loss_weight`` (a weight per node, pair or graph, whose sum per batch is 1 in expectation)
+    goes on ``on`` (a node or edge type's store of a heterogeneous batch; default: the batch),
+    ``num_loss_nodes`` (what ``ThroughputMonitor`` counts) on the batch. A batch repeated to even
+    out the DDP ranks' counts (``padding``, ``gnnscale.data.resume``) weighs nothing, so every
+    example trains once per epoch across ranks.
+    """
+    if batch.get("padding", False):
+        weight, count = torch.zeros_like(weight), 0
+    (batch if on is None else on).loss_weight = weight
+    batch.num_loss_nodes = count
 
 
 @dataclass

@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 from torch_geometric.nn import MessagePassing
 
+from gnnscale.batch import feature_reads, loss_count
 from gnnscale.errors import NO_ROOM, GnnscaleError
 from gnnscale.measure import peak_rss_mb
 
@@ -65,12 +66,11 @@ class ThroughputMonitor(L.Callback):
         """Count the batch's loss nodes and note when the last batch ended."""
         if pl_module.device.type == "cuda":
             torch.cuda.synchronize(pl_module.device)
-        self._nodes += int(getattr(batch, "num_loss_nodes", 0))
+        self._nodes += loss_count(batch)
         self._batches += 1
-        cached = getattr(batch, "cached_rows", None)  # a feature cache's hits (node.py)
-        if cached is not None:
-            self._cached[0] += int(cached)
-            self._cached[1] += int(batch.feature_rows)
+        if (reads := feature_reads(batch)) is not None:  # a feature cache's hits
+            self._cached[0] += reads.cached
+            self._cached[1] += reads.total
         self._end = time.perf_counter()
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -635,7 +635,7 @@ def test_whole_graph_evaluation_under_ddp_scores_and_predicts_each_node_once(tmp
         for stage, loader in (("test", dm.test_dataloader()), ("predict", dm.predict_dataloader())):
             assert isinstance(loader, RankShare)  # not a DataLoader: Lightning leaves it
             (batch,) = list(loader)
-            scored[stage].append(batch.eval_mask if mode == "full" else batch.mask)
+            scored[stage].append(batch.layout.score if mode == "full" else batch.mask)
     for stage, whole in (
         ("test", dm.data.test_mask),
         ("predict", torch.ones_like(dm.data.test_mask)),

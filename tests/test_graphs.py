@@ -270,7 +270,7 @@ def test_a_model_that_does_not_fit_the_graphs_is_refused(store):
 def _epoch(dm: GraphDataModule, rank: int, epoch: int) -> list[tuple[np.ndarray, np.ndarray]]:
     # What DDP's ranks see; every rank takes rank 0's seed.
     strategy = SimpleNamespace(broadcast=lambda seed: 7)
-    dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=strategy)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=rank, strategy=strategy, training=True)
     loader = dm.train_dataloader()
     loader.sampler.set_epoch(epoch)  # as Lightning does each epoch
     batches = (dm.on_before_batch_transfer(b, 0) for b in loader)  # as Lightning does

@@ -151,7 +151,7 @@ def test_the_feature_cache_keeps_to_its_budget_and_holds_rows_the_sampler_draws(
     assert grown <= budget + 4 * cfg.num_nodes + (1 << 20), grown
     held = read = 0
     for batch in dm.train_dataloader():
-        held, read = held + batch.cached_rows, read + batch.feature_rows
+        held, read = held + batch.feature_reads.cached, read + batch.feature_reads.total
     share = cache.ids.numel() / cfg.num_nodes  # 8%: what as many rows at random would hold
     assert held / read > 4 * share, (held / read, share)
 

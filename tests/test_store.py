@@ -138,11 +138,12 @@ def _check_cache(fs, budget):
     """The cache keeps to its budget and held some of the batches' rows (none without one)."""
     held = fs.count_held(Data())
     if not budget:
-        assert not fs.cache and held.feature_rows == 0
+        assert not fs.cache and held.feature_reads.total == 0
         return
     rows = sum(c.ids.numel() for c in fs.cache.values())
     assert 0 < sum(c.nbytes for c in fs.cache.values()) <= budget and rows > 0
-    assert 0 < held.cached_rows < held.feature_rows, (held.cached_rows, held.feature_rows)
+    reads = held.feature_reads
+    assert 0 < reads.cached < reads.total, reads
 
 
 @requires_sampler
@@ -789,9 +790,9 @@ def test_the_heterogeneous_datamodules_feature_cache_changes_no_batch(tmp_path):
         for node_type in a.node_types:
             for key, value in a[node_type].items():
                 assert torch.equal(torch.as_tensor(value), torch.as_tensor(b[node_type][key]))
-    held = sum(b.cached_rows for b in cached)
-    assert 0 < held < sum(b.feature_rows for b in cached)
-    assert "cached_rows" not in plain[0]
+    held = sum(b.feature_reads.cached for b in cached)
+    assert 0 < held < sum(b.feature_reads.total for b in cached)
+    assert "feature_reads" not in plain[0]
     with pytest.raises(ConfigError, match="applies to --data.dataset prepared only"):
         HeteroNeighborDataModule(feature_cache_gib=1.0)
 
@@ -897,9 +898,9 @@ def test_the_link_datamodules_feature_cache_changes_no_batch(tmp_path):
         for store in (*a.node_types, *a.edge_types):
             for key, value in a[store].items():
                 assert torch.equal(torch.as_tensor(value), torch.as_tensor(b[store][key]))
-    held = sum(b.cached_rows for b in cached)
-    assert 0 < held < sum(b.feature_rows for b in cached)
-    assert "cached_rows" not in plain[0]
+    held = sum(b.feature_reads.cached for b in cached)
+    assert 0 < held < sum(b.feature_reads.total for b in cached)
+    assert "feature_reads" not in plain[0]
     with pytest.raises(ConfigError, match="applies to --data.dataset prepared only"):
         LinkDataModule(feature_cache_gib=1.0)
 

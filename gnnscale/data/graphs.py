@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch_geometric.data import Batch, Data, InMemoryDataset
 
+from gnnscale.batch import supervise
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.loaders import resumable
 from gnnscale.data.resume import ResumableLoader
@@ -379,9 +380,12 @@ class GraphDataModule(L.LightningDataModule):
         return self._loader("all")
 
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
-        """Under DDP, a training batch repeated to even out the ranks' counts weighs 0."""
-        if batch.get("padding", False):
-            batch.loss_weight, batch.num_loss_nodes = batch.loss_weight * 0, 0
+        """Under DDP, a training batch repeated to even out the ranks' counts weighs 0.
+
+        The collate weighed its graphs (evaluation's padding graphs 0, which the model skips).
+        """
+        if self.trainer is not None and self.trainer.training:
+            supervise(batch, batch.loss_weight, batch.num_loss_nodes)
         return batch
 
 

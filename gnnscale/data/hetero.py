@@ -24,6 +24,7 @@ from torch_geometric.data import HeteroData
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.typing import EdgeType
 
+from gnnscale.batch import supervise
 from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
@@ -390,8 +391,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
         """
         if self.trainer is not None and self.trainer.training and isinstance(batch, HeteroData):
             store = batch[self.target_type]
-            padding = bool(batch.get("padding", False))
-            store.loss_weight = torch.zeros(store.num_nodes)
-            store.loss_weight[: store.batch_size] = 0.0 if padding else 1.0 / self.batch_size
-            batch.num_loss_nodes = 0 if padding else store.batch_size  # for ThroughputMonitor
+            weight = torch.zeros(store.num_nodes)
+            weight[: store.batch_size] = 1.0 / self.batch_size
+            supervise(batch, weight, store.batch_size, on=store)
         return batch

@@ -37,7 +37,7 @@ from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler import NegativeSampling
 from torch_geometric.typing import EdgeType
 
-from gnnscale.batch import LinkEval
+from gnnscale.batch import LinkEval, supervise
 from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
 from gnnscale.data.datasets import DATASETS, check_root, load_dataset
 from gnnscale.data.hetero import HeteroGraphData, edge_key
@@ -450,8 +450,6 @@ class LinkDataModule(HeteroGraphData):
         if self.trainer is not None and self.trainer.training and isinstance(batch, HeteroData):
             store = batch[self.target]
             per_batch = self.batch_size * (1 + self.num_negatives + self.num_hard_negatives)
-            weight = 0.0 if batch.get("padding", False) else 1.0 / per_batch
-            store.loss_weight = torch.full((store.edge_label.numel(),), weight)
-            # pairs, for ThroughputMonitor
-            batch.num_loss_nodes = store.edge_label.numel() if weight else 0
+            pairs = store.edge_label.numel()
+            supervise(batch, torch.full((pairs,), 1.0 / per_batch), pairs, on=store)
         return batch

@@ -34,7 +34,7 @@ from torch_geometric.loader import (
     NeighborLoader,
 )
 
-from gnnscale.batch import LayerwiseBatch
+from gnnscale.batch import LayerwiseBatch, WholeGraph, supervise
 from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
@@ -356,7 +356,7 @@ class NodeDataModule(L.LightningDataModule):
             mask = mine if mask is None else mine & mask
         if mode == "full":  # every rank computes the whole graph
             data = copy.copy(data)
-            data.eval_mask = mask
+            data.layout = WholeGraph(mask)
             return rank_own(self.trainer, data)
         # Ids and edges only, as PyG's inference examples: each layer gathers its own input;
         # under DDP each rank computes its block (summed into every rank's copy).
@@ -423,9 +423,7 @@ class NodeDataModule(L.LightningDataModule):
         Under DDP, a batch repeated to even out the ranks' counts (``padding``) weighs 0.
         """
         if self.trainer is not None and self.trainer.training and isinstance(batch, Data):
-            batch.loss_weight, batch.num_loss_nodes = self._loss_weight(batch)
-            if batch.get("padding", False):
-                batch.loss_weight, batch.num_loss_nodes = batch.loss_weight * 0, 0
+            supervise(batch, *self._loss_weight(batch))
         return batch
 
     def _loss_weight(self, batch: Data) -> tuple[Tensor, int]:

@@ -265,7 +265,7 @@ class PreparedSource:
     def count_held(self, then: Callable | None = None) -> Callable | None:
         """The loaders' transform: the cache's counts on each batch, then ``then``.
 
-        ``cached_rows`` and ``feature_rows`` (``MappedFeatureStore.count_held``); with no cache,
+        ``feature_reads`` (``MappedFeatureStore.count_held``); with no cache,
         ``then`` alone.
         """
         fs = self.stores[0]

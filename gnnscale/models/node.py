@@ -13,7 +13,14 @@ from torch_geometric import nn as pyg_nn
 from torch_geometric.data import Data
 from torchmetrics.classification import MulticlassAccuracy
 
-from gnnscale.batch import HopLayout, LayerwiseBatch, Layout, SubgraphLayout, layout_of
+from gnnscale.batch import (
+    HopLayout,
+    LayerwiseBatch,
+    Layout,
+    SubgraphLayout,
+    WholeGraph,
+    layout_of,
+)
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import BatchRequest
 from gnnscale.models import fast
@@ -31,8 +38,14 @@ def _scored_nodes(batch: Data | LayerwiseBatch) -> Tensor:
     elif "batch_size" in batch:  # sampled: the seeds come first
         return batch.n_id[: batch.batch_size]
     else:
-        mask, num_nodes = batch.get("eval_mask"), batch.num_nodes
+        mask, num_nodes = _score_mask(batch), batch.num_nodes
     return torch.arange(num_nodes) if mask is None else mask.nonzero().view(-1)
+
+
+def _score_mask(batch: Data) -> Tensor | None:
+    """The nodes a whole-graph batch scores (``WholeGraph``); none: every node."""
+    layout = layout_of(batch)
+    return layout.score if isinstance(layout, WholeGraph) else None
 
 
 class NodeClassifier(L.LightningModule):
@@ -105,7 +118,8 @@ class NodeClassifier(L.LightningModule):
                 :class:`HopLayout` (neighbour batch): logits for the seeds, each layer
                 computing only the rows the next one reads (``fast.hops_forward``). A
                 :class:`SubgraphLayout` (Cluster-GCN, GraphSAINT): every node, aggregated with a
-                sparse product (``fast.subgraph_forward``). None: PyG's forward.
+                sparse product (``fast.subgraph_forward``). :class:`WholeGraph` or none: PyG's
+                forward.
             edge_attr: Edge features, in ``edge_index``'s order, for convs with an ``edge_dim``.
         """
         if (
@@ -174,7 +188,7 @@ class NodeClassifier(L.LightningModule):
         out, y = self(batch.x, batch.edge_index, layout_of(batch), self._edges(batch)), batch.y
         if "batch_size" in batch:  # sampled: the evaluated seed nodes come first
             return out[: batch.batch_size], y[: batch.batch_size]
-        mask = batch.get("eval_mask")  # the whole graph
+        mask = _score_mask(batch)  # the whole graph
         return (out, y) if mask is None else (out[mask], y[mask])
 
     def validation_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> None:

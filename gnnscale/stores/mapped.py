@@ -36,6 +36,7 @@ from torch_geometric.data.graph_store import EdgeLayout
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput
 from torch_geometric.typing import EdgeTensorType, EdgeType, NodeType
 
+from gnnscale.batch import FeatureReads
 from gnnscale.errors import ConfigError
 from gnnscale.stores import link_split, reads
 from gnnscale.stores.prepared import PreparedGraph
@@ -137,10 +138,11 @@ class MappedFeatureStore(FeatureStore):
     def count_held(self, batch: Any) -> Any:
         """A loader's transform: ``batch`` with the feature rows the cache held and gathered.
 
-        ``cached_rows`` of ``feature_rows``: those of this process since the last count. A
-        loader's worker gathers one batch at a time, so they are the batch's own.
+        ``batch.feature_reads`` (``gnnscale.batch.FeatureReads``): those of this process since
+        the last count. A loader's worker gathers one batch at a time, so they are the batch's
+        own.
         """
-        (batch.cached_rows, batch.feature_rows), self._held = self._held, [0, 0]
+        batch.feature_reads, self._held = FeatureReads(*self._held), [0, 0]
         return batch
 
     def hold_drawn_rows(

@@ -22,6 +22,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DDPStrategy
 from gnnscale import GraphSAGE, make_synthetic_graph
+from gnnscale.batch import WholeGraph
 from gnnscale.data.loaders import single
 from gnnscale.testing import TINY
 
@@ -36,8 +37,9 @@ class Shards(L.LightningDataModule):
             nodes = hit[:10]                               # 10 of 10 right
         else:
             nodes = torch.cat([hit[10:60], miss[:100]])    # 50 of 150 right
-        data.eval_mask = torch.zeros(data.num_nodes, dtype=torch.bool)
-        data.eval_mask[nodes] = True
+        score = torch.zeros(data.num_nodes, dtype=torch.bool)
+        score[nodes] = True
+        data.layout = WholeGraph(score)
         return single(data)
 
 L.seed_everything(0)
