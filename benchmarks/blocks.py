@@ -83,7 +83,7 @@ def stamp(command: str, threads: str) -> str:
     import lightning
     import torch_geometric
 
-    from gnnscale.data.sampler import describe
+    from gnnscale.sampler import describe
 
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return (

@@ -179,7 +179,7 @@ def profile_gnnscale(tiny: bool) -> dict[str, Any]:
     from roofline import build
 
     import gnnscale.data.node as node
-    from gnnscale.data.sampler import HopSampler
+    from gnnscale.sampler import HopSampler
 
     timed = _Timed()
     patches = [

@@ -7,10 +7,10 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.sampler import NeighborSampler
 
-import gnnscale.data.sampler as gsampler
+import gnnscale.sampler as gsampler
 from gnnscale import LoaderArgs, NeighborDataModule, make_synthetic_graph
-from gnnscale.data.sampler import HopSampler, sample_hops
 from gnnscale.handshake import BatchRequest
+from gnnscale.sampler import HopSampler, sample_hops
 from gnnscale.testing import TINY, requires_sampler
 
 

@@ -36,10 +36,10 @@ from gnnscale import (
     stores,
 )
 from gnnscale.data.args import EvalArgs
-from gnnscale.data.sampler import HopSampler
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.prepare import prepare_main
+from gnnscale.sampler import HopSampler
 from gnnscale.stores import reads, writing
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph

@@ -20,7 +20,6 @@ from gnnscale.data.link_graphs import LinkSplit
 from gnnscale.data.neighbor import NeighborDataModule
 from gnnscale.data.node import FullBatchDataModule, NodeDataModule
 from gnnscale.data.pinsage import PinSAGENeighbors
-from gnnscale.data.sampler import sampling_backend
 from gnnscale.data.subgraph import ClusterDataModule, SAINTDataModule
 from gnnscale.data.synthetic import (
     SyntheticGraph,
@@ -29,6 +28,7 @@ from gnnscale.data.synthetic import (
     make_recommender_graph,
     make_synthetic_graph,
 )
+from gnnscale.sampler import sampling_backend
 
 __all__ = [
     "DATASETS",

@@ -35,12 +35,12 @@ from gnnscale.data.args import (
 from gnnscale.data.datasets import check_root
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader, SeededSampling
-from gnnscale.data.sampler import log_backend_once
 from gnnscale.data.sources import GraphSource, check_cache, open_source
 from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.memory import MemoryProfile, proportional_batches
+from gnnscale.sampler import log_backend_once
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 

@@ -48,7 +48,6 @@ from gnnscale.data.pinsage import (
     PinSAGENeighbors,
 )
 from gnnscale.data.resume import ResumableLoader, SeededSampling
-from gnnscale.data.sampler import log_backend_once
 from gnnscale.data.sources import (
     check_cache,
     open_source,
@@ -58,6 +57,7 @@ from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import GraphSpec
 from gnnscale.memory import MemoryProfile, proportional_batches
+from gnnscale.sampler import log_backend_once
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 

@@ -45,12 +45,12 @@ from gnnscale.data.datasets import DATASETS, check_root, load_dataset, validate_
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_block, rank_own, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
-from gnnscale.data.sampler import HopSampler, describe, log_backend_once, vectorized
 from gnnscale.data.sources import GraphSource, open_source, refuse_for_prepared
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.memory import MemoryProfile, tensor_mb
+from gnnscale.sampler import HopSampler, describe, log_backend_once, vectorized
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

@@ -29,9 +29,9 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.typing import EdgeType
 
 from gnnscale.data.datasets import SPLIT_MASKS, validate_graph
-from gnnscale.data.sampler import HopSampler
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MiB, store_tensors, tensor_mb
+from gnnscale.sampler import HopSampler
 from gnnscale.stores.mapped import (
     MappedFeatureStore,
     MappedGraphStore,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 import warnings
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 import torch_geometric.typing
@@ -28,9 +28,24 @@ from torch import Tensor
 from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import SubgraphType
 
-from gnnscale.stores.mapped import MappedGraphStore
+__all__ = ["HopSampler", "ReadsAhead", "describe", "sample_hops", "vectorized"]
 
-__all__ = ["HopSampler", "describe", "sample_hops", "vectorized"]
+
+@runtime_checkable
+class ReadsAhead(Protocol):
+    """A graph store that reads a batch's neighbour lists ahead and checks the ids drawn.
+
+    A prepared folder's (``gnnscale.stores.MappedGraphStore``): :class:`HopSampler` asks it
+    before and after each batch, so the sampler needs nothing from the stores.
+    """
+
+    def read_ahead(self, seeds: Any, fanout: Any) -> None:
+        """Read the neighbour lists ``seeds`` will need, ``fanout`` hops out, in flight."""
+        ...
+
+    def check_sampled(self, node: Any) -> None:
+        """Refuse a sampled batch whose node ids lie outside their type's count."""
+        ...
 
 
 def sampling_backend() -> str:
@@ -179,8 +194,8 @@ class HopSampler(NeighborSampler):
         with warnings.catch_warnings():  # its advice to install pyg-lib, needless here
             warnings.filterwarnings("ignore", "Using '.*' without a 'pyg-lib' installation")
             super().__init__(data, *args, **kwargs)
-        mapped = isinstance(data, tuple) and isinstance(data[1], MappedGraphStore)
-        self.store: MappedGraphStore | None = data[1] if mapped else None
+        mapped = isinstance(data, tuple) and isinstance(data[1], ReadsAhead)
+        self.store: ReadsAhead | None = data[1] if mapped else None
 
     def sample_from_nodes(self, inputs: NodeSamplerInput) -> Any:
         """PyG's, read ahead and checked over a prepared folder's store pair."""
