@@ -100,7 +100,9 @@ class GraphSpec:
         k: The ranking cut-off of link evaluation (``recall@k``); 0 for node classification.
     """
 
-    node_types: tuple[str, ...] = ()  # defaults: for the CLI, which links every field
+    # Defaults only so that jsonargparse, which shows a model's ``graph`` as a group of these
+    # fields, requires none of them on the command line: the CLI links the whole spec.
+    node_types: tuple[str, ...] = ()
     edge_types: tuple[EdgeType, ...] = ()
     num_features: Mapping[str, int] = field(default_factory=dict)
     num_nodes: Mapping[str, int] = field(default_factory=dict)

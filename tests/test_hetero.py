@@ -124,6 +124,28 @@ def test_the_model_is_built_for_the_graph_spec_and_reads_an_older_checkpoints():
 
 
 @requires_sampler
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+def test_layers_on_the_rows_read_next_give_the_seeds_what_every_row_gives(num_layers):
+    dm = _dm(batch_size=64, num_neighbors=[5, 3, 2][:num_layers])
+    torch.manual_seed(0)
+    trimmed = _model(dm, hidden_channels=16, num_layers=num_layers, dropout=0.0)
+    full = _model(dm, hidden_channels=16, num_layers=num_layers, target_only_layers=False)
+    full.load_state_dict(trimmed.state_dict())
+    batch = next(iter(dm._loader(dm._mask("train_mask"), 64)))
+    (out, _, _), (ref, _, _) = trimmed._seeds(batch), full._seeds(batch)
+    torch.testing.assert_close(out, ref)  # eval and training compute the same seeds
+    rows = trimmed._encode(batch, {"item": 64})
+    assert rows["item"].size(0) == 64 and all(rows[t].size(0) == 0 for t in ("user", "category"))
+    grads = []
+    for model in (trimmed, full):
+        model.head(model._encode(batch, model._only({"item": 64}))["item"][:64]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name in grads[0]:
+        torch.testing.assert_close(grads[0][name].to_dense(), grads[1][name].to_dense())
+
+
+@requires_sampler
 def test_training_loader_is_seeded_and_resumable():
     dm = _dm()
 
@@ -301,7 +323,6 @@ class Record(L.Callback):
         path.write_text(json.dumps(old + [seeds]))
 
     def on_train_batch_start(self, trainer, module, batch, idx):
-        store = batch["item"]
         size = store.batch_size
         seeds = store.n_id[:size][store.loss_weight[:size] > 0].tolist()
         self._add(trainer, f"train{trainer.current_epoch}", seeds)

@@ -187,6 +187,21 @@ def test_ranking_masks_known_edges_and_keeps_to_the_candidates():
 
 
 @requires_sampler
+def test_layers_on_the_rows_read_next_score_the_pairs_as_every_row_does():
+    dm = _dm(num_hard_negatives=1)  # hard negatives end anywhere in the batch's subgraph
+    torch.manual_seed(0)
+    trimmed = LinkPredictor(dm.graph_spec, hidden_channels=16)
+    full = LinkPredictor(dm.graph_spec, hidden_channels=16, target_only_layers=False)
+    full.load_state_dict(trimmed.state_dict())
+    batch = next(iter(dm.train_dataloader()))
+    pairs = batch[RATES].edge_label_index
+    rows = trimmed._ends(pairs)
+    h = trimmed._encode(batch, trimmed._only(rows))
+    assert h["item"].size(0) == rows["item"] < batch["item"].num_nodes  # fewer rows computed
+    torch.testing.assert_close(trimmed._score(h, pairs), full._score(full(batch), pairs))
+
+
+@requires_sampler
 def test_hard_negatives_come_from_the_batch_and_are_not_edges():
     dm = _dm(num_negatives=0, num_hard_negatives=2)
     known = _keys(

@@ -11,6 +11,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torch_geometric.data import HeteroData
 from torch_geometric.nn import SAGEConv, to_hetero
+from torch_geometric.typing import EdgeType
 from torchmetrics.classification import MulticlassAccuracy
 
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
@@ -35,6 +36,56 @@ class _SAGE(nn.Module):
         return x
 
 
+def target_only(
+    encoder: nn.Module,
+    x: dict[str, Tensor],
+    edge_index: dict[EdgeType, Tensor],
+    seeds: dict[str, int],
+) -> dict[str, Tensor]:
+    """``encoder``'s output for each type's first ``seeds`` rows, each layer on the rows read next.
+
+    ``encoder`` is ``_SAGE`` made heterogeneous by ``to_hetero``; this runs its modules (its
+    weights, a checkpoint's) as its own forward does, relations averaged per node type, but
+    computes at each layer only the rows the next one reads, as gnnscale's homogeneous
+    ``target_only`` does: the last layer the seeds, the layer before them and the sources of
+    the seeds' edges, and so on. PyG's forward computes every sampled node at every layer,
+    though a loss reads the seeds alone. Samplers list the nodes hop by hop, so each layer's
+    rows are a prefix of its type's; any order is still exact, only trimmed less.
+
+    Args:
+        encoder: The ``to_hetero`` module (``convs[i][src__rel__dst]``, ``dropout[type]``).
+        x: Input rows per node type, every sampled node.
+        edge_index: Local edges per relation.
+        seeds: Output rows per node type (0: none).
+    """
+    convs = cast(list[nn.ModuleDict], encoder.convs)
+    into: dict[str, int] = {}
+    for _, _, dst in edge_index:
+        into[dst] = into.get(dst, 0) + 1
+    # Rows each layer outputs, last layer first: a layer's targets and the sources they read.
+    rows = [dict(seeds)]
+    for _ in convs[1:]:
+        need = dict(rows[-1])
+        for (src, _, dst), index in edge_index.items():
+            read = index[0][index[1] < rows[-1].get(dst, 0)]
+            if read.numel():
+                need[src] = max(need.get(src, 0), int(read.max()) + 1)
+        rows.append(need)
+    rows.reverse()
+    for i, conv in enumerate(convs):
+        out: dict[str, Tensor] = {}
+        for (src, rel, dst), index in edge_index.items():
+            num_dst = rows[i].get(dst, 0)
+            kept = index[:, index[1] < num_dst]
+            h = conv["__".join((src, rel, dst))]((x[src], x[dst][:num_dst]), kept)
+            out[dst] = h if dst not in out else out[dst] + h
+        x = {t: h / into[t] for t, h in out.items()}
+        if i < len(convs) - 1:
+            dropout = cast(nn.ModuleDict, encoder.dropout)
+            x = {t: dropout[t](h.relu()) for t, h in x.items()}
+    return x
+
+
 class HeteroGNN(L.LightningModule):
     """What ``LinkPredictor`` and ``gnnscale.HeteroSAGE`` share: inputs, encoder, optimizers.
 
@@ -49,6 +100,11 @@ class HeteroGNN(L.LightningModule):
     optimizer: OptimizerCallable
     embedding_optimizer: OptimizerCallable
     encoder: nn.Module
+    target_only_layers = True
+
+    def _only(self, seeds: dict[str, int]) -> dict[str, int] | None:
+        """``seeds`` for :meth:`_encode` where layers compute the rows read next, else none."""
+        return seeds if self.target_only_layers else None
 
     def batch_request(self) -> BatchRequest:
         """What this model's batches must carry (``gnnscale.handshake``): one fan-out per layer."""
@@ -72,8 +128,12 @@ class HeteroGNN(L.LightningModule):
         )
         hp["graph"] = graph.as_dict()  # plain values: a checkpoint reloads without the data
 
-    def _encode(self, batch: HeteroData) -> dict[str, Tensor]:
-        """Embeddings of every node of the (sub)graph, per node type."""
+    def _encode(self, batch: HeteroData, seeds: dict[str, int] | None = None) -> dict[str, Tensor]:
+        """Embeddings of the (sub)graph's nodes, per node type.
+
+        Every node's; given ``seeds``, of each type's first ``seeds`` rows only, each layer
+        computing only the rows the next one reads (:func:`target_only`).
+        """
         x = {}
         for t in batch.node_types:
             if t in self.inputs:
@@ -82,6 +142,8 @@ class HeteroGNN(L.LightningModule):
                 table = cast(nn.Embedding, self.tables[t])
                 ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
                 x[t] = table(ids.to(table.weight.device)).to(self.device)
+        if seeds is not None:
+            return target_only(self.encoder, x, batch.edge_index_dict, seeds)
         return self.encoder(x, batch.edge_index_dict)
 
     @staticmethod
@@ -148,6 +210,9 @@ class HeteroSAGE(HeteroGNN):
             ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
         optimizer: Optimizer of the dense weights.
         embedding_optimizer: Optimizer of the tables.
+        target_only_layers: In training and evaluation, compute each layer only for the rows
+            the next one reads (:func:`target_only`; the seeds' outputs are the same); false:
+            PyG's forward over every sampled node at every layer.
     """
 
     def __init__(
@@ -162,9 +227,11 @@ class HeteroSAGE(HeteroGNN):
         accumulate_grad_batches: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
         embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        target_only_layers: bool = True,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
+        self.target_only_layers = target_only_layers
         if min(num_layers, hidden_channels, accumulate_grad_batches) < 1 or num_classes < 2:
             raise ConfigError(
                 "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "
@@ -196,13 +263,14 @@ class HeteroSAGE(HeteroGNN):
         """Logits and labels of the batch's seeds, and the store they come from."""
         store = batch[self.target]
         size = store.batch_size
-        return self(batch)[:size].float(), store.y[:size], store
+        h = self._encode(batch, self._only({self.target: size}))[self.target]
+        return self.head(h[:size]).float(), store.y[:size], store
 
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
         """Weighted cross-entropy on the seeds; steps every ``accumulate_grad_batches``."""
-        h = self._encode(batch)
         store = batch[self.target]
         size = store.batch_size
+        h = self._encode(batch, self._only({self.target: size}))
         out, y = self.head(h[self.target][:size]).float(), store.y[:size]
         loss = (F.cross_entropy(out, y, reduction="none") * store.loss_weight[:size]).sum()
         if not torch.isfinite(loss):

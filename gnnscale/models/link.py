@@ -48,6 +48,9 @@ class LinkPredictor(HeteroGNN):
             ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
         optimizer: Optimizer of the dense weights.
         embedding_optimizer: Optimizer of the sparse tables.
+        target_only_layers: In training, compute each layer only for the rows the next one
+            reads (``gnnscale.models.hetero.target_only``; the pairs' scores are the same);
+            false: PyG's forward over every sampled node at every layer.
     """
 
     def __init__(
@@ -61,9 +64,11 @@ class LinkPredictor(HeteroGNN):
         accumulate_grad_batches: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
         embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        target_only_layers: bool = True,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
+        self.target_only_layers = target_only_layers
         if num_layers < 1 or hidden_channels < 1 or accumulate_grad_batches < 1:
             raise ConfigError(
                 "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "
@@ -98,6 +103,13 @@ class LinkPredictor(HeteroGNN):
         """Embeddings of every node of the (sub)graph, per node type."""
         return self._encode(batch)
 
+    def _ends(self, pairs: Tensor) -> dict[str, int]:
+        """The rows the pairs' ends need of each type: the rows a training loss reads."""
+        src, _, dst = self.target
+        rows = {src: int(pairs[0].max()) + 1}
+        rows[dst] = max(rows.get(dst, 0), int(pairs[1].max()) + 1)
+        return rows
+
     def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
         src, _, dst = self.target
         return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1) * self.hparams[
@@ -107,8 +119,9 @@ class LinkPredictor(HeteroGNN):
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
         """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
         store = batch[self.target]
-        h = self(batch)
-        score = self._score(h, store.edge_label_index).float()
+        pairs = store.edge_label_index
+        h = self._encode(batch, self._only(self._ends(pairs)))
+        score = self._score(h, pairs).float()
         loss = (
             F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
             * store.loss_weight
