@@ -2,6 +2,7 @@
 
 - :func:`peak_rss_mb`, :func:`rss_mb`, :func:`reset_peak_rss` and :class:`PeakRSS`: resident
   memory of this process, its high-water mark, and a sampler for windows the mark cannot bound.
+- :class:`ProcessTreeMemory`: the peaks of another process and of every process it starts.
 - :class:`SavedTensors` and :func:`saved_tensor_bytes`: the activation memory of a training
   step, deterministic.
 - :func:`read_metrics`: the columns of a run's ``metrics.csv`` (Lightning's ``CSVLogger``).
@@ -20,6 +21,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -28,6 +30,8 @@ from torch import Tensor
 
 __all__ = [
     "PeakRSS",
+    "ProcessPeaks",
+    "ProcessTreeMemory",
     "anon_mb",
     "cpu_bf16_native",
     "SavedTensors",
@@ -130,6 +134,108 @@ class PeakRSS:
         self._stop.set()
         self._thread.join()
         self.peak_mb = max(self.peak_mb, self.measure())
+
+
+@dataclass
+class ProcessPeaks:
+    """What :class:`ProcessTreeMemory` saw of one process, in MiB.
+
+    Args:
+        pid: The process.
+        depth: Its place in the tree: 0 the root, 1 a child of the root (a loader worker, or a
+            rank that ``torchrun`` started), 2 a grandchild...
+        anon_mb: Peak private resident memory (``RssAnon``): no mapped file's pages, no shared
+            memory.
+        rss_mb: Peak resident memory (``VmRSS``).
+        hwm_mb: The kernel's high-water mark of the resident memory (``VmHWM``), last read.
+    """
+
+    pid: int
+    depth: int
+    anon_mb: float = 0.0
+    rss_mb: float = 0.0
+    hwm_mb: float = 0.0
+
+
+def _status_fields(pid: int) -> dict[str, float]:
+    """``RssAnon``, ``VmRSS`` and ``VmHWM`` of a process in MiB (none for a zombie)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("RssAnon", "VmRSS", "VmHWM"):
+            fields[key] = int(value.split()[0]) / 1024
+    return fields
+
+
+class ProcessTreeMemory:
+    """Samples a process and every process under it, in a thread, inside a ``with`` block.
+
+    Every ``interval_s`` it lists the tree of ``root`` (children, grandchildren, ...) and
+    keeps, for each process it saw, its peaks (:class:`ProcessPeaks` in :attr:`processes`, by
+    pid). Linux only (``/proc/<pid>/status``). Processes that live and die between two samples
+    are missed, and so are peaks between samples; ``VmHWM`` is the kernel's own mark, so only
+    the rise after the last sample of a process that exits is.
+
+    Args:
+        root: The process whose tree is sampled (a ``subprocess.Popen``'s ``pid``).
+        interval_s: Seconds between samples.
+        pss_depth: Also keep :attr:`pss_mb`, the peak of the proportional set size summed over
+            the processes at this depth and deeper (a page shared by k of them counts 1/k in
+            each, so shared and mapped pages count once in all). ``None``: not read (it costs a
+            walk of each process's page tables).
+    """
+
+    def __init__(self, root: int, interval_s: float = 0.5, pss_depth: int | None = None) -> None:
+        self.root, self.interval_s, self.pss_depth = root, interval_s, pss_depth
+        self.processes: dict[int, ProcessPeaks] = {}
+        self.pss_mb = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _tree(self) -> list[tuple[psutil.Process, int]]:
+        tree, level, depth = [], [psutil.Process(self.root)], 0
+        while level:
+            tree += [(p, depth) for p in level]
+            children = []
+            for p in level:
+                with contextlib.suppress(psutil.Error):  # processes come and go between calls
+                    children += p.children()
+            level, depth = children, depth + 1
+        return tree
+
+    def sample(self) -> None:
+        """Read the tree once (the thread does it every ``interval_s``)."""
+        pss = 0.0
+        for process, depth in self._tree():
+            with contextlib.suppress(psutil.Error, OSError):
+                fields = _status_fields(process.pid)
+                if not fields:
+                    continue  # a zombie: nothing resident left
+                peaks = self.processes.setdefault(process.pid, ProcessPeaks(process.pid, depth))
+                peaks.anon_mb = max(peaks.anon_mb, fields["RssAnon"])
+                peaks.rss_mb = max(peaks.rss_mb, fields["VmRSS"])
+                peaks.hwm_mb = max(peaks.hwm_mb, fields["VmHWM"])
+                if self.pss_depth is not None and depth >= self.pss_depth:
+                    pss += process.memory_full_info().pss / MiB
+        self.pss_mb = max(self.pss_mb, pss)
+
+    def at_depth(self, depth: int) -> list[ProcessPeaks]:
+        """The processes seen at ``depth`` (0: the root), in the order first seen."""
+        return [p for p in self.processes.values() if p.depth == depth]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(psutil.NoSuchProcess):  # the root has gone: nothing to see
+                self.sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self) -> ProcessTreeMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 class SavedTensors:

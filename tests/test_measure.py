@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gnnscale.measure import (
+    ProcessTreeMemory,
     SavedTensors,
     cpu_bf16_native,
     peak_rss_mb,
@@ -114,3 +115,32 @@ def test_bf16_products_of_new_shapes_do_not_grow_memory():
         grown[caches] = float(done.stdout.split()[-1])
     assert grown["gnnscale"] < 40, grown
     assert grown["large"] > 3 * grown["gnnscale"] + 50, grown  # the caches are what grows
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc is Linux's")
+def test_process_tree_memory_sees_every_process_of_the_tree_with_its_peaks():
+    grandchild = (
+        "import sys; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); "
+        "print('ready', flush=True); sys.stdin.read()"
+    )
+    child = (
+        "import subprocess, sys; b = bytearray(64 << 20); b[::4096] = b'x' * len(b[::4096]); "
+        f"g = subprocess.Popen([sys.executable, '-c', {grandchild!r}], stdin=subprocess.PIPE, "
+        "stdout=subprocess.PIPE); g.stdout.readline(); print('ready', flush=True); "
+        "sys.stdin.read(); g.stdin.close(); g.wait()"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", child], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    with ProcessTreeMemory(proc.pid, interval_s=0.05, pss_depth=0) as tree:
+        assert proc.stdout.readline() == b"ready\n"  # both hold their memory now
+        tree.sample()
+        proc.stdin.close()
+        proc.wait()
+    (root,), (below,) = tree.at_depth(0), tree.at_depth(1)
+    assert root.pid == proc.pid
+    for peaks in (root, below):
+        assert peaks.anon_mb >= 64
+        assert peaks.rss_mb >= 64
+        assert peaks.hwm_mb >= peaks.rss_mb
+    assert tree.pss_mb >= 128  # both, summed
