@@ -16,7 +16,6 @@ within 1.05x of the fastest s/epoch, and its peak is set against the leanest.
 
 from __future__ import annotations
 
-import os
 import statistics
 import tempfile
 from pathlib import Path
@@ -48,11 +47,8 @@ def blocks(tiny: bool) -> list[Block]:
                 entry = recipe(name)
                 args = [*extra, *(entry.tiny if tiny else entry.figure_args)]
                 for label, threshold in settings.items():
-                    os.environ["GNNSCALE_MMAP_THRESHOLD"] = threshold
-                    try:
-                        result = measure(entry, args, Path(tmp), False, rep, tiny)
-                    finally:
-                        del os.environ["GNNSCALE_MMAP_THRESHOLD"]
+                    env = {"GNNSCALE_MMAP_THRESHOLD": threshold}
+                    result = measure(entry, args, Path(tmp), False, rep, tiny, env=env)
                     runs.setdefault((name, label), []).append(result)
                     print(
                         f"{name} {label}: {result.epoch_s:.2f} s/epoch, {result.peak_mb:,.0f} MiB,"

@@ -14,12 +14,14 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
+import harness
 import torch
 from blocks import Block
+from harness import number
 from registry import REPO, recipe
 
 from gnnscale.measure import read_metrics
-from recipes import HEADER, measure, number, run, validation_per_epoch
+from recipes import HEADER, measure, validation_per_epoch
 
 RECIPES = (
     "neighbor_sage",
@@ -35,7 +37,7 @@ def _row(name: str, tiny: bool, workdir: Path) -> str:
     entry = recipe(name)
     extra = [*GPU, *(entry.tiny if tiny else entry.figure_args)]
     args = [f"--data.init_args.root={workdir / 'data'}", *extra]
-    report = run(entry.argv("plan", *args, "--num_batches=3"), workdir)
+    report = harness.run(entry.argv("plan", *args, "--num_batches=3"), cwd=workdir).output
     planned = number("expected CUDA peak", report)
     result = measure(entry, extra, workdir, False, 0, tiny)
     cuda = max(

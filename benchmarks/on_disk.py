@@ -11,27 +11,22 @@ graph built in memory:
 3. From disk with a cold page cache (the folder's pages evicted just before the run) and a warm
    one.
 
-Memory is sampled every 0.5 s from this process, over the process tree of the run.
+Memory is sampled every 0.5 s from this process, over the process tree of the run
+(``harness.run``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import psutil
+import harness
 from blocks import Block
 from registry import REPO, recipe
 from workers import shipped_workers
-
-from gnnscale.measure import anon_mb, read_metrics
-from recipes import number, run
 
 MiB = 2**20
 RECIPE = recipe("on_disk_graph")
@@ -53,47 +48,6 @@ FIT = [
 ]
 TORCHRUN = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 DDP = ["--trainer.devices=2", "--trainer.strategy=ddp"]
-
-
-class TreeMemory:
-    """Samples, in a thread, the run this process started: ``.private_mb`` and ``.pss_mb``.
-
-    Args:
-        ddp: The child is ``torchrun`` and its children are the ranks (else the child trains).
-        interval_s: Seconds between samples.
-    """
-
-    def __init__(self, ddp: bool, interval_s: float = 0.5) -> None:
-        self.ddp, self.interval_s = ddp, interval_s
-        self.private_mb: dict[int, float] = {}  # peak RssAnon of each training process
-        self.pss_mb = 0.0  # peak of the PSS summed over the ranks and their loader workers
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _sample(self) -> None:
-        total = 0.0
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.Error):  # processes come and go between calls
-                for rank in child.children() if self.ddp else [child]:
-                    with contextlib.suppress(psutil.Error, OSError):
-                        now = anon_mb(rank.pid)
-                        self.private_mb[rank.pid] = max(self.private_mb.get(rank.pid, 0), now)
-                    for p in [rank, *rank.children(recursive=True)]:
-                        with contextlib.suppress(psutil.Error):
-                            total += p.memory_full_info().pss / MiB
-        self.pss_mb = max(self.pss_mb, total)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self._sample()
-
-    def __enter__(self) -> TreeMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
 
 def evict_file(path: Path) -> None:
@@ -126,19 +80,20 @@ def fit(
     save_dir = workdir / "runs" / name
     cli = ["-m", "gnnscale.cli", "fit", "--config", str(config), *flags]
     cli += [f"--trainer.logger.init_args.save_dir={save_dir}", *data, *(DDP if ddp else [])]
-    start = time.perf_counter()
-    with TreeMemory(ddp) as memory:
-        out = run([sys.executable, *(TORCHRUN if ddp else []), *cli], workdir)
-    runs = sorted(save_dir.rglob("metrics.csv"))  # a DDP fit logs its test as a second version
-    metrics = [read_metrics(p) for p in runs]
-    epoch_s = [s for m in metrics for s in m.get("perf/epoch_s", [])]
+    # Under torchrun the ranks are its children: theirs is the private memory, and the PSS is
+    # summed over them and their loader workers (torchrun's own left out).
+    training = 1 if ddp else 0
+    argv = [sys.executable, *(TORCHRUN if ddp else []), *cli]
+    done = harness.run(argv, cwd=workdir, logs=save_dir, sample_s=0.5, pss_depth=training)
+    assert done.memory is not None
+    epoch_s = done.metrics.get("perf/epoch_s", [])
     return {
-        "metrics": {k: v for m in metrics for k, v in m.items()},
-        "run_s": time.perf_counter() - start,
+        "metrics": done.metrics,
+        "run_s": done.wall_s,
         "epoch_s": statistics.median(epoch_s[1:] or epoch_s),  # the first epoch is warm-up
-        "private_mb": sorted(memory.private_mb.values()),
-        "pss_mb": memory.pss_mb,
-        "rss_mb": number("PEAK_RSS_MB", out),  # VmHWM of the largest process
+        "private_mb": sorted(p.anon_mb for p in done.memory.at_depth(training)),
+        "pss_mb": done.memory.pss_mb,
+        "rss_mb": done.peak_mb,  # VmHWM of the largest process
     }
 
 
@@ -151,8 +106,8 @@ def measure(
     """
     folder = workdir / "graph"
     flags = [f"--synthetic.{k}={v}" for k, v in graph.items()]
-    run([sys.executable, "-m", "gnnscale.cli", "prepare", f"--out={folder}", *flags,
-         "--feature_dtype=bfloat16"], workdir)  # fmt: skip
+    harness.run([sys.executable, "-m", "gnnscale.cli", "prepare", f"--out={folder}", *flags,
+                 "--feature_dtype=bfloat16"], cwd=workdir)  # fmt: skip
     common = [f"--trainer.max_epochs={epochs}", *extra]
     disk = [*common, "--data.init_args.dataset=prepared", f"--data.init_args.root={folder}"]
     memory = [

@@ -37,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
 import numpy as np
 import torch
 from blocks import Block
@@ -128,11 +129,8 @@ def _peer(
     argv += ["--workers", str(workers), "--epochs", "4", "--threads", str(torch.get_num_threads())]
     if profile:
         argv.append("--profile")
-    start = time.perf_counter()
-    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=3600)
-    wall = time.perf_counter() - start
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
+    done = harness.run(argv, timeout_s=3600)
+    wall = done.wall_s
     line = next(x for x in done.stdout.splitlines() if x.startswith("PEER_RESULT "))
     out = json.loads(line.removeprefix("PEER_RESULT "))
     if profile:

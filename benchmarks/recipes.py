@@ -10,68 +10,21 @@ the planned and the measured peak in the tables come from one pair of runs. Call
 
 from __future__ import annotations
 
-import re
 import statistics
-import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import harness
 from blocks import Block
+from harness import number
 from registry import RECIPES, Recipe, offline_cora
 
-from gnnscale.measure import read_metrics
-
-# Runs a command (a script, or a module with -m) and prints the peak resident memory of the
-# largest process: this one, or a child that trained in it (DDP ranks started with fork;
-# DataLoader workers count too); and the CPU time of all of them, user and system.
-RUNNER = """
-import resource, runpy, sys
-from gnnscale.measure import peak_rss_mb
-entry, *sys.argv[1:] = sys.argv[1:]
-if entry == "-m":
-    module, *sys.argv[1:] = sys.argv[1:]
-    runpy.run_module(module, run_name="__main__", alter_sys=True)
-else:
-    sys.argv[0] = entry
-    runpy.run_path(entry, run_name="__main__")
-children = resource.getrusage(resource.RUSAGE_CHILDREN)
-print("PEAK_RSS_MB", max(peak_rss_mb(), children.ru_maxrss / 1024), flush=True)
-own = resource.getrusage(resource.RUSAGE_SELF)
-print("USER_S", own.ru_utime + children.ru_utime, flush=True)
-print("SYSTEM_S", own.ru_stime + children.ru_stime, flush=True)
-"""
-TIMEOUT_S = 4 * 3600
 SHARE_NOTE = (
     "Validation share of an epoch: validation over itself plus the training epoch (the goal: "
     "at most 20%); ≈: epochs cut short by `limit_train_batches`, the share of a whole epoch, "
     "its training time scaled up from the share of its batches that ran."
 )
-
-
-def run(argv: list[str], cwd: Path) -> str:
-    """Run a recipe command (``Recipe.argv``) under :data:`RUNNER`; return its output."""
-    python, *rest = argv
-    done = subprocess.run(
-        [python, "-c", RUNNER, *rest],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=TIMEOUT_S,
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
-    return done.stdout + done.stderr
-
-
-def number(pattern: str, text: str) -> float:
-    """The first number after ``pattern`` in ``text`` (commas allowed)."""
-    match = re.search(pattern + r"\s+([\d,.]+)", text)
-    if match is None:
-        raise RuntimeError(f"{pattern!r} not found in the output:\n{text[-2000:]}")
-    return float(match.group(1).replace(",", ""))
 
 
 # The figures of a plan report, by the label they are printed under.
@@ -117,22 +70,27 @@ class Result:
 
 
 def measure(
-    entry: Recipe, extra: list[str], workdir: Path, with_plan: bool, seed: int, tiny: bool
+    entry: Recipe,
+    extra: list[str],
+    workdir: Path,
+    with_plan: bool,
+    seed: int,
+    tiny: bool,
+    *,
+    workers: int | None = None,
+    env: dict[str, str] | None = None,
 ) -> Result:
-    """Plan (optionally) and fit one configuration, each in a fresh process.
+    """Plan (optionally) and fit one configuration, each in a fresh process (``harness.run``).
 
     A recipe with a ``prepare.yaml`` first prepares its graph (once per workdir), as its README
-    says; its runs then map that folder.
+    says; its runs then map that folder. ``workers`` and ``env``: as ``harness.run``'s.
     """
     save_dir = workdir / "runs" / f"{entry.name}-{abs(hash(tuple(extra)))}-{seed}"
     root = workdir / "data"
     if entry.prepare_config:
         root = root / entry.name
         if not root.exists():
-            out = f"--out={root}"
-            subprocess.run(
-                entry.prepare_argv(out, *(entry.tiny_prepare if tiny else ())), check=True
-            )
+            harness.run(entry.prepare_argv(f"--out={root}", *(entry.tiny_prepare if tiny else ())))
     args = [
         f"--seed_everything={seed}",
         f"--data.init_args.root={root}",
@@ -141,15 +99,16 @@ def measure(
     ]
     plan = None
     if with_plan:
-        report = run(entry.argv("plan", *args), workdir)
+        report = harness.run(entry.argv("plan", *args), cwd=workdir, env=env).output
         plan = {key: number(label, report) for key, label in PLAN_PARTS.items()}
-    start = time.perf_counter()
-    out = run(entry.argv("fit", "--trainer.enable_progress_bar=false", *args), workdir)
-    fit_s = time.perf_counter() - start
-    metrics: dict[str, list[float]] = {}  # a DDP fit logs its final test as a second version
-    for path in sorted(save_dir.rglob("metrics.csv")):
-        for key, values in read_metrics(path).items():
-            metrics.setdefault(key, []).extend(values)
+    fit = harness.run(
+        entry.argv("fit", "--trainer.enable_progress_bar=false", *args),
+        cwd=workdir,
+        logs=save_dir,
+        workers=workers,
+        env=env,
+    )
+    metrics = fit.metrics
     epoch_s, val_s = metrics["perf/epoch_s"], metrics.get("perf/val_s")
     return Result(
         acc=metrics[METRIC[entry.task]][-1],
@@ -159,11 +118,11 @@ def measure(
         val_runs=val_s or [],
         epochs=len(epoch_s),
         epoch_fraction=statistics.median(metrics.get("perf/epoch_fraction") or [1.0]),
-        fit_s=fit_s,
+        fit_s=fit.wall_s,
         save_dir=save_dir,
-        peak_mb=number("PEAK_RSS_MB", out),
-        cpu_s=number("USER_S", out) + number("SYSTEM_S", out),
-        system_s=number("SYSTEM_S", out),
+        peak_mb=fit.peak_mb,
+        cpu_s=fit.cpu_s,
+        system_s=fit.system_s,
         plan=plan,
     )
 

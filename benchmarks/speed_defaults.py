@@ -35,11 +35,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import harness
 from blocks import REPO, Block
 from registry import recipe
-
-from gnnscale.measure import read_metrics
-from recipes import number, run
 
 RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")
 NEIGHBOUR = ("neighbor_sage",)
@@ -123,14 +121,14 @@ class Run:
 
 
 def fit(name: str, args: list[str], workdir: Path, label: str) -> Run:
-    """``gnnscale fit`` on recipe ``name`` in a fresh process (as ``recipes.measure``).
+    """``gnnscale fit`` on recipe ``name`` in a fresh process (``harness.run``).
 
     Every epoch's ``perf/epoch_s`` is kept (``recipes.measure`` keeps their median only).
     """
     entry = recipe(name)
     assert not entry.prepare_config, "the sampler recipes generate their graph"
     save_dir = workdir / "runs" / label
-    python, *command = entry.argv(
+    argv = entry.argv(
         "fit",
         "--trainer.enable_progress_bar=false",
         "--seed_everything=0",  # every arm trains on the same batches
@@ -138,13 +136,10 @@ def fit(name: str, args: list[str], workdir: Path, label: str) -> Run:
         f"--trainer.logger.init_args.save_dir={save_dir}",
         *args,
     )
-    load_before, start = os.getloadavg(), time.perf_counter()
-    out = run([python, *command], workdir)
-    wall = time.perf_counter() - start
-    epochs: list[float] = []
-    for path in sorted(save_dir.rglob("metrics.csv")):
-        epochs += read_metrics(path)["perf/epoch_s"]
-    return Run(name, "", -1, epochs, number("PEAK_RSS_MB", out), wall, load_before, os.getloadavg())
+    load_before = os.getloadavg()
+    done = harness.run(argv, cwd=workdir, logs=save_dir)
+    epochs = done.metrics["perf/epoch_s"]
+    return Run(name, "", -1, epochs, done.peak_mb, done.wall_s, load_before, os.getloadavg())
 
 
 def measure_all(

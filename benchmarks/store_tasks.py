@@ -9,7 +9,7 @@ with uniform neighbours throughout (from a folder PinSAGE's walks are not availa
 split from a folder is streamed once beside it: another draw of the same proportions than the
 in-memory ``RandomLinkSplit``'s, so its metrics are compared, not its batches.
 
-Memory is sampled every 0.5 s over the run's process tree (``on_disk.TreeMemory``).
+Memory is sampled every 0.5 s over the run's process tree (``on_disk.fit``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import harness
 from blocks import Block
 from on_disk import fit
 from registry import REPO, recipe
-
-from recipes import run
 
 MiB = 2**20
 TINY_GRAPH = {"num_users": 2000, "num_items": 800, "num_categories": 60, "num_communities": 8}
@@ -48,7 +47,7 @@ def measure(name: str, tiny: bool, workdir: Path) -> dict:
         flags += [f"--data.init_args.synthetic.{k}={v}" for k, v in TINY_GRAPH.items()]
         flags += ["--trainer.max_epochs=2", f"--data.init_args.batch_size={TINY_BATCH[name]}"]
     start = time.perf_counter()
-    run(prepare, workdir)
+    harness.run(prepare, cwd=workdir)
     r: dict = {"prepare_s": time.perf_counter() - start}
     r["disk_mib"] = sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) / MiB
     disk = ["--data.init_args.dataset=prepared", f"--data.init_args.root={store}"]

@@ -21,10 +21,10 @@ neighbourhood sampler at full fan-out: exact, ``eval.val_mode: sampled``).
 from __future__ import annotations
 
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
+import harness
 from blocks import Block
 from registry import REPO, offline_cora, recipe
 
@@ -52,7 +52,7 @@ def _validate(name: str, ckpt: Path, save_dir: Path, args: list[str], *extra: st
     """``gnnscale validate`` of ``ckpt`` in a fresh process: its validation accuracy."""
     before = set(save_dir.rglob("metrics.csv"))
     argv = recipe(name).argv("validate", *args, f"--ckpt_path={ckpt}", *extra)
-    subprocess.run(argv, check=True, capture_output=True, text=True)
+    harness.run(argv)
     (new,) = set(save_dir.rglob("metrics.csv")) - before
     return read_metrics(new)["val/acc"][-1]
 

@@ -47,13 +47,8 @@ def blocks(tiny: bool) -> list[Block]:
             for name in RECIPES:
                 entry = recipe(name)
                 for count in counts[name]:
-                    args = [
-                        *extra,
-                        *(entry.tiny if tiny else entry.figure_args),
-                        f"--data.init_args.loader.num_workers={count}",
-                        f"--data.init_args.loader.persistent_workers={str(count > 0).lower()}",
-                    ]
-                    result = measure(entry, args, Path(tmp), False, rep, tiny)
+                    args = [*extra, *(entry.tiny if tiny else entry.figure_args)]
+                    result = measure(entry, args, Path(tmp), False, rep, tiny, workers=count)
                     runs.setdefault((name, count), []).append(result)
                     print(
                         f"{name} {count} worker(s): {result.epoch_s:.2f} s/epoch, "
