@@ -14,19 +14,17 @@ from __future__ import annotations
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
+import harness
 import psutil
 from blocks import REPO, Block
 from on_disk import evict
 from registry import recipe
 
-from gnnscale.measure import anon_mb, read_metrics
+from gnnscale.measure import ProcessTreeMemory
 from gnnscale.stores.prepared import PreparedGraph
 
 ENTRY = recipe("on_disk_graph")
@@ -56,44 +54,24 @@ FIT_ARGS = [
 ]
 
 
-class PrivateMemory(threading.Thread):
-    """Samples every process of a tree: the peak ``RssAnon`` of each (MiB), by pid."""
+def trainer_and_worker(memory: ProcessTreeMemory) -> tuple[float, float]:
+    """Peak private memory (MiB) of a run's trainer (its root) and of its largest other process.
 
-    def __init__(self, root: int, interval_s: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.root, self.interval_s, self.peaks = root, interval_s, {}
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        """Sample until :attr:`done` is set or the tree's root exits."""
-        while not self.done.is_set():
-            try:
-                tree = [psutil.Process(self.root), *psutil.Process(self.root).children(True)]
-            except psutil.NoSuchProcess:
-                return
-            for p in tree:
-                try:
-                    self.peaks[p.pid] = max(self.peaks.get(p.pid, 0.0), anon_mb(p.pid))
-                except (OSError, psutil.NoSuchProcess):
-                    pass
-            time.sleep(self.interval_s)
-
-    def trainer_and_worker(self) -> tuple[float, float]:
-        """Peaks of the tree's root (the trainer) and of its largest other process (0 if none)."""
-        others = [mb for pid, mb in self.peaks.items() if pid != self.root]
-        return self.peaks.get(self.root, 0.0), max(others, default=0.0)
+    0 for a process it did not see.
+    """
+    trainer = memory.processes.get(memory.root)
+    others = [p.anon_mb for p in memory.processes.values() if p.pid != memory.root]
+    return trainer.anon_mb if trainer else 0.0, max(others, default=0.0)
 
 
-def _prepare(folder: Path, size: str) -> float:
+def prepare_graph(folder: Path, size: str) -> float:
     """Prepare the graph into ``folder`` unless an earlier run did; its prepare time in s."""
     record = folder.parent / f"{folder.name}.prepare_s"
     if folder.exists() and record.exists():
         return float(record.read_text())
     shutil.rmtree(folder, ignore_errors=True)
     graph = [f"--synthetic.{k}={v}" for k, v in GRAPH[size].items()]
-    start = time.perf_counter()
-    subprocess.run(ENTRY.prepare_argv(f"--out={folder}", *graph), check=True)
-    seconds = time.perf_counter() - start
+    seconds = harness.run(ENTRY.prepare_argv(f"--out={folder}", *graph)).wall_s
     record.write_text(f"{seconds:.1f}")
     return seconds
 
@@ -123,8 +101,7 @@ def gather_rate(folder: Path, advice: str, rows: int = 20_000) -> float:
     evict(folder)
     num_nodes = PreparedGraph.read_manifest(folder)["files"]["x"]["shape"][0]
     argv = [sys.executable, "-c", GATHER, str(folder / "x.bin"), str(num_nodes), advice]
-    done = subprocess.run([*argv, str(rows)], capture_output=True, text=True, check=True)
-    return float(done.stdout)
+    return float(harness.run([*argv, str(rows)]).stdout)
 
 
 def large_workdir() -> Path:
@@ -142,14 +119,12 @@ def large_workdir() -> Path:
 def measure(size: str, workdir: Path) -> dict[str, float]:
     """Prepare (or reuse), evict, fit one epoch; return the figures."""
     folder = workdir / "graph"
-    prepare_s = _prepare(folder, size)
+    prepare_s = prepare_graph(folder, size)
     disk = sum(p.stat().st_size for p in folder.iterdir())
     gather = {advice: gather_rate(folder, advice) for advice in ("normal", "random")}
     evict(folder)
-    start = time.perf_counter()
     verify = f"from gnnscale.stores.prepared import PreparedGraph; PreparedGraph({str(folder)!r})"
-    subprocess.run([sys.executable, "-c", verify], check=True)
-    verify_s = time.perf_counter() - start
+    verify_s = harness.run([sys.executable, "-c", verify]).wall_s
     evict(folder)
     save_dir = workdir / "runs"
     argv = ENTRY.argv(
@@ -158,29 +133,22 @@ def measure(size: str, workdir: Path) -> dict[str, float]:
         f"--trainer.logger.init_args.save_dir={save_dir}",
         *FIT_ARGS,
     )
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    sampler = PrivateMemory(proc.pid)
-    sampler.start()
-    out, _ = proc.communicate()
-    sampler.done.set()
-    sampler.join()
-    if proc.returncode:
-        raise RuntimeError(f"fit failed:\n{out.decode()[-3000:]}")
-    metrics = read_metrics(save_dir)
-    trainer, worker = sampler.trainer_and_worker()
+    done = harness.run(argv, cwd=workdir, logs=save_dir, sample_s=0.5)
+    assert done.memory is not None
+    metrics = done.metrics
+    trainer, worker = trainer_and_worker(done.memory)
     return {
         "prepare_s": prepare_s,
         "verify_s": verify_s,
         "disk_gib": disk / 2**30,
         "x_gib": (folder / "x.bin").stat().st_size / 2**30,
-        "fit_s": time.perf_counter() - start,
+        "fit_s": done.wall_s,
         "epoch_s": statistics.median(metrics["perf/epoch_s"]),
         "val_acc": metrics["val/acc"][-1],
         "test_acc": metrics["test/acc"][-1],
         "private_mb": trainer,
         "worker_mb": worker,
-        "processes": len(sampler.peaks),
+        "processes": len(done.memory.processes),
         "ram_gib": psutil.virtual_memory().total / 2**30,
         "gather_normal": gather["normal"],
         "gather_random": gather["random"],

@@ -30,19 +30,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 import psutil
 from blocks import REPO, Block
-from on_disk_large import PrivateMemory
 from store_reads import DEPTH, DiskReads, disk_rate, disk_reads
-
-from gnnscale.measure import read_metrics
 
 SHAPES = {  # papers, authors, institutions, batches trained, seed papers a batch
     "full": {
@@ -190,19 +187,16 @@ def fit(workdir: Path, store: Path, inputs: Path, shape: dict, name: str, *flags
     paper_x = inputs / "nodes" / "paper" / "x.npy"  # used in place by the store
     before, disk = disk_reads(paper_x), DiskReads(paper_x)
     disk.start()
-    start = time.perf_counter()
-    run = subprocess.Popen(argv)
-    memory = PrivateMemory(run.pid, 0.5)
-    memory.start()
-    if run.wait() != 0:
-        raise RuntimeError("gnnscale fit failed")
-    seconds = time.perf_counter() - start
-    memory.done.set()
-    disk.done.set()
-    disk.join()
+    try:
+        done = harness.run(argv, logs=save_dir, sample_s=0.5)
+    finally:
+        disk.done.set()
+        disk.join()
+    seconds = done.wall_s
     after = disk_reads(paper_x)
-    metrics = read_metrics(save_dir)
-    peaks = sorted(memory.peaks.values(), reverse=True)
+    metrics = done.metrics
+    assert done.memory is not None
+    peaks = sorted((p.anon_mb for p in done.memory.processes.values()), reverse=True)
     busy = [r for r in disk.rates if r > 1000] or [0]
     return {
         "fit_s": seconds,
@@ -226,16 +220,11 @@ def measure(size: str, workdir: Path) -> dict:
     r["inputs_gib"] = sum(p.stat().st_size for p in inputs.rglob("*") if p.is_file()) / 2**30
     _evict(inputs)
     cli = [sys.executable, "-m", "gnnscale.cli"]
-    start = time.perf_counter()
-    prepare = subprocess.Popen(
-        [*cli, "prepare", "--dataset=npy", f"--root={inputs}", f"--out={store}"]
-    )
-    sampler = PrivateMemory(prepare.pid, 0.2)
-    sampler.start()
-    if prepare.wait() != 0:
-        raise RuntimeError("gnnscale prepare failed")
-    r["prepare_s"] = time.perf_counter() - start
-    r["prepare_private_mb"] = max(sampler.peaks.values(), default=0.0)
+    prepare = [*cli, "prepare", "--dataset=npy", f"--root={inputs}", f"--out={store}"]
+    done = harness.run(prepare, sample_s=0.2)
+    assert done.memory is not None
+    r["prepare_s"] = done.wall_s
+    r["prepare_private_mb"] = max((p.anon_mb for p in done.memory.processes.values()), default=0.0)
     r["store_gib"] = sum(p.stat().st_size for p in store.rglob("*") if p.is_file()) / 2**30
     r["perm_types"] = len(list(store.glob("*/perm.bin")))
     _evict(inputs)

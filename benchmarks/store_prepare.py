@@ -25,17 +25,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
-import psutil
 import torch
 from blocks import Block
 from on_disk import evict_file
-
-from gnnscale.measure import anon_mb
 
 SIZES = {"full": (2_000_000, 6_000_000), "tiny": (20_000, 60_000)}  # nodes of the two graphs
 FEATURES, DEGREE, CLASSES = 128, 15, 47
@@ -97,25 +94,6 @@ def write_ogb(inputs: Path, root: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
-class Peaks(threading.Thread):
-    """Samples one process: its peak resident and private (``RssAnon``) memory, MiB."""
-
-    def __init__(self, pid: int) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.rss, self.private = pid, 0.0, 0.0
-
-    def run(self) -> None:
-        """Sample every 50 ms until the process exits."""
-        try:
-            process = psutil.Process(self.pid)
-            while process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                self.rss = max(self.rss, process.memory_info().rss / 2**20)
-                self.private = max(self.private, anon_mb(self.pid))
-                time.sleep(0.05)
-        except (psutil.NoSuchProcess, OSError):
-            pass
-
-
 def _files(folder: Path) -> list[Path]:
     return sorted(p for p in folder.rglob("*") if p.is_file())
 
@@ -130,15 +108,10 @@ def prepare(inputs: Path, out: Path, dataset: str = "npy") -> dict[str, float]:
     cli = [sys.executable, "-m", "gnnscale.cli", "prepare", f"--dataset={dataset}"]
     cli += [f"--root={inputs}", f"--out={out}"]
     cli += ["--feature_dtype=bfloat16"] if dataset == "npy" else []
-    start = time.perf_counter()
-    process = subprocess.Popen(cli, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    peaks = Peaks(process.pid)
-    peaks.start()
-    if process.wait() != 0:
-        raise RuntimeError(f"{' '.join(cli)} failed")
-    seconds = time.perf_counter() - start
-    peaks.join()
-    return {"s": seconds, "rss_mb": peaks.rss, "private_mb": peaks.private}
+    done = harness.run(cli, sample_s=0.05)
+    assert done.memory is not None
+    process = done.memory.processes[done.memory.root]  # its own, not its children's
+    return {"s": done.wall_s, "rss_mb": process.rss_mb, "private_mb": process.anon_mb}
 
 
 def copy(inputs: Path, out: Path) -> float:

@@ -25,23 +25,29 @@ from __future__ import annotations
 import mmap
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import harness
 import numpy as np
 import psutil
 import torch
 from blocks import Block
 from on_disk import evict
-from on_disk_large import ENTRY, FIT_ARGS, GRAPH, PrivateMemory, _prepare, large_workdir
+from on_disk_large import (
+    ENTRY,
+    FIT_ARGS,
+    GRAPH,
+    large_workdir,
+    prepare_graph,
+    trainer_and_worker,
+)
 from torch_geometric.data import Data
 from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
 
-from gnnscale.measure import read_metrics
 from gnnscale.stores import reads
 from gnnscale.stores.prepared import PreparedGraph
 
@@ -91,7 +97,7 @@ def gather_rate(folder: Path, threads: int, rows: int) -> float:
     """Random feature rows per second gathered from the evicted folder, in a fresh process."""
     evict(folder)
     argv = [sys.executable, "-c", GATHER, str(folder), str(threads), str(rows)]
-    return float(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    return float(harness.run(argv).stdout)
 
 
 def policies(folder: Path, fractions: tuple[float, ...]) -> dict[str, list[float]]:
@@ -167,21 +173,16 @@ def fit(folder: Path, workdir: Path, name: str, *flags: str) -> dict[str, float 
     before = disk_reads(folder)
     disk = DiskReads(folder)
     disk.start()
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    memory = PrivateMemory(proc.pid)
-    memory.start()
-    out, _ = proc.communicate()
-    seconds = time.perf_counter() - start
-    memory.done.set()
-    disk.done.set()
-    memory.join()
-    disk.join()
-    if proc.returncode:
-        raise RuntimeError(f"fit failed:\n{out.decode()[-3000:]}")
+    try:
+        done = harness.run(argv, cwd=workdir, logs=save_dir, sample_s=0.5)
+    finally:
+        disk.done.set()
+        disk.join()
+    seconds = done.wall_s
+    assert done.memory is not None
     after = disk_reads(folder)
-    metrics = read_metrics(save_dir)
-    trainer, worker = memory.trainer_and_worker()
+    metrics = done.metrics
+    trainer, worker = trainer_and_worker(done.memory)
     busy = [r for r in disk.rates if r > 1000] or [0]
     return {
         "fit_s": seconds,
@@ -201,7 +202,7 @@ def measure(size: str, workdir: Path) -> dict:
     """Every figure of the block."""
     tiny = size == "tiny"
     folder = workdir / "graph"
-    _prepare(folder, size)
+    prepare_graph(folder, size)
     x_bytes = (folder / "x.bin").stat().st_size
     seconds, rows = (1.0, 2_000) if tiny else (15.0, 40_000)
     deep: list[float] = []  # the depth-32 rate, probed before each fit: it drifts by a third
