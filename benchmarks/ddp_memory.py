@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import harness
 import lightning as L
 import psutil
 from blocks import Block
@@ -102,11 +102,7 @@ TINY = ["--num-nodes=3000", "--max-epochs=2", "--data.init_args.batch_size=128"]
 def blocks(tiny: bool) -> list[Block]:
     """The recipe README's ``memory`` block (``tiny``: a check of the pipeline, in seconds)."""
     argv = ["--num-nodes=200000", "--max-epochs=3"] if not tiny else TINY
-    done = subprocess.run(
-        [sys.executable, __file__, "--json", *argv], capture_output=True, text=True, check=False
-    )
-    if done.returncode != 0:
-        raise RuntimeError(f"ddp_memory.py failed:\n{done.stderr[-3000:]}")
+    done = harness.run([sys.executable, __file__, "--json", *argv])
     r = json.loads(done.stdout.strip().splitlines()[-1])
     nodes = argv[0].split("=")[1]
     lines = [

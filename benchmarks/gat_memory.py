@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -32,6 +30,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 import torch.nn.functional as F
 import yaml
@@ -164,14 +163,9 @@ def peak_step_mib(spec: dict[str, Any], device: str = "cpu") -> float:
 
 def measure(specs: list[dict[str, Any]], device: str = "cpu", threads: int = 1) -> list[float]:
     """:func:`peak_step_mib` of each spec, in one fresh process (one spec each: fully isolated)."""
-    out = subprocess.run(
-        [sys.executable, __file__, "--worker", json.dumps(specs), "--device", device],
-        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    argv = [sys.executable, __file__, "--worker", json.dumps(specs), "--device", device]
+    done = harness.run(argv, threads=threads)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def fit_quadratic(nodes: list[int], peaks: list[float]) -> tuple[float, float]:

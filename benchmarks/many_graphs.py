@@ -18,19 +18,19 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import harness
 import lightning as L
 from blocks import Block
 
 from gnnscale.cli import main
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphs, GraphDataModule, features_only_mae, prepare_graphs
-from gnnscale.measure import anon_mb, peak_rss_mb, read_metrics, rss_mb
+from gnnscale.measure import anon_mb, peak_rss_mb, rss_mb
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "many_graphs_on_disk"
 
@@ -86,16 +86,9 @@ def fit(workdir: Path, name: str, args: list[str]) -> dict:
     """One ``gnnscale fit`` of the recipe in a new process; its ranks' memory and metrics."""
     run = workdir / name
     run.mkdir()
-    argv = [sys.executable, __file__, "--fit", str(run), *args]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)} failed:\n{done.stderr[-3000:]}")
+    done = harness.run([sys.executable, __file__, "--fit", str(run), *args], logs=run)
     ranks = [json.loads(p.read_text()) for p in sorted(run.glob("rank*.json"))]
-    metrics: dict[str, list[float]] = {}
-    for path in sorted(run.rglob("metrics.csv")):
-        for key, values in read_metrics(path).items():
-            metrics.setdefault(key, []).extend(values)
-    return {"ranks": ranks, "metrics": metrics}
+    return {"ranks": ranks, "metrics": done.metrics}
 
 
 def _fit_child(run: str, args: list[str]) -> None:
@@ -257,10 +250,7 @@ FULL = ["--num-graphs=100000", "--epochs=5", "--train-epochs=3"]
 
 def blocks(tiny: bool) -> list[Block]:
     """The recipe README's blocks (``tiny``: a check of the pipeline, in a minute)."""
-    argv = [sys.executable, __file__, "--json", *(TINY if tiny else FULL)]
-    done = subprocess.run(argv, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"many_graphs.py failed:\n{done.stderr[-3000:]}")
+    done = harness.run([sys.executable, __file__, "--json", *(TINY if tiny else FULL)])
     return _table(json.loads(done.stdout.strip().splitlines()[-1]), tiny)
 
 
