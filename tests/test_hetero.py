@@ -323,6 +323,7 @@ class Record(L.Callback):
         path.write_text(json.dumps(old + [seeds]))
 
     def on_train_batch_start(self, trainer, module, batch, idx):
+        store = batch["item"]
         size = store.batch_size
         seeds = store.n_id[:size][store.loss_weight[:size] > 0].tolist()
         self._add(trainer, f"train{trainer.current_epoch}", seeds)
