@@ -62,22 +62,20 @@ def target_only(
     into: dict[str, int] = {}
     for _, _, dst in edge_index:
         into[dst] = into.get(dst, 0) + 1
-    # Rows each layer outputs, last layer first: a layer's targets and the sources they read.
-    rows = [dict(seeds)]
-    for _ in convs[1:]:
-        need = dict(rows[-1])
-        for (src, _, dst), index in edge_index.items():
-            read = index[0][index[1] < rows[-1].get(dst, 0)]
-            if read.numel():
-                need[src] = max(need.get(src, 0), int(read.max()) + 1)
-        rows.append(need)
-    rows.reverse()
-    for i, conv in enumerate(convs):
+    # Each layer's output rows and edges, last layer first: the seeds, then the rows the
+    # edges into them read, and so on.
+    rows, layers = dict(seeds), []
+    for _ in convs:
+        kept = {e: index[:, index[1] < rows.get(e[2], 0)] for e, index in edge_index.items()}
+        layers.append((rows, kept))
+        rows = dict(rows)
+        for (src, _, _), index in kept.items():
+            if index.numel():
+                rows[src] = max(rows.get(src, 0), int(index[0].max()) + 1)
+    for i, (conv, (rows, kept)) in enumerate(zip(convs, reversed(layers), strict=True)):
         out: dict[str, Tensor] = {}
-        for (src, rel, dst), index in edge_index.items():
-            num_dst = rows[i].get(dst, 0)
-            kept = index[:, index[1] < num_dst]
-            h = conv["__".join((src, rel, dst))]((x[src], x[dst][:num_dst]), kept)
+        for (src, rel, dst), index in kept.items():
+            h = conv["__".join((src, rel, dst))]((x[src], x[dst][: rows.get(dst, 0)]), index)
             out[dst] = h if dst not in out else out[dst] + h
         x = {t: h / into[t] for t, h in out.items()}
         if i < len(convs) - 1:
