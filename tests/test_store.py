@@ -972,6 +972,53 @@ def test_a_parquet_edge_list_prepares_the_store_its_npy_twin_does(tmp_path, homo
     assert not (tmp_path / "bad").exists()
 
 
+def test_a_parquet_edge_lists_float_columns_are_its_edge_features(tmp_path, homogeneous):
+    """Float columns beside ``src`` and ``dst`` (across parts and row groups) are stored as an
+    ``edge_attr.npy`` twin's are; integer columns are not features; the features given twice, a
+    part whose columns differ or a null feature is refused (Parquet columns were not read)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder, _ = homogeneous
+    edges = np.load(folder / "edge_index.npy")
+    attr = np.random.default_rng(0).standard_normal((edges.shape[1], 2)).astype(np.float32)
+    np.save(folder / "edge_attr.npy", attr)
+    twin = tmp_path / "parquet"
+    parts = twin / "edges.parquet"
+    parts.mkdir(parents=True)
+    for name in ("x.npy", "y.npy", "train.npy", "val.npy", "test.npy"):
+        (twin / name).write_bytes((folder / name).read_bytes())
+    bounds = [0, 1500, edges.shape[1]]
+    for i in range(2):
+        a, b = bounds[i], bounds[i + 1]
+        columns = {"src": edges[0, a:b], "weight": attr[a:b, 0], "dst": edges[1, a:b]}
+        columns |= {"day": np.arange(a, b), "score": attr[a:b, 1].astype(np.float64)}
+        pq.write_table(pa.table(columns), parts / f"part-{i}.parquet", row_group_size=700)
+    npy = PreparedGraph(stores.prepare_npy(folder, tmp_path / "npy_store", chunk_bytes=4096))
+    parquet = PreparedGraph(stores.prepare_npy(twin, tmp_path / "pq_store", chunk_bytes=4096))
+    assert parquet.manifest["num_edge_features"] == 2
+    for name in ("colptr", "row", "perm", "edge_attr"):
+        assert torch.equal(npy.tensor(name), parquet.tensor(name)), name
+    (fs, _), (fs_npy, _) = stores.open(parquet.folder), stores.open(npy.folder)
+    assert torch.equal(fs.edge_attr[None], fs_npy.edge_attr[None])
+    (twin / "edge_attr.npy").write_bytes((folder / "edge_attr.npy").read_bytes())
+    with pytest.raises(PreparedGraphError, match=r"gives edge features twice.*keep one"):
+        stores.prepare_npy(twin, tmp_path / "bad")
+    (twin / "edge_attr.npy").unlink()
+    columns = {"src": edges[0, 1500:], "dst": edges[1, 1500:], "weight": attr[1500:, 0]}
+    pq.write_table(pa.table(columns), parts / "part-1.parquet")
+    with pytest.raises(PreparedGraphError, match=r"part-1.parquet has the float columns .edge "):
+        stores.prepare_npy(twin, tmp_path / "bad")
+    weight = pa.array([*attr[:1499, 0].tolist(), None])
+    pq.write_table(
+        pa.table({"src": edges[0, :1500], "dst": edges[1, :1500], "weight": weight}),
+        parts / "part-0.parquet",
+    )
+    with pytest.raises(PreparedGraphError, match=r"edge feature column weight has nulls"):
+        stores.prepare_npy(twin, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+
+
 def test_a_spark_folder_of_parquet_parts_prepares_the_store_its_npy_twin_does(
     tmp_path, homogeneous
 ):

@@ -6,8 +6,9 @@ Homogeneous::
     y.npy            int   (num_nodes,)               labels (optional)
     edge_index.npy   int   (2, num_edges)             row 0 sources, row 1 destinations
     edge_attr.npy    float (num_edges, num_edge_features)  edge features (optional)
-                     (or edges.parquet: integer columns src, dst; read a row batch at a time;
-                     a folder of part files, as Spark writes one, is read in name order)
+                     (or edges.parquet: integer columns src, dst, and its float columns, in
+                     the file's order, the edge features; read a row batch at a time; a
+                     folder of part files, as Spark writes one, is read in name order)
     train.npy, val.npy, test.npy                      node indices of each split (optional)
 
 Heterogeneous: the same files per node type and per edge type::
@@ -121,41 +122,76 @@ def _parquet_parts(path: Path) -> list[Path]:
 def _parquet_edges(path: Path) -> Edges:
     """An edge list in Parquet (a file or a folder of parts), read a batch at a time.
 
-    Integer columns ``src`` and ``dst``; other columns are not read.
+    Integer columns ``src`` and ``dst``; its float columns, in the file's order, are the edges'
+    features (``edge_attr``); other columns are not read.
     """
     import pyarrow.parquet as pq
+    import pyarrow.types
 
-    parts, num_rows = _parquet_parts(path), 0
+    parts, num_rows, features = _parquet_parts(path), 0, None
     for part in parts:
         try:
             file = pq.ParquetFile(part)
         except (OSError, ValueError) as err:  # pyarrow's errors derive from these
             raise PreparedGraphError(f"{part} is not a readable Parquet file ({err})") from None
-        names = set(file.schema_arrow.names)
-        if not {"src", "dst"} <= names:
+        schema = file.schema_arrow
+        if not {"src", "dst"} <= set(schema.names):
             raise PreparedGraphError(
                 f"{part} needs integer columns src and dst (sources, destinations); it has "
-                f"{', '.join(sorted(names))}"
+                f"{', '.join(sorted(schema.names))}"
             )
+        floats = [f.name for f in schema if f.name not in ("src", "dst")]
+        floats = [n for n in floats if pyarrow.types.is_floating(schema.field(n).type)]
+        if features is not None and floats != features:
+            raise PreparedGraphError(
+                f"{part} has the float columns (edge features) {floats or 'none'}, the parts "
+                f"before it {features or 'none'}: give every part the same columns"
+            )
+        features = floats
         num_rows += int(file.metadata.num_rows)
 
-    def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    def batches(size: int, columns: list[str]) -> Iterator[tuple[Path, int, Any]]:
         first = 0
         for part in parts:
-            for batch in pq.ParquetFile(part).iter_batches(size, columns=["src", "dst"]):
-                pair = []
-                for name in ("src", "dst"):
-                    column = batch.column(name)
-                    if column.null_count or not _is_integer(column.type):
-                        raise PreparedGraphError(
-                            f"{part}: column {name} must be integers without nulls (rows from "
-                            f"{first:,} hold {column.type}, {column.null_count} null)"
-                        )
-                    pair.append(column.to_numpy().astype(np.int64, copy=False))
+            for batch in pq.ParquetFile(part).iter_batches(size, columns=columns):
+                yield part, first, batch
                 first += batch.num_rows
-                yield pair[0], pair[1]
 
-    return Edges(str(path), num_rows, chunks)
+    def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for part, first, batch in batches(size, ["src", "dst"]):
+            pair = []
+            for name in ("src", "dst"):
+                column = batch.column(name)
+                if column.null_count or not _is_integer(column.type):
+                    raise PreparedGraphError(
+                        f"{part}: column {name} must be integers without nulls (rows from "
+                        f"{first:,} hold {column.type}, {column.null_count} null)"
+                    )
+                pair.append(column.to_numpy().astype(np.int64, copy=False))
+            yield pair[0], pair[1]
+
+    edges = Edges(str(path), num_rows, chunks)
+    if features:
+        first = pq.ParquetFile(parts[0]).schema_arrow
+        dtype = np.result_type(*(first.field(n).type.to_pandas_dtype() for n in features))
+
+        def rows(size: int) -> Iterator[np.ndarray]:
+            for part, start, batch in batches(size, features):
+                nulls = [n for n in features if batch.column(n).null_count]
+                if nulls:
+                    raise PreparedGraphError(
+                        f"{part}: edge feature column {nulls[0]} has nulls (rows from "
+                        f"{start:,}): fill them, or leave the column out"
+                    )
+                yield np.stack([batch.column(n).to_numpy() for n in features], 1).astype(dtype)
+
+        edges.attr = Array(
+            f"{path} (columns {', '.join(features)})",
+            (num_rows, len(features)),
+            np.dtype(dtype),
+            rows,
+        )
+    return edges
 
 
 def _is_integer(kind: Any) -> bool:
@@ -177,6 +213,11 @@ def _edge_file(folder: Path) -> Edges | None:
     else:
         return None
     if (folder / "edge_attr.npy").is_file():
+        if edges.attr is not None:
+            raise PreparedGraphError(
+                f"{folder} gives edge features twice, as edge_attr.npy and as {edges.attr.where}"
+                ": keep one"
+            )
         edges.attr = _array(folder / "edge_attr.npy")
     return edges
 
