@@ -21,8 +21,8 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``speed``: each of GraphSAGE's CPU speed tricks switched off in turn on the three sampler
   recipes, interleaved with the shipped runs (``speed_defaults`` in benchmarks/README.md; about
   an hour).
-- ``compare``: gnnscale against hand-written PyG loops, memory bandwidth, where the time goes,
-  GATv2 against its O(E) bound, scaling to 10^7 nodes (``benchmarks`` in benchmarks/README.md;
+- ``compare``: gnnscale against hand-written PyG loops, memory bandwidth, GATv2 against its
+  O(E) bound, scaling to 10^7 nodes (``benchmarks`` in benchmarks/README.md;
   ``benchmarks/results/``).
 - ``gat``, ``sparse``, ``ddp``: the memory studies of ``gat_attention_memory``,
   ``sparse_embeddings`` and ``multi_gpu_ddp`` (``memory`` in each recipe's README).

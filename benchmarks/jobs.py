@@ -226,13 +226,6 @@ def run_bandwidth(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-# --- where gnnscale's time goes -----------------------------------------------------------------
-
-
-def _identity(item: Any) -> Any:
-    return item
-
-
 RUNNERS = {
     "gnnscale": run_gnnscale,
     "hand": run_hand,
