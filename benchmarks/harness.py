@@ -84,6 +84,7 @@ class Run:
         metrics: Every column of every ``metrics.csv`` under ``logs``, in the files' order (a DDP
             fit logs its final test as a second version).
         memory: Its process tree's peaks, sampled (``run(sample_s=...)``), or ``None``.
+        timed_out: It ran past ``run(timeout_s=...)`` and was killed.
     """
 
     argv: list[str]
@@ -96,6 +97,7 @@ class Run:
     system_s: float = 0.0
     metrics: dict[str, list[float]] = field(default_factory=dict)
     memory: ProcessTreeMemory | None = None
+    timed_out: bool = False
 
     @property
     def output(self) -> str:
@@ -156,17 +158,20 @@ def run(
         text=True,
     )
     sampler = ProcessTreeMemory(proc.pid, sample_s, pss_depth) if sample_s else nullcontext()
+    timed_out = False
     with sampler:
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             out, err = proc.communicate()
+            timed_out = True
     out, mark, figures = out.rpartition(f"\n{MARK} ")
     if not mark:  # it failed before the runner could print
         out, figures = figures, ""
     result = Run(list(argv), proc.returncode, out, err, time.perf_counter() - start)
     result.memory = sampler if isinstance(sampler, ProcessTreeMemory) else None
+    result.timed_out = timed_out
     if proc.returncode != 0 or not mark:
         if check:
             raise RuntimeError(f"{' '.join(argv)} failed ({proc.returncode}):\n{err[-3000:]}")

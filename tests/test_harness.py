@@ -48,6 +48,14 @@ def test_a_failed_run_raises_with_its_error_output_or_is_returned():
     assert done.returncode == 1 and done.peak_mb == 0
 
 
+def test_a_run_past_its_time_limit_is_killed_and_says_so():
+    done = harness.run(
+        [sys.executable, "-c", "import time; time.sleep(60)"], check=False, timeout_s=1
+    )
+    assert done.timed_out and done.returncode != 0 and done.wall_s < 30
+    assert not harness.run([sys.executable, "-c", "pass"]).timed_out
+
+
 def test_a_script_imports_its_neighbours_as_under_python_itself(tmp_path):
     (tmp_path / "neighbour.py").write_text("NAME = 'beside'\n")
     (tmp_path / "script.py").write_text("import neighbour\nprint(neighbour.NAME)\n")
