@@ -11,8 +11,8 @@ gnnscale, hand, ...) with medians reported. Then it measures the feature matrix'
 random-gather and copy bandwidth, the bytes gnnscale's GATv2 saves for backward against an
 O(E * heads * F) bound and the dense formulation, and s/epoch and peak memory of neighbour
 sampling at 10^5, 10^6 and 10^7 nodes.
-Each configuration runs in its own process (see ``jobs.py``), so every peak resident memory is
-that configuration's own.
+Each configuration runs in a fresh process (``jobs.py`` through ``harness.run``), so every peak
+resident memory is that configuration's own.
 
 Writes ``results.json`` (every raw figure and the machine), ``comparison.png`` and
 ``scaling.png`` to its output folder and returns the README block, with PASS/FAIL for each
@@ -24,7 +24,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import harness
 import psutil
 import yaml
 from blocks import Block
@@ -283,19 +283,11 @@ def row_config(row: Row, size: Size) -> tuple[dict[str, Any], dict[str, Any]]:
 # --- running jobs ------------------------------------------------------------------------------
 
 
-def _entry(spec: dict[str, Any], result_path: str, log_path: str) -> None:
-    # Preloaded by the forkserver, so this import costs nothing; say so if it was not.
-    spec["preloaded"] = "jobs" in sys.modules
-    import jobs
-
-    jobs.run_job(spec, result_path, log_path)
-
-
 class Runner:
-    """Starts each job in a new process forked from a server with torch and gnnscale imported.
+    """Runs each job in a fresh process (``python jobs.py SPEC RESULT`` through ``harness.run``).
 
     Args:
-        workdir: Folder for job results, logs, run logs and caches.
+        workdir: Folder for job specs, results, logs, run logs and caches.
         timeout_s: A job running longer is stopped and reported as failed.
         threads: torch intra-op threads of every job (0: torch's default).
     """
@@ -304,45 +296,36 @@ class Runner:
         self.workdir = workdir
         self.timeout_s = timeout_s
         self.threads = threads
-        # Python < 3.13's forkserver ignores the parent's sys.path, and a failed preload is
-        # silent; PYTHONPATH lets the server import jobs.py.
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [str(HERE), *filter(None, [os.environ.get("PYTHONPATH")])]
-        )
-        # Rows labelled bf16 run bf16 on both sides, also on a CPU without bf16 kernels, where
-        # gnnscale would otherwise train its bf16-mixed configs in fp32 (gnnscale.cli).
-        os.environ["GNNSCALE_CPU_BF16"] = "1"
-        self.ctx = mp.get_context("forkserver")
-        self.ctx.set_forkserver_preload(["jobs"])
         self.count = 0
 
     def __call__(self, name: str, spec: dict[str, Any]) -> dict[str, Any]:
         """Run ``spec`` as job ``name`` in a new process; return its result dict."""
         self.count += 1
         slug = f"{self.count:03d}_{name.replace('/', '_')}"
+        given = self.workdir / f"{slug}.spec.json"
         result, log = self.workdir / f"{slug}.json", self.workdir / f"{slug}.log"
         spec = {"name": slug, "workdir": str(self.workdir), "threads": self.threads, **spec}
-        start = time.perf_counter()
-        proc = self.ctx.Process(target=_entry, args=(spec, str(result), str(log)))
-        proc.start()
-        proc.join(self.timeout_s)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
+        given.write_text(json.dumps(spec))
+        done = harness.run(
+            [sys.executable, str(HERE / "jobs.py"), str(given), str(result)],
+            # Rows labelled bf16 run bf16 on both sides, also on a CPU without bf16 kernels,
+            # where gnnscale would otherwise train its bf16-mixed configs in fp32 (gnnscale.cli).
+            env={"GNNSCALE_CPU_BF16": "1"},
+            check=False,
+            timeout_s=self.timeout_s,
+        )
+        log.write_text(done.output)  # Lightning's logging stays out of the benchmark's own
+        if done.timed_out:
             out = {"error": f"stopped after the {self.timeout_s:.0f} s time limit"}
         elif result.exists():
             out = json.loads(result.read_text())
         else:  # killed (e.g. out of memory) before it could write a result
-            out = {"error": f"the job process exited with code {proc.exitcode} and no result"}
-        wall = time.perf_counter() - start
+            out = {"error": f"the job process exited with code {done.returncode} and no result"}
         status = "FAILED" if "error" in out else "ok"
-        if out.get("preloaded") is False:
-            status += " (imports were not preloaded: expect ~10 s more per job)"
-        print(f"  {name:34s} {wall:7.1f} s  {status}", flush=True)
+        print(f"  {name:34s} {done.wall_s:7.1f} s  {status}", flush=True)
         if "error" in out:
-            tail = log.read_text()[-3000:] if log.exists() else ""
             last = out["error"].strip().splitlines()[-1]
-            print(f"    {last}\n    log: {log}\n{tail}", flush=True)
+            print(f"    {last}\n    log: {log}\n{done.output[-3000:]}", flush=True)
         return out
 
 

@@ -1,9 +1,11 @@
 """What runs inside each measured process: one configuration per process, so its peak is its own.
 
-``compare.py`` starts every job in a new process forked from a server that has already imported
-torch, PyG, Lightning and gnnscale (``multiprocessing`` "forkserver" with this module
-preloaded). Each job therefore has its own address space and its own peak resident memory, like
-a fresh ``python`` process, without paying ~10 s of imports per configuration on a 2-core machine.
+``compare.py`` starts every job through ``harness.run`` as a fresh ``python`` process::
+
+    python benchmarks/jobs.py SPEC.json RESULT.json
+
+which reads the job's spec, runs it and writes its result (or its error) as JSON. Each job has
+its own address space and its own peak resident memory, like a recipe run.
 
 Jobs:
 
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import multiprocessing
 import os
 import platform
 import statistics
@@ -235,35 +236,32 @@ RUNNERS = {
 }
 
 
-def run_job(spec: dict[str, Any], result_path: str, log_path: str) -> None:
-    """Run one job and write its result (or its error) as JSON to ``result_path``.
+def run_job(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one job; return its result, or its error under ``"error"``."""
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    start = time.perf_counter()
+    result: dict[str, Any] = {"load_avg_start": os.getloadavg()[0], "start_rss_mb": rss_mb()}
+    try:
+        result.update(RUNNERS[spec["kind"]](spec))
+    except Exception:  # a failed configuration is reported in the results, not fatal
+        result["error"] = traceback.format_exc()
+        traceback.print_exc()
+    result["job_s"] = time.perf_counter() - start
+    # this process's own high-water mark (VmHWM), not harness.run's peak, which would be a
+    # loader worker's when that is larger: the hand loops' figures are their main process's
+    result["peak_rss_mb"] = peak_rss_mb()
+    result["end_rss_mb"] = rss_mb()
+    result["load_avg_end"] = os.getloadavg()[0]
+    return result
 
-    Output goes to ``log_path`` so that Lightning's logging stays out of the benchmark's own.
-    """
-    # A process started by a forkserver inherits "forkserver" as its default start method, so
-    # DataLoader workers would be started by the server and be sent the whole graph by pickle.
-    # A plain `python` process on Linux forks them, sharing the graph copy-on-write.
-    multiprocessing.set_start_method("fork", force=True)
-    with open(log_path, "w") as log:
-        os.dup2(log.fileno(), 1)
-        os.dup2(log.fileno(), 2)
-        if spec.get("threads"):
-            torch.set_num_threads(spec["threads"])
-        start = time.perf_counter()
-        result: dict[str, Any] = {
-            "preloaded": spec.get("preloaded"),
-            "load_avg_start": os.getloadavg()[0],
-            "start_rss_mb": rss_mb(),
-        }
-        try:
-            result.update(RUNNERS[spec["kind"]](spec))
-        except Exception:  # a failed configuration is reported in the results, not fatal
-            result["error"] = traceback.format_exc()
-            traceback.print_exc()
-        result["job_s"] = time.perf_counter() - start
-        result["peak_rss_mb"] = peak_rss_mb()
-        result["end_rss_mb"] = rss_mb()
-        result["load_avg_end"] = os.getloadavg()[0]
-        sys.stdout.flush()
-        sys.stderr.flush()
+
+def main(argv: list[str]) -> None:
+    """``jobs.py SPEC.json RESULT.json``: run the job ``SPEC.json`` names, write its result."""
+    spec_path, result_path = argv
+    result = run_job(json.loads(Path(spec_path).read_text()))
     Path(result_path).write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
