@@ -21,12 +21,17 @@ from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.datasets import DATASETS
 from gnnscale.data.graphs import prepare_graphs
 from gnnscale.data.neighbor import NeighborDataModule
-from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_item_class_graph
+from gnnscale.data.synthetic import (
+    SyntheticGraph,
+    SyntheticRecommender,
+    make_item_class_graph,
+    write_streamed_synthetic,
+)
 from gnnscale.errors import ConfigError
 from gnnscale.stores.manifest import FeatureDtype
 from gnnscale.stores.npy import prepare_data, prepare_npy
 from gnnscale.stores.ogb import OGB, prepare_ogb
-from gnnscale.stores.writing import write_graph, write_streamed_synthetic
+from gnnscale.stores.writing import write_graph
 
 __all__ = ["prepare", "prepare_graphs_main", "prepare_main"]
 

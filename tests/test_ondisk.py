@@ -29,13 +29,14 @@ from gnnscale import (
 from gnnscale.cli import main
 from gnnscale.data.args import EvalArgs, LoaderArgs
 from gnnscale.data.subgraph import ClusterDataModule
+from gnnscale.data.synthetic import write_streamed_synthetic
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import anon_mb, read_metrics, trim_heap
 from gnnscale.stores import atomic, reads, writing
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import PreparedGraph
-from gnnscale.stores.writing import write_graph, write_streamed_synthetic
+from gnnscale.stores.writing import write_graph
 from gnnscale.testing import TINY, centroid_accuracy, cli_args, requires_sampler
 
 SAMPLED = ["--data.eval.mode=sampled", "--data.eval.num_neighbors=[-1,-1]"]
@@ -570,7 +571,7 @@ signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails wi
 from gnnscale import SyntheticGraph
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.errors import GnnscaleError
-from gnnscale.stores.writing import write_streamed_synthetic
+from gnnscale.data.synthetic import write_streamed_synthetic
 folder = Path(sys.argv[1])
 StreamingCheckpointIO().save_checkpoint({"w": torch.ones(10)}, folder / "last.ckpt")
 resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # as a disk that fills

@@ -1,5 +1,6 @@
 """PyG's FeatureStore/GraphStore over a prepared folder, prepared by streaming a .npy folder."""
 
+import ast
 import copy
 import dataclasses
 import functools
@@ -12,6 +13,7 @@ import sys
 import textwrap
 import time
 import warnings
+from pathlib import Path
 
 import lightning as L
 import numpy as np
@@ -36,11 +38,12 @@ from gnnscale import (
     stores,
 )
 from gnnscale.data.args import EvalArgs
+from gnnscale.data.synthetic import write_streamed_synthetic
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.prepare import prepare_main
 from gnnscale.sampler import HopSampler
-from gnnscale.stores import reads, writing
+from gnnscale.stores import reads
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph
 from gnnscale.stores.writing import write_graph
@@ -146,6 +149,21 @@ def _check_cache(fs, budget):
     assert 0 < reads.cached < reads.total, reads
 
 
+def test_stores_never_import_the_data_package():
+    """Data reads stores (a DataModule maps a prepared folder), never the reverse: a generator
+    of data lives in ``gnnscale.data`` and hands its chunks to a writer here."""
+    for path in Path(stores.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any(n.startswith("gnnscale.data") for n in names), (path.name, names)
+            assert "gnnscale" not in names, path.name  # the package's __init__ imports data
+
+
 @requires_sampler
 @pytest.mark.parametrize(("read_threads", "cache_bytes"), READS, ids=READ_IDS)
 def test_pygs_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_memory(
@@ -192,7 +210,7 @@ def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
     for batch in loader:
         ends = batch.n_id[batch.edge_index]
         assert torch.equal(shuffled.edge_index[:, batch.e_id], ends)
-    streamed = writing.write_streamed_synthetic(TINY, tmp_path / "streamed")
+    streamed = write_streamed_synthetic(TINY, tmp_path / "streamed")
     assert "perm" not in PreparedGraph(streamed).manifest["files"]
 
 

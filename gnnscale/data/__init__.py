@@ -6,9 +6,10 @@
   three graphs split in ``link_graphs``, with ``pinsage`` for PinSAGE neighbours and hard
   negatives; ``graphs``: many small graphs.
 - ``datasets``: datasets by name, loaded and checked; ``sources``: the graph as a DataModule
-  reads it, in memory or from a prepared folder; ``synthetic``: the generated graphs; ``args``:
-  the option groups every DataModule takes; ``layout``: what workers add to batches; ``loaders``
-  and ``resume``: resumable, per-rank loaders.
+  reads it, in memory or from a prepared folder; ``synthetic``: the generated graphs (one also
+  drawn chunk by chunk straight to disk); ``args``: the option groups every DataModule takes;
+  ``layout``: what workers add to batches; ``loaders`` and ``resume``: resumable, per-rank
+  loaders.
 """
 
 from gnnscale.data.args import EvalArgs, GraphSplit, LoaderArgs, NodeSplit, Preprocess
@@ -27,6 +28,7 @@ from gnnscale.data.synthetic import (
     make_item_class_graph,
     make_recommender_graph,
     make_synthetic_graph,
+    write_streamed_synthetic,
 )
 from gnnscale.sampler import sampling_backend
 
@@ -56,4 +58,5 @@ __all__ = [
     "make_recommender_graph",
     "make_synthetic_graph",
     "sampling_backend",
+    "write_streamed_synthetic",
 ]

@@ -2,8 +2,9 @@
 
 - ``prepared``: one large graph written once and memory-mapped by every process (``manifest``:
   the folder's format and the checks of its files; ``writing``: the atomic prepare and the
-  writers of a graph in memory or generated); ``open`` (``mapped``) gives it as PyG's
-  ``(FeatureStore, GraphStore)`` pair; ``streaming`` writes it from inputs read chunk by chunk
+  writers of a graph in memory or handed over chunk by chunk by a generator); ``open``
+  (``mapped``) gives it as PyG's ``(FeatureStore, GraphStore)`` pair; ``streaming`` writes it
+  from inputs read chunk by chunk
   (``npy``: a folder of ``.npy`` arrays or Parquet edge lists; ``ogb``: OGB's node-property
   downloads as they unpack); ``link_split`` streams a relation's link-prediction split (or all its
   edges as seed pairs, ``seed_edges``) into a folder of its own;
@@ -21,7 +22,7 @@ from gnnscale.stores.mapped import (  # noqa: A004 (a store, as the builtin open
 )
 from gnnscale.stores.npy import prepare_npy, save_npy
 from gnnscale.stores.ogb import prepare_ogb
-from gnnscale.stores.writing import write_graph, write_streamed_synthetic
+from gnnscale.stores.writing import write_graph
 
 __all__ = [
     "PreparedGraphError",
@@ -32,5 +33,4 @@ __all__ = [
     "save_npy",
     "seed_edges",
     "write_graph",
-    "write_streamed_synthetic",
 ]

@@ -8,8 +8,9 @@ of the format (``gnnscale.stores.manifest``) goes through it: the two here, ``st
 read chunk by chunk) and ``link_split``.
 
 Two ways to fill a folder from a graph: :func:`write_graph` writes any in-memory PyG ``Data``
-(the datasets ``gnnscale fit`` loads), and :func:`write_streamed_synthetic` generates a graph chunk
-by chunk, so its feature file can be larger than the machine's memory.
+(the datasets ``gnnscale fit`` loads), and :func:`write_node_chunks` a graph that arrives chunk by
+chunk from a generator (``gnnscale.data.synthetic.write_streamed_synthetic``), so its feature file
+can be larger than the machine's memory.
 
 Writing is apart from reading (``gnnscale.stores.prepared``): it changes with what is prepared
 and from what, not with how a prepared folder is mapped and served.
@@ -19,15 +20,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import asdict
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
+from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.sampler.utils import to_csc
 from tqdm import tqdm
@@ -46,10 +47,7 @@ from gnnscale.stores.manifest import (
 )
 from gnnscale.stores.prepared import PreparedGraph
 
-if TYPE_CHECKING:  # its settings only: stores do not depend on the data package
-    from gnnscale.data.synthetic import SyntheticGraph
-
-__all__ = ["write_graph", "write_streamed_synthetic"]
+__all__ = ["NodeChunk", "write_graph", "write_node_chunks"]
 
 
 class _Writer:
@@ -259,76 +257,74 @@ def _meta(num_nodes: int, num_edges: int, num_features: int, num_classes: int) -
     }
 
 
-def write_streamed_synthetic(
-    cfg: SyntheticGraph,
-    out: Path,
-    feature_dtype: FeatureDtype = "bfloat16",
-    chunk_nodes: int = 1 << 20,
-) -> Path:
-    """Generate a graph chunk by chunk straight to ``out``: memory bounded by one chunk.
+@dataclass
+class NodeChunk:
+    """Consecutive nodes of a homogeneous node-classification graph, with their in-edges.
 
-    The same model as :func:`gnnscale.make_synthetic_graph` (homophilous edges, power-law
-    degrees, class centroids in Gaussian noise), arranged so that no step needs the whole graph:
-    node ``i`` has class ``i % num_classes``, so a same-class node is drawn without an index;
-    each node draws its own in-neighbours (a power-law in-degree), so the CSC comes out in
-    order. It is not the graph ``make_synthetic_graph`` draws from the same settings.
+    A generator hands :func:`write_node_chunks` these in node order; since each node brings its
+    own in-edges, the CSC comes out in order and no step needs the whole graph.
 
     Args:
-        cfg: Size and difficulty (``num_nodes`` may exceed what fits in memory).
-        out: The folder to create.
-        feature_dtype: Dtype of the stored features (``bfloat16`` halves the file).
-        chunk_nodes: Nodes generated per step; part of the graph's identity with ``cfg.seed``.
+        x: Features, one row per node.
+        y: Labels.
+        masks: The train, validation and test masks.
+        degree: Each node's in-degree.
+        row: The sources of their in-edges, node after node (``degree.sum()`` of them).
     """
-    source = {
-        "generator": "write_streamed_synthetic",
-        "synthetic": asdict(cfg),
-        "chunk_nodes": chunk_nodes,
-        "feature_dtype": feature_dtype,
-    }
-    n, c = cfg.num_nodes, cfg.num_classes
+
+    x: Tensor
+    y: Tensor
+    masks: tuple[Tensor, Tensor, Tensor]
+    degree: Tensor
+    row: Tensor
+
+
+def write_node_chunks(
+    chunks: Iterable[NodeChunk],
+    out: Path,
+    source: dict[str, Any],
+    num_nodes: int,
+    num_features: int,
+    num_classes: int,
+    expected_edges: int,
+    feature_dtype: FeatureDtype = "bfloat16",
+    checked: Sequence[str] = (),
+) -> Path:
+    """Write a graph that arrives chunk by chunk to ``out``: memory bounded by one chunk.
+
+    ``chunks`` is read only if the folder is written (not when it is already prepared).
+
+    Args:
+        chunks: The graph's nodes, in order, each chunk with its in-edges.
+        out: The folder to create.
+        source: What the graph was made from (recorded, and hashed into the folder's key).
+        num_nodes: Nodes the chunks hold in all.
+        num_features: Features per node.
+        num_classes: Number of classes.
+        expected_edges: About how many edges the chunks hold (the disk's room is checked for
+            them before writing).
+        feature_dtype: Dtype of the stored features.
+        checked: The manifest's checks (``gnnscale.stores.manifest.CHECKS``) the chunks hold
+            by construction.
+    """
 
     def fill(folder: Path) -> dict[str, Any]:
         w = _Writer.node_graph(folder, feature_dtype)
-        g = torch.Generator().manual_seed(cfg.seed)
-        centroids = torch.randn(c, cfg.num_features, generator=g)
-        # Mean of the capped Pareto propensity, to scale in-degrees to avg_degree on average.
-        probe = torch.rand(1 << 20, generator=g, dtype=torch.float64)
-        probe = probe.pow_(-1 / (cfg.degree_exponent - 1)).clamp_(max=n**0.5)
-        scale = cfg.avg_degree / float(probe.mean())
-        per_class = torch.tensor([(n - k + c - 1) // c for k in range(c)])  # nodes of class k
-        num_train = max(1, int(cfg.train_fraction * n))
-        num_val = int(cfg.val_fraction * n)
         w["colptr"].write(torch.zeros(1, dtype=torch.long))
-        edges = 0
-        for index, (a, b) in enumerate(_chunks(n, chunk_nodes, "nodes")):
-            gc = torch.Generator().manual_seed(cfg.seed * 1_000_003 + index + 1)
-            ids = torch.arange(a, b)
-            y = ids % c
-            x = centroids[y].add_(
-                torch.randn(b - a, cfg.num_features, generator=gc), alpha=cfg.feature_noise
-            )
-            theta = torch.rand(b - a, generator=gc, dtype=torch.float64)
-            theta = theta.pow_(-1 / (cfg.degree_exponent - 1)).clamp_(max=n**0.5)
-            degree = torch.poisson(theta * scale, generator=gc).long().clamp_(min=1)
-            dst = torch.repeat_interleave(ids, degree)
-            k = y[dst - a]
-            same = k + c * (torch.rand(dst.numel(), generator=gc) * per_class[k]).long()
-            other = torch.randint(n, (dst.numel(),), generator=gc)
-            src = torch.where(torch.rand(dst.numel(), generator=gc) < cfg.homophily, same, other)
-            src = torch.where(src == dst, (src + c) % n, src)  # no self-loops; same class
-            u = torch.rand(b - a, generator=gc)  # splits by a uniform draw per node
-            w["x"].write(x.to(DTYPES[feature_dtype]))
-            w["y"].write(y)
-            w["train_mask"].write(u < num_train / n)
-            w["val_mask"].write((u >= num_train / n) & (u < (num_train + num_val) / n))
-            w["test_mask"].write(u >= (num_train + num_val) / n)
-            w["colptr"].write(edges + degree.cumsum(0))
-            w["row"].write(src)
-            edges += int(degree.sum())
-        meta = _meta(n, edges, cfg.num_features, c)  # checked as it is drawn (in range, finite,
-        return meta | {"files": w.close(), "checked": list(CHECKS)}  # one split per node)
+        nodes = edges = 0
+        for chunk in chunks:
+            w["x"].write(chunk.x.to(DTYPES[feature_dtype]))
+            w["y"].write(chunk.y)
+            for key, mask in zip(SPLIT_MASKS, chunk.masks, strict=True):
+                w[key].write(mask)
+            w["colptr"].write(edges + chunk.degree.cumsum(0))
+            w["row"].write(chunk.row)
+            nodes += chunk.y.numel()
+            edges += int(chunk.degree.sum())
+        if nodes != num_nodes:
+            raise PreparedGraphError(f"{out}: the generator gave {nodes:,} of {num_nodes:,} nodes")
+        meta = _meta(num_nodes, edges, num_features, num_classes)
+        return meta | {"files": w.close(), "checked": list(checked)}
 
-    # The edges are drawn while writing: their expected count (capped Pareto in-degrees, at
-    # least 1) is about avg_degree per node.
-    size = _size(n, math.ceil(n * max(cfg.avg_degree, 1.0)), cfg.num_features, feature_dtype)
-    return prepare(out, source, fill, size)
+    size = _size(num_nodes, expected_edges, num_features, feature_dtype)
+    return prepare(out, {**source, "feature_dtype": feature_dtype}, fill, size)
