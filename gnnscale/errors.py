@@ -9,6 +9,7 @@ __all__ = [
     "NO_ROOM",
     "ConfigError",
     "GnnscaleError",
+    "GroupSettingError",
     "TrainingDiverged",
     "cause",
     "check_probabilities",
@@ -26,6 +27,33 @@ class GnnscaleError(Exception):
 
 class ConfigError(GnnscaleError, ValueError):
     """A setting or an input that gnnscale refuses; the message names the key and the fix."""
+
+
+class GroupSettingError(ConfigError):
+    """A refused setting of an option group (``SyntheticGraph``, ``NodeSplit``), named by its flag.
+
+    A group's flag depends on who takes it: the DataModules as ``--data.synthetic``,
+    ``gnnscale prepare``'s sources as ``--source.synthetic``. The message is written with
+    ``{group}`` for the group's flag, so the command that knows where its groups live names them
+    (:meth:`under`) instead of rewriting the text.
+
+    Args:
+        template: The message, ``{group}`` standing for the group's flag.
+        name: The group's key (``synthetic``, ``split``).
+        parent: The flag of what takes the group (``--data``).
+    """
+
+    def __init__(self, template: str, name: str, parent: str = "--data") -> None:
+        self.template, self.name, self.parent = template, name, parent
+        super().__init__(template.format(group=f"{parent}.{name}"))
+
+    def under(self, parent: str) -> GroupSettingError:
+        """The same refusal, the group taken by ``parent`` (``--source``)."""
+        return GroupSettingError(self.template, self.name, parent)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
+        """Pickled with its three arguments (a DataLoader worker's error crosses processes)."""
+        return type(self), (self.template, self.name, self.parent)
 
 
 class TrainingDiverged(GnnscaleError, RuntimeError):

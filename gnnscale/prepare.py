@@ -137,7 +137,7 @@ def prepare_main(args: list[str] | None = None) -> Path:
             if arg == "--config" and Path(given[i + 1]).is_file():
                 said += Path(given[i + 1]).read_text()
         flag = "--recommender." if "recommender" in said else "--synthetic."
-        raise type(err)(str(err).replace("--data.synthetic.", flag)) from None
+        raise ConfigError(str(err).replace("--data.synthetic.", flag)) from None
 
 
 def prepare_graphs_main(args: list[str] | None = None) -> Path:

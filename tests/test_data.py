@@ -1,3 +1,5 @@
+import dataclasses
+import pickle
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ from gnnscale import (
     HeteroNeighborDataModule,
     LoaderArgs,
     NeighborDataModule,
+    NodeSplit,
     Preprocess,
     SAINTDataModule,
     SpeedTricks,
@@ -25,7 +28,7 @@ from gnnscale import (
     make_synthetic_graph,
 )
 from gnnscale.data.loaders import RankShare
-from gnnscale.errors import ConfigError
+from gnnscale.errors import ConfigError, GroupSettingError
 from gnnscale.handshake import BatchRequest
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
@@ -47,6 +50,22 @@ def test_synthetic_is_deterministic_homophilous_and_skewed():
 def test_synthetic_refuses_bad_settings(key, value):
     with pytest.raises(ValueError, match=f"--data.synthetic.{key}"):
         SyntheticGraph(**{key: value})
+
+
+def test_a_group_refusal_is_named_where_the_group_is_taken_and_survives_pickling():
+    """A generator's settings are ``--data.synthetic`` in ``fit``, ``--source.synthetic`` in
+    ``gnnscale prepare``: the refusal is written once, named by who takes the group."""
+    with pytest.raises(GroupSettingError) as refused:
+        dataclasses.replace(TINY, num_classes=1)
+    assert str(refused.value) == (
+        "--data.synthetic.num_classes must be between 2 and --data.synthetic.num_nodes (3000) "
+        "(got 1)"
+    )
+    under = refused.value.under("--source")
+    assert str(under).startswith("--source.synthetic.num_classes must be between 2 and --source.")
+    assert str(pickle.loads(pickle.dumps(under))) == str(under)  # as a worker's error travels
+    with pytest.raises(GroupSettingError, match=r"^--data\.split\.train_fraction and"):
+        NodeSplit(train_fraction=0.95)
 
 
 def test_synthetic_scales():

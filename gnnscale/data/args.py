@@ -8,7 +8,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from gnnscale.errors import ConfigError
+from gnnscale.errors import ConfigError, GroupSettingError
 
 
 @dataclass(frozen=True)
@@ -162,9 +162,10 @@ class NodeSplit:
         """Refuse fractions that leave a split empty."""
         train, val = self.train_fraction, self.val_fraction
         if not (train > 0 and val > 0 and train + val < 1):
-            raise ConfigError(
-                "--data.split.train_fraction and --data.split.val_fraction must be > 0 and sum "
-                f"to less than 1, the rest being the test split (got {train}, {val})"
+            raise GroupSettingError(
+                "{group}.train_fraction and {group}.val_fraction must be > 0 and sum to less "
+                f"than 1, the rest being the test split (got {train}, {val})",
+                "split",
             )
 
 

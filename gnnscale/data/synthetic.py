@@ -24,7 +24,7 @@ from torch_geometric.transforms import ToUndirected
 from torch_geometric.utils import coalesce, remove_self_loops
 from tqdm import tqdm
 
-from gnnscale.errors import ConfigError
+from gnnscale.errors import GroupSettingError
 from gnnscale.memory import check_fits, graph_nbytes
 from gnnscale.stores.manifest import CHECKS, FeatureDtype
 from gnnscale.stores.writing import NodeChunk, write_node_chunks
@@ -77,7 +77,7 @@ class SyntheticGraph:
             "num_features": (self.num_features >= 1, ">= 1"),
             "num_classes": (
                 2 <= self.num_classes <= self.num_nodes,
-                f"between 2 and --data.synthetic.num_nodes ({self.num_nodes})",
+                f"between 2 and {{group}}.num_nodes ({self.num_nodes})",
             ),
             "homophily": (0.0 <= self.homophily <= 1.0, "between 0 and 1"),
             "feature_noise": (self.feature_noise >= 0, ">= 0"),
@@ -90,9 +90,8 @@ class SyntheticGraph:
         }
         for key, (holds, rule) in rules.items():
             if not holds:
-                raise ConfigError(
-                    f"--data.synthetic.{key} must be {rule} (got {getattr(self, key)!r})"
-                )
+                said = f"{{group}}.{key} must be {rule} (got {getattr(self, key)!r})"
+                raise GroupSettingError(said, "synthetic")
 
     @property
     def nbytes(self) -> int:
@@ -292,8 +291,8 @@ class SyntheticRecommender:
             ),
             "num_categories": (
                 self.num_communities <= self.num_categories <= self.num_items,
-                f"between --data.synthetic.num_communities ({self.num_communities}) and "
-                f"--data.synthetic.num_items ({self.num_items})",
+                f"between {{group}}.num_communities ({self.num_communities}) and "
+                f"{{group}}.num_items ({self.num_items})",
             ),
             "interactions_per_user": (self.interactions_per_user >= 2, ">= 2"),
             "affinity": (0.0 <= self.affinity <= 1.0, "between 0 and 1"),
@@ -303,9 +302,8 @@ class SyntheticRecommender:
         }
         for key, (holds, rule) in rules.items():
             if not holds:
-                raise ConfigError(
-                    f"--data.synthetic.{key} must be {rule} (got {getattr(self, key)!r})"
-                )
+                said = f"{{group}}.{key} must be {rule} (got {getattr(self, key)!r})"
+                raise GroupSettingError(said, "synthetic")
 
 
 def make_recommender_graph(cfg: SyntheticRecommender) -> HeteroData:
