@@ -42,7 +42,7 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   against a plain copy), and a plain PyG loop over the store's ``(FeatureStore, GraphStore)``
   against the graph in memory (``store`` in on_disk_graph's README; a few minutes).
 - ``store-tasks``: the hetero and link recipes from a folder prepared by ``gnnscale prepare
-  --dataset recommender`` against the same graph in memory, one process and two ranks
+  --source Recommender`` against the same graph in memory, one process and two ranks
   (``from_disk`` in each recipe's README; about 15 minutes).
 - ``gpu``: the sampler, hetero and link recipes on one GPU, and the planner's CUDA peak against
   the fit's (``gpu`` in benchmarks/README.md; under 10 minutes on one H100; without CUDA it

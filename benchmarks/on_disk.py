@@ -1,9 +1,9 @@
 """The same graph trained from disk and from memory (the ``on_disk_graph`` recipe's ``memory``).
 
 Written by ``python benchmarks/figures.py ondisk``. The graph is prepared once with ``gnnscale
-prepare`` without ``--stream``, which writes the draw that ``--data.dataset=synthetic`` makes
-from the same settings; the recipe's config then fits on the folder and, as a baseline, on that
-graph built in memory:
+prepare --source Dataset`` (not the streamed ``Synthetic``), which writes the draw that
+``--data.dataset=synthetic`` makes from the same settings; the recipe's config then fits on the
+folder and, as a baseline, on that graph built in memory:
 
 1. One process: peak private memory, peak RSS, total PSS and s/epoch.
 2. Two ranks under ``torchrun``: each rank's peak private memory and the peak of the PSS summed
@@ -105,7 +105,7 @@ def measure(
     ``extra``: flags for every fit (the tiny size's smaller batches).
     """
     folder = workdir / "graph"
-    flags = [f"--synthetic.{k}={v}" for k, v in graph.items()]
+    flags = ["--source=Dataset", *(f"--source.synthetic.{k}={v}" for k, v in graph.items())]
     harness.run([sys.executable, "-m", "gnnscale.cli", "prepare", f"--out={folder}", *flags,
                  "--feature_dtype=bfloat16"], cwd=workdir)  # fmt: skip
     common = [f"--trainer.max_epochs={epochs}", *extra]
@@ -143,7 +143,7 @@ def blocks(tiny: bool) -> list[Block]:
     one, two = r["warm"]["pss_mb"], r["ddp_disk"]["pss_mb"]
     mem_s = r["memory"]["epoch_s"]
     workers = shipped_workers(RECIPE.name)
-    settings = " ".join(f"--synthetic.{k}={v}" for k, v in graph.items())
+    settings = " ".join(f"--source.synthetic.{k}={v}" for k, v in graph.items())
     lines = [
         "| one process | private peak (MiB) | peak RSS (MiB) | total PSS peak (MiB) | s/epoch "
         "| whole run (s) |",
@@ -163,9 +163,10 @@ def blocks(tiny: bool) -> list[Block]:
         f"- s/epoch from disk / in memory: warm page cache **{r['warm']['epoch_s'] / mem_s:.2f}x**"
         f" (goal: within 1.1x), cold {r['cold']['epoch_s'] / mem_s:.2f}x.",
         "",
-        f"One graph both ways: `gnnscale prepare --out g {settings} --feature_dtype=bfloat16` "
-        f"({r['disk_mib']:,.0f} MiB on disk; no `--stream`, so it is the draw of "
-        "`--data.dataset=synthetic` with the same `--data.synthetic.*`). Runs: `gnnscale fit "
+        f"One graph both ways: `gnnscale prepare --out g --source Dataset {settings} "
+        f"--feature_dtype=bfloat16` ({r['disk_mib']:,.0f} MiB on disk; `Dataset`, not the "
+        "streamed `Synthetic`, so it is the draw of `--data.dataset=synthetic` with the same "
+        "`--data.synthetic.*`). Runs: `gnnscale fit "
         f"--config {RECIPE.folder.relative_to(REPO)}/config.yaml "
         f"{' '.join(FIT)} --trainer.max_epochs={epochs}` ({workers} loader workers per "
         "process, the recipe's) with `--data.dataset=prepared --data.root=g` (from disk) or "

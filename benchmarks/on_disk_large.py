@@ -70,7 +70,7 @@ def prepare_graph(folder: Path, size: str) -> float:
     if folder.exists() and record.exists():
         return float(record.read_text())
     shutil.rmtree(folder, ignore_errors=True)
-    graph = [f"--synthetic.{k}={v}" for k, v in GRAPH[size].items()]
+    graph = [f"--source.synthetic.{k}={v}" for k, v in GRAPH[size].items()]
     seconds = harness.run(ENTRY.prepare_argv(f"--out={folder}", *graph)).wall_s
     record.write_text(f"{seconds:.1f}")
     return seconds
@@ -164,7 +164,7 @@ def blocks(tiny: bool) -> list[Block]:
         r = measure("full", large_workdir())
     size = "tiny" if tiny else "full"
     g = GRAPH[size]
-    settings = ", ".join(f"`--synthetic.{k}={v}`" for k, v in g.items())
+    settings = ", ".join(f"`--source.synthetic.{k}={v}`" for k, v in g.items())
     text = "\n".join(
         [
             "| figure | value |",

@@ -12,7 +12,7 @@ Here the same shape at a twelfth of the counts, 20M papers, so that the paper fe
   authorship homophilous; the reverse of every relation. Authors get 32 float16 features from
   their field (MAG240M's have none; its baselines average their papers'), institutions none
   (the model learns an embedding per institution);
-- ``gnnscale prepare --dataset npy`` streams it into a store: the CSC of each of the six edge
+- ``gnnscale prepare --source Npy`` streams it into a store: the CSC of each of the six edge
   types built out of core, the paper features used where they lie (float16, C-order);
 - the disk's random 4-KiB read rate at depth 32 (``store_reads.disk_rate``, on the paper
   features), the rate the store's 32 reading threads can reach;
@@ -220,7 +220,7 @@ def measure(size: str, workdir: Path) -> dict:
     r["inputs_gib"] = sum(p.stat().st_size for p in inputs.rglob("*") if p.is_file()) / 2**30
     _evict(inputs)
     cli = [sys.executable, "-m", "gnnscale.cli"]
-    prepare = [*cli, "prepare", "--dataset=npy", f"--root={inputs}", f"--out={store}"]
+    prepare = [*cli, "prepare", "--source=Npy", f"--source.root={inputs}", f"--out={store}"]
     done = harness.run(prepare, sample_s=0.2)
     assert done.memory is not None
     r["prepare_s"] = done.wall_s
@@ -266,7 +266,7 @@ def blocks(tiny: bool) -> list[Block]:
             f"{r['ram_gib']:.1f} GiB |",
             f"| `.npy` inputs written (features, six edge types, labels, splits) | "
             f"{r['inputs_gib']:.1f} GiB in {r['write_s']:,.0f} s |",
-            f"| `gnnscale prepare --dataset npy` (features used in place; edge ids kept for "
+            f"| `gnnscale prepare --source Npy` (features used in place; edge ids kept for "
             f"the {r['perm_types']} of 6 edge types not listed by destination) | "
             f"{r['prepare_s']:,.0f} s, "
             f"{r['store_gib']:.1f} GiB written, peak private memory "

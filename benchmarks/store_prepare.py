@@ -4,15 +4,15 @@ Written by ``python benchmarks/figures.py store`` (on_disk_graph's ``store`` blo
 
 - **Prepare**: a homogeneous graph (128 float32 features, 15 edges per node, labels, splits) is
   written as a ``.npy`` folder at two sizes, its pages evicted, then prepared by ``gnnscale
-  prepare --dataset npy --feature_dtype bfloat16`` in a fresh process (the cast makes it copy
+  prepare --source Npy --feature_dtype bfloat16`` in a fresh process (the cast makes it copy
   every feature row: the slow case; a float32 store would use ``x.npy`` where it lies). A
   sampler records the process's peak resident memory, and separately its private part
   (``RssAnon``; the rest are pages of the mapped files, which the kernel writes back and drops).
   Throughput is input bytes per second, against a plain sequential copy of the same files
   (evicted first too). The same graph is also written as OGB's ogbn-papers100M download
   unpacks (``raw/data.npz`` with float16 features and ``raw/node-label.npz``, both deflated as
-  OGB saves them; ``split/time/*.csv.gz``) and prepared by ``--dataset ogbn-papers100M``, which
-  inflates each member as a stream.
+  OGB saves them; ``split/time/*.csv.gz``) and prepared by ``--source Ogb --source.name
+  ogbn-papers100M``, which inflates each member as a stream.
 - **A plain PyG loop**: one epoch of PyG's ``GraphSAGE`` over ``NeighborLoader((fs, gs))`` on
   the smaller store, against the same loop on the graph in memory (its edges ordered as the
   store's, ``is_sorted=True``); the two epochs' batches are checked equal, batch by batch.
@@ -105,8 +105,9 @@ def prepare(inputs: Path, out: Path, dataset: str = "npy") -> dict[str, float]:
     """
     for path in _files(inputs):
         evict_file(path)
-    cli = [sys.executable, "-m", "gnnscale.cli", "prepare", f"--dataset={dataset}"]
-    cli += [f"--root={inputs}", f"--out={out}"]
+    source = ["--source=Npy"] if dataset == "npy" else ["--source=Ogb", f"--source.name={dataset}"]
+    cli = [sys.executable, "-m", "gnnscale.cli", "prepare", *source]
+    cli += [f"--source.root={inputs}", f"--out={out}"]
     cli += ["--feature_dtype=bfloat16"] if dataset == "npy" else []
     done = harness.run(cli, sample_s=0.05)
     assert done.memory is not None

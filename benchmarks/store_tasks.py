@@ -43,7 +43,7 @@ def measure(name: str, tiny: bool, workdir: Path) -> dict:
     prepare += ["--config", str(folder / "prepare.yaml"), f"--out={store}"]
     flags = [*BASE, *TASKS[name][1]]
     if tiny:
-        prepare += [f"--recommender.{k}={v}" for k, v in TINY_GRAPH.items()]
+        prepare += [f"--source.synthetic.{k}={v}" for k, v in TINY_GRAPH.items()]
         flags += [f"--data.init_args.synthetic.{k}={v}" for k, v in TINY_GRAPH.items()]
         flags += ["--trainer.max_epochs=2", f"--data.init_args.batch_size={TINY_BATCH[name]}"]
     start = time.perf_counter()

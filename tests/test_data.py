@@ -133,7 +133,7 @@ def test_unknown_dataset():
 
 @pytest.mark.parametrize("dataset", ["ogbn-papers100M", "ogbn-mag"])
 def test_an_ogb_graph_read_only_from_disk_is_refused_with_its_prepare_command(dataset):
-    expected = f"gnnscale prepare --dataset {dataset} --root ROOT --out DIR"
+    expected = f"gnnscale prepare --source Ogb --source.name {dataset} --source.root ROOT --out DIR"
     with pytest.raises(ConfigError, match=expected) as refused:
         NeighborDataModule(dataset=dataset)
     assert "--data.dataset prepared --data.root DIR" in str(refused.value)

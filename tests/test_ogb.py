@@ -337,13 +337,14 @@ def test_ogbs_own_loader_reads_these_layouts_as_the_store_holds_them(tmp_path, m
 
 def test_the_cli_streams_the_download_and_says_where_it_belongs(tmp_path):
     data = csv_download(tmp_path / "data", "ogbn-arxiv", _graph(2))
-    args = ["--dataset=ogbn-arxiv", f"--root={tmp_path / 'data'}"]
+    args = ["--source=Ogb", "--source.name=ogbn-arxiv", f"--source.root={tmp_path / 'data'}"]
     out = prepare_main([*args, f"--out={tmp_path / 'store'}"])
     _same_graph(out, data)
-    with pytest.raises(ConfigError, match="ogbn-arxiv is read as it is: drop --preprocess"):
-        prepare_main([*args, f"--out={tmp_path / 'other'}", "--stream=true"])
+    with pytest.raises(ConfigError, match="--source.chunk_nodes is not an option of .*Ogb"):
+        prepare_main([*args, f"--out={tmp_path / 'other'}", "--source.chunk_nodes=10"])
+    mag = ["--source=Ogb", "--source.name=ogbn-mag", f"--source.root={tmp_path}"]
     with pytest.raises(PreparedGraphError, match=r"ogbn_mag/raw is missing; download \S+mag\.zip"):
-        prepare_main(["--dataset=ogbn-mag", f"--root={tmp_path}", f"--out={tmp_path / 'mag'}"])
+        prepare_main([*mag, f"--out={tmp_path / 'mag'}"])
 
 
 def _truncate(path):

@@ -409,8 +409,9 @@ def test_a_second_prepare_is_refused_while_one_runs(tmp_path):
 def test_killed_prepare_leaves_nothing_prepared_and_is_redone(tmp_path):
     out = tmp_path / "g"
     argv = [
-        sys.executable, "-m", "gnnscale.cli", "prepare", f"--out={out}", "--stream=true",
-        "--synthetic.num_nodes=3000000", "--synthetic.num_features=16", "--chunk_nodes=20000",
+        sys.executable, "-m", "gnnscale.cli", "prepare", f"--out={out}", "--source=Synthetic",
+        "--source.synthetic.num_nodes=3000000", "--source.synthetic.num_features=16",
+        "--source.chunk_nodes=20000",
     ]  # fmt: skip
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

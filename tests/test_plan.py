@@ -144,9 +144,9 @@ def test_plan_refuses_a_dataset_too_large_for_the_machine_before_downloading_it(
     assert str(refused.value) == (
         "--data.dataset ogbn-products alone takes about 2.8 GiB (2,449,029 nodes x 100 float32 "
         "features, 123,718,280 edges) and this machine has 1.0 GiB: prepare it on disk "
-        f"(`gnnscale prepare --dataset ogbn-products --root {root} --out DIR`, from OGB's "
-        "download unpacked there: docs/stores.md) and train or plan with --data.dataset "
-        "prepared --data.root DIR"
+        "(`gnnscale prepare --source Ogb --source.name ogbn-products --source.root "
+        f"{root} --out DIR`, from OGB's download unpacked there: docs/stores.md) and train or "
+        "plan with --data.dataset prepared --data.root DIR"
     )
     with pytest.raises(ConfigError, match=r"Reddit alone takes about 2\.2 GiB .*stores\.save_npy"):
         main([*plan, "--data.dataset=Reddit"])

@@ -703,14 +703,14 @@ def _npy_folder(data, folder):
 
 @requires_sampler
 def test_a_graph_prepared_from_npy_by_the_cli_trains_above_its_features_alone(tmp_path):
-    """``gnnscale prepare --dataset npy``, then the node DataModule and a plain PyG loop on
+    """``gnnscale prepare --source Npy``, then the node DataModule and a plain PyG loop on
     ``(fs, gs)``: both need the edges to beat the nearest-centroid rule of the features."""
     cfg = SyntheticGraph(
         num_nodes=4000, avg_degree=12, num_features=32, num_classes=5, feature_noise=4.0
     )
     data = make_synthetic_graph(cfg)
     folder = _npy_folder(data, tmp_path / "npy")
-    out = prepare_main(["--dataset=npy", f"--root={folder}", f"--out={tmp_path / 'store'}"])
+    out = prepare_main(["--source=Npy", f"--source.root={folder}", f"--out={tmp_path / 'store'}"])
     bar = centroid_accuracy(data)
     L.seed_everything(0)
     dm = NeighborDataModule(
@@ -816,13 +816,13 @@ def test_the_heterogeneous_datamodules_feature_cache_changes_no_batch(tmp_path):
 
 
 def test_the_recipes_recommender_graph_prepares_to_the_graph_they_draw_in_memory(tmp_path):
-    """``gnnscale prepare --dataset recommender`` writes what the hetero and link DataModules
+    """``gnnscale prepare --source Recommender`` writes what the hetero and link DataModules
     draw for ``dataset: synthetic`` with the same settings: every type's features, labels and
     split masks, every relation's edges (each destination's sources in the graph's order)."""
     sizes = {k: getattr(LINK_TINY, k) for k in ("num_users", "num_items", "num_categories")}
-    flags = [f"--recommender.{k}={v}" for k, v in sizes.items()]
-    flags += ["--recommender.num_communities=5", "--split.train_fraction=0.5"]
-    out = prepare_main(["--dataset=recommender", f"--out={tmp_path / 'store'}", *flags])
+    flags = ["--source=Recommender", *(f"--source.synthetic.{k}={v}" for k, v in sizes.items())]
+    flags += ["--source.synthetic.num_communities=5", "--source.split.train_fraction=0.5"]
+    out = prepare_main([f"--out={tmp_path / 'store'}", *flags])
     memory = HeteroNeighborDataModule(
         synthetic=SyntheticRecommender(**sizes, num_communities=5),
         split=NodeSplit(train_fraction=0.5),
@@ -843,11 +843,11 @@ def test_the_recipes_recommender_graph_prepares_to_the_graph_they_draw_in_memory
         colptr, row = disk.tensor(f"{name}/colptr"), disk.tensor(f"{name}/row")
         dst = torch.arange(len(colptr) - 1).repeat_interleave(colptr.diff())
         assert torch.equal(torch.stack([row, dst]), by_destination(memory[edge_type].edge_index))
-    again = prepare_main(["--dataset=recommender", f"--out={out}", *flags])  # kept, not redone
+    again = prepare_main([f"--out={out}", *flags])  # kept, not redone
     assert again == out and PreparedGraph(out).manifest["key"] == manifest["key"]
-    with pytest.raises(ConfigError, match=r"--recommender\.num_categories must be between"):
-        prepare_main(["--dataset=recommender", f"--out={tmp_path / 'bad'}", *flags[:2],
-                      "--recommender.num_categories=2"])  # fmt: skip
+    with pytest.raises(ConfigError, match=r"^--source\.synthetic\.num_categories must be between"):
+        prepare_main([f"--out={tmp_path / 'bad'}", *flags[:3],
+                      "--source.synthetic.num_categories=2"])  # fmt: skip
     assert not (tmp_path / "bad").exists()
 
 

@@ -211,8 +211,8 @@ def check_dataset(dataset: str, known: tuple[str, ...] | list[str]) -> None:
     if dataset in PREPARED_ONLY:
         raise ConfigError(
             f"--data.dataset {dataset} is read from disk, never loaded whole: prepare it once "
-            f"(`gnnscale prepare --dataset {dataset} --root ROOT --out DIR`, from OGB's download "
-            "unpacked in ROOT: docs/stores.md), then train with --data.dataset prepared "
-            f"--data.root DIR{PREPARED_ONLY[dataset]}"
+            f"(`gnnscale prepare --source Ogb --source.name {dataset} --source.root ROOT --out "
+            "DIR`, from OGB's download unpacked in ROOT: docs/stores.md), then train with "
+            f"--data.dataset prepared --data.root DIR{PREPARED_ONLY[dataset]}"
         )
     raise ConfigError(f"--data.dataset {dataset!r} is not known; choose one of {', '.join(known)}")

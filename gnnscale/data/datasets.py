@@ -81,15 +81,15 @@ def check_size(dataset: str, root: Path) -> None:
     nodes, edges, features = SIZES[dataset]
     if dataset in OGB:
         fix = (
-            f"prepare it on disk (`gnnscale prepare --dataset {dataset} --root {root} --out DIR`, "
-            "from OGB's download unpacked there: docs/stores.md) and train or plan with "
-            "--data.dataset prepared --data.root DIR"
+            f"prepare it on disk (`gnnscale prepare --source Ogb --source.name {dataset} "
+            f"--source.root {root} --out DIR`, from OGB's download unpacked there: "
+            "docs/stores.md) and train or plan with --data.dataset prepared --data.root DIR"
         )
     else:
         fix = (
             "write its arrays on a larger machine (gnnscale.stores.save_npy), prepare them on "
-            "disk (`gnnscale prepare --dataset npy --root ARRAYS --out DIR`) and train or plan "
-            "with --data.dataset prepared --data.root DIR"
+            "disk (`gnnscale prepare --source Npy --source.root ARRAYS --out DIR`) and train or "
+            "plan with --data.dataset prepared --data.root DIR"
         )
     check_fits(
         graph_nbytes(nodes, edges, features),

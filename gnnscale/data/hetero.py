@@ -7,7 +7,7 @@ by ``to_hetero``, embedding tables for featureless types) with a linear head on 
 A sibling of ``NeighborDataModule`` rather than a mode of it: that module's layer-wise and full
 evaluation, preprocessing and target-only layers all assume one node type; none of them is
 needed here, and each would need a heterogeneous twin. A prepared heterogeneous folder
-(``gnnscale prepare --dataset npy``) trains in place: PyG's loader samples it through its
+(``gnnscale prepare --source Npy``) trains in place: PyG's loader samples it through its
 ``(FeatureStore, GraphStore)`` pair (``gnnscale.stores.mapped``).
 """
 

@@ -109,8 +109,9 @@ class SyntheticGraph:
             "the generated graph",
             f"--data.synthetic: {self.num_nodes:,} nodes x {self.num_features} float32 features, "
             f"about {int(self.num_nodes * self.avg_degree):,} edges",
-            "generate it on disk (`gnnscale prepare --stream true --out DIR`, same --synthetic "
-            "settings) and train or plan with --data.dataset prepared --data.root DIR",
+            "generate it on disk (`gnnscale prepare --source Synthetic --out DIR`, the same "
+            "settings as --source.synthetic.*) and train or plan with --data.dataset prepared "
+            "--data.root DIR",
         )
 
 

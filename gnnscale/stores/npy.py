@@ -239,7 +239,7 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
     """The inputs of a ``.npy`` folder: each node type's arrays and each edge type's edges."""
     root = Path(root)
     if not root.is_dir():
-        raise PreparedGraphError(f"--root {root} is not a folder of .npy arrays")
+        raise PreparedGraphError(f"--source.root {root} is not a folder of .npy arrays")
     if not (root / "nodes").is_dir() and not (root / "edges").is_dir():
         found = _edge_file(root)
         if found is None:

@@ -1,14 +1,14 @@
 """OGB's node-property downloads, read as they unpack and prepared by streaming.
 
-``--root DIR`` holds ``DIR/ogbn_<name>/``, the folder OGB's own loader (and ``--data.dataset``)
-reads: OGB's zip unpacked into DIR, its folder renamed ``ogbn_<name>``. The files, read as
-OGB's reader (``ogb.io.read_graph_raw``) reads them, are listed in docs/stores.md: headerless
-``raw/*.csv.gz`` for ogbn-arxiv and ogbn-products, ``raw/data.npz`` and ``raw/node-label.npz``
-for ogbn-papers100M, a ``raw/relations/<src>___<rel>___<dst>/`` tree for ogbn-mag; the splits in
-``split/<scheme>/``. Edges are stored as the files list them, but for ogbn-products, whose file
-lists each undirected edge once: OGB's loader follows each edge with its reverse
-(``add_inverse_edge`` in its ``master.csv``), and so does this reader. OGB's ``valid`` split is
-gnnscale's ``val``; papers100M's NaN labels (unlabelled nodes) become -1.
+``--source.root DIR`` holds ``DIR/ogbn_<name>/``, the folder OGB's own loader (and
+``--data.dataset``) reads: OGB's zip unpacked into DIR, its folder renamed ``ogbn_<name>``. The
+files, read as OGB's reader (``ogb.io.read_graph_raw``) reads them, are listed in docs/stores.md:
+headerless ``raw/*.csv.gz`` for ogbn-arxiv and ogbn-products, ``raw/data.npz`` and
+``raw/node-label.npz`` for ogbn-papers100M, a ``raw/relations/<src>___<rel>___<dst>/`` tree for
+ogbn-mag; the splits in ``split/<scheme>/``. Edges are stored as the files list them, but for
+ogbn-products, whose file lists each undirected edge once: OGB's loader follows each edge with
+its reverse (``add_inverse_edge`` in its ``master.csv``), and so does this reader. OGB's
+``valid`` split is gnnscale's ``val``; papers100M's NaN labels (unlabelled nodes) become -1.
 
 CSVs are parsed a block at a time (pyarrow, over a gzip stream); an ``.npz`` member is read as a
 stream (deflated) or mapped where it lies (stored), so no step holds a whole array.
@@ -387,7 +387,7 @@ def read_ogb(name: str, root: Path) -> tuple[dict[Any, NodeInputs], dict[Any, Ed
     raw, split = folder / "raw", folder / "split" / scheme
     if not raw.is_dir():
         raise PreparedGraphError(
-            f"--root {root}: {raw} is missing; download "
+            f"--source.root {root}: {raw} is missing; download "
             f"http://snap.stanford.edu/ogb/data/nodeproppred/{zip_folder}.zip, unpack it into "
             f"{root} and rename its folder {zip_folder} to {folder.name}"
         )
