@@ -288,7 +288,7 @@ def blocks(tiny: bool) -> list[Block]:
         workdir = large_workdir()
         r = measure("full", workdir)
     settings = ", ".join(
-        f"`--synthetic.{k}={v}`" for k, v in GRAPH["tiny" if tiny else "full"].items()
+        f"`--source.synthetic.{k}={v}`" for k, v in GRAPH["tiny" if tiny else "full"].items()
     )
     text = "\n".join(
         [
