@@ -142,7 +142,7 @@ def read_manifest(
         folder: A committed folder.
         fmt: The ``format`` its manifest must name.
         what: What a complete folder is (``prepared graph``).
-        command: The command that writes one (``gnnscale prepare --out DIR``).
+        command: The command that writes one (``gnnscale prepare --source ... --out DIR``).
         error: The exception to raise: the store's own.
     """
     path = Path(folder) / MANIFEST

@@ -148,7 +148,7 @@ class PreparedGraph:
     @staticmethod
     def read_manifest(folder: Path) -> dict[str, Any]:
         """The folder's manifest, or an error saying why there is none."""
-        command = f"gnnscale prepare --out {folder}"
+        command = f"gnnscale prepare --source ... --out {folder}"
         return atomic.read_manifest(folder, FORMAT, "prepared graph", command, PreparedGraphError)
 
     def path(self, name: str) -> Path:
