@@ -317,10 +317,29 @@ def _old_form(message: str) -> str | None:
     )
 
 
+def _no_source(message: str) -> str | None:
+    """The line that asks for ``--source`` where none was chosen, naming the classes."""
+    sources = ", ".join(source.__name__ for source in Source.__subclasses__())
+    if "arguments are required: source" in message:
+        return (
+            f"say what to read: --source CLASS, one of {sources} (their options: "
+            "`gnnscale prepare --source.help CLASS`)"
+        )
+    if match := re.search(
+        r"Not a valid subclass of Source\. Got value: NestedArg\(key='([\w.]+)'", message
+    ):
+        return (
+            f"--source.{match[1]} is given before any --source: write --source CLASS first, one "
+            f"of {sources}"
+        )
+    return None
+
+
 def prepare_main(args: list[str] | None = None) -> Path:
     """``gnnscale prepare``: one graph to a folder (``gnnscale.stores.writing``)."""
+    explain = lambda message: _old_form(message) or _no_source(message)  # noqa: E731
     try:
-        return _function_main(prepare, "gnnscale prepare", args, _old_form)
+        return _function_main(prepare, "gnnscale prepare", args, explain)
     except GroupSettingError as err:  # every source takes its generator's settings as its own
         raise err.under("--source") from None  # group: --source.synthetic, --source.split
 

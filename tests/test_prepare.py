@@ -138,6 +138,33 @@ def test_the_old_form_is_refused_in_one_line_saying_what_to_write(
     assert not (tmp_path / "g").exists()
 
 
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        ([], "say what to read: --source CLASS, one of Dataset, Synthetic, Npy, Ogb, Recommender"),
+        (
+            ["--source.synthetic.num_nodes=100"],
+            "--source.synthetic.num_nodes is given before any --source: write --source CLASS "
+            "first, one of Dataset, Synthetic, Npy, Ogb, Recommender",
+        ),
+    ],
+    ids=["no source", "a source's option alone"],
+)
+def test_a_missing_source_is_asked_for_in_one_line_naming_the_sources(
+    tmp_path, monkeypatch, capsys, given, message
+):
+    """Not "the following arguments are required: source", nor jsonargparse's "Not a valid
+    subclass of Source. Got value: NestedArg(...)" with its four ways to give a class."""
+    monkeypatch.setattr(sys, "argv", ["gnnscale", "prepare", f"--out={tmp_path / 'g'}", *given])
+    monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as done:
+        gnnscale.cli.run()
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"gnnscale: error: {message}"), err
+    assert not (tmp_path / "g").exists()
+
+
 def test_an_old_config_file_is_refused_naming_the_key_it_became(tmp_path):
     config = tmp_path / "prepare.yaml"
     config.write_text(f"out: {tmp_path / 'g'}\ndataset: recommender\nrecommender:\n  seed: 1\n")
