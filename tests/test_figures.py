@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,12 @@ def _run_section(name: str, folder: Path) -> tuple[str, str | None]:
     argv = [sys.executable, str(REPO / "benchmarks" / "figures.py"), name, "--size", "tiny"]
     with out.open("w") as stdout, err.open("w") as stderr:
         proc = subprocess.Popen(
-            argv, stdout=stdout, stderr=stderr, cwd=folder, start_new_session=True
+            argv,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=folder,
+            start_new_session=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a crash prints every thread's stack
         )
         try:
             code = proc.wait(timeout=SECTION_TIMEOUT_S)
@@ -81,6 +87,13 @@ def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_pa
     outputs, problems = [], []
     for name in figures.SECTIONS + figures.EXTRA_SECTIONS:  # every section, one at a time
         output, problem = _run_section(name, tmp_path)
+        if problem and "(SIGSEGV)" in problem:
+            # A torchrun rank training from a store dies of a segmentation fault in native code,
+            # very rarely (CHANGELOG, sessions 28 and 35; test_store's two-rank link test does the
+            # same): run once more, keeping the first run's stacks as a warning for whoever reads.
+            warnings.warn(f"section {name} crashed; run once more:\n{problem}", stacklevel=1)
+            (tmp_path / "again").mkdir(exist_ok=True)
+            output, problem = _run_section(name, tmp_path / "again")
         outputs.append(output)
         problems += [problem] if problem else []
     assert not problems, "\n\n".join(problems)
