@@ -21,10 +21,12 @@ target. A missed target does not fail the command: tiny runs make targets meanin
 
 from __future__ import annotations
 
+import atexit
 import copy
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -669,6 +671,7 @@ def blocks(
     size = SIZES[size_name]
     if size_name == "tiny" and out.resolve().is_relative_to(REPO):
         out = Path(tempfile.mkdtemp(prefix="gnnscale-tiny-results-"))  # tiny writes nothing here
+        atexit.register(shutil.rmtree, out, ignore_errors=True)  # nor leaves it behind
     sections = sections or {"compare", "bandwidth", "gat", "scaling"}
     max_nodes = max(size.scale_nodes)
     started = time.perf_counter()
