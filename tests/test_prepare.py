@@ -100,6 +100,19 @@ def test_help_says_gnnscale_prepare_and_lists_the_sources(capsys):
     assert "--source.root" in capsys.readouterr().out
 
 
+def _refused(tmp_path, monkeypatch, capsys, args):
+    """``gnnscale prepare --out g ARGS``'s error: one line, exit status 2, no folder written."""
+    monkeypatch.setattr(sys, "argv", ["gnnscale", "prepare", f"--out={tmp_path / 'g'}", *args])
+    monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as done:
+        gnnscale.cli.run()
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert not (tmp_path / "g").exists()
+    return err
+
+
 @pytest.mark.parametrize(
     "old,new",
     [
@@ -127,15 +140,9 @@ def test_help_says_gnnscale_prepare_and_lists_the_sources(capsys):
 def test_the_old_form_is_refused_in_one_line_saying_what_to_write(
     tmp_path, monkeypatch, capsys, old, new
 ):
-    monkeypatch.setattr(sys, "argv", ["gnnscale", "prepare", f"--out={tmp_path / 'g'}", *old])
-    monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as done:
-        gnnscale.cli.run()
-    assert done.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("gnnscale: error: --")
+    err = _refused(tmp_path, monkeypatch, capsys, old)
+    assert err.startswith("gnnscale: error: --")
     assert "gnnscale prepare's old form" in err and new in err, err
-    assert not (tmp_path / "g").exists()
 
 
 @pytest.mark.parametrize(
@@ -155,14 +162,8 @@ def test_a_missing_source_is_asked_for_in_one_line_naming_the_sources(
 ):
     """Not "the following arguments are required: source", nor jsonargparse's "Not a valid
     subclass of Source. Got value: NestedArg(...)" with its four ways to give a class."""
-    monkeypatch.setattr(sys, "argv", ["gnnscale", "prepare", f"--out={tmp_path / 'g'}", *given])
-    monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
-    with pytest.raises(SystemExit) as done:
-        gnnscale.cli.run()
-    assert done.value.code == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith(f"gnnscale: error: {message}"), err
-    assert not (tmp_path / "g").exists()
+    err = _refused(tmp_path, monkeypatch, capsys, given)
+    assert err.startswith(f"gnnscale: error: {message}"), err
 
 
 def test_an_old_config_file_is_refused_naming_the_key_it_became(tmp_path):
