@@ -7,16 +7,19 @@ turns such skips into failures, so a broken build cannot pass CI by skipping.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
 import struct
+import subprocess
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import psutil
 import pytest
 import torch
 import torch_geometric.typing
@@ -35,6 +38,7 @@ __all__ = [
     "requires_cuda",
     "requires_sampler",
     "requires_torch_sparse",
+    "run_or_show_stacks",
     "with_package",
 ]
 
@@ -150,3 +154,45 @@ def damage_a_weight(path: Path) -> str:
     data[header + 30 + name_len + extra_len + record.file_size // 2] ^= 0x40
     path.write_bytes(data)
     return record.filename
+
+
+def run_or_show_stacks(
+    argv: list[str], timeout: float, **kwargs: Any
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(argv, capture_output=True, text=True)`` that fails with stacks on a hang.
+
+    The command runs with ``PYTHONFAULTHANDLER=1``, which every process it forks inherits
+    (ranks, loader workers). If it has not finished after ``timeout`` seconds, each process of
+    its tree gets ``SIGABRT``, so that each Python process prints every thread's stack to the
+    shared stderr; the test then fails with that stderr's tail: where the run was stuck.
+
+    Args:
+        argv: The command.
+        timeout: Seconds it may take.
+        kwargs: ``cwd``, ``env`` (default: this process's), as for ``subprocess.run``.
+    """
+    env = {**kwargs.pop("env", os.environ), "PYTHONFAULTHANDLER": "1"}
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, **kwargs
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        tree = [psutil.Process(proc.pid)]
+        with contextlib.suppress(psutil.Error):
+            tree += tree[0].children(recursive=True)
+        for process in reversed(tree):  # the deepest first: none is reaped before it prints
+            with contextlib.suppress(psutil.Error):
+                process.send_signal(signal.SIGABRT)
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            for process in tree:
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+            out, err = proc.communicate()
+        pytest.fail(
+            f"{' '.join(argv[:6])} ... did not finish in {timeout:g} s; every process of it was "
+            f"sent SIGABRT, and its stderr ends with their stacks:\n{err[-20000:]}"
+        )
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -34,6 +34,7 @@ from gnnscale.stores.graphs import (
     verify,
     write_graphs,
 )
+from gnnscale.testing import run_or_show_stacks
 
 SMALL = AtomGraphs(num_graphs=300, seed=3)
 
@@ -411,13 +412,7 @@ Path(sys.argv[2], "train.json").write_text(json.dumps(dm.splits["train"].tolist(
 
 @pytest.mark.slow
 def test_ddp_on_two_processes_trains_every_graph_exactly_once(store, tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", DDP, str(store), str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_or_show_stacks([sys.executable, "-c", DDP, str(store), str(tmp_path)], 600)
     assert done.returncode == 0, done.stderr[-3000:]
     train = json.loads((tmp_path / "train.json").read_text())
     for epoch in range(2):

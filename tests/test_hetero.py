@@ -3,7 +3,6 @@
 import dataclasses
 import functools
 import json
-import subprocess
 import sys
 
 import lightning as L
@@ -18,7 +17,7 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import read_metrics
-from gnnscale.testing import centroid_accuracy, requires_sampler
+from gnnscale.testing import centroid_accuracy, requires_sampler, run_or_show_stacks
 
 # 8 classes; features alone reach about 0.4 (the nearest centroid), the graph much more.
 TINY = SyntheticRecommender(
@@ -371,13 +370,7 @@ def test_ddp_on_two_processes_trains_and_tests_every_item_once(tmp_path):
     1 repeats one to draw as many as rank 0, and that repeat weighs 0, so every item trains once
     an epoch. 599 test items: each rank tests its share once (Lightning's DistributedSampler
     would repeat one), and the accuracy is one process's on the same checkpoint."""
-    done = subprocess.run(
-        [sys.executable, "-c", DDP, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_or_show_stacks([sys.executable, "-c", DDP, str(tmp_path)], 600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
 

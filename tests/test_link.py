@@ -1,7 +1,6 @@
 import dataclasses
 import json
 import re
-import subprocess
 import sys
 
 import lightning as L
@@ -15,7 +14,7 @@ from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.link import top_destinations
-from gnnscale.testing import TINY_ARGS, requires_sampler
+from gnnscale.testing import TINY_ARGS, requires_sampler, run_or_show_stacks
 
 TINY = SyntheticRecommender(
     num_users=600, num_items=300, num_categories=20, num_communities=5, interactions_per_user=12
@@ -350,13 +349,7 @@ def test_ddp_on_two_processes_trains_every_edge_once_and_evaluates_as_one(tmp_pa
     those of one process testing the same checkpoint, reduced from counts, not the mean of the
     ranks' means (which differs here).
     """
-    done = subprocess.run(
-        [sys.executable, "-c", DDP, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    done = run_or_show_stacks([sys.executable, "-c", DDP, str(tmp_path)], 600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "result.json").read_text())
     train = sorted(map(tuple, result["train"]))

@@ -26,6 +26,7 @@ from gnnscale.testing import (
     damage_a_weight,
     requires_sampler,
     requires_torch_sparse,
+    run_or_show_stacks,
 )
 
 # Each recipe as shipped (workers, precision, accumulation of 2, its periodic last.ckpt), on tiny
@@ -57,7 +58,7 @@ def _fit(folder: Path, name: str, *args: str) -> subprocess.CompletedProcess:
             a for a in entry.tiny if not a.startswith(("--data.init_args.loader", "--trainer"))
         ]
     argv += [*SIZES[name], "--trainer.max_epochs=3", "--trainer.log_every_n_steps=1", *args]
-    return subprocess.run(argv, cwd=folder, capture_output=True, text=True, timeout=600)
+    return run_or_show_stacks(argv, 600, cwd=folder)
 
 
 def _rows(run: Path) -> list[dict[str, str]]:
@@ -443,3 +444,19 @@ def test_a_resume_onto_a_folder_prepared_again_is_refused_and_onto_a_moved_one_i
     write_graph(make_synthetic_graph(other), moved, {"seed": 1})
     with pytest.raises(ConfigError, match="data.prepared_files='[0-9a-f]{16}' there, '[0-9a-f]"):
         main([*args, f"--data.root={moved}", "--ckpt_path=last", "--trainer.max_epochs=3"])
+
+
+def test_a_hung_command_fails_with_every_process_stack():
+    """A run that hangs (a rank or a worker stuck) fails with where each process was."""
+    code = (
+        "import multiprocessing as mp, time\n"
+        "def stuck_in_the_child(): time.sleep(600)\n"
+        "if __name__ == '__main__':\n"
+        "    child = mp.get_context('fork').Process(target=stuck_in_the_child)\n"
+        "    child.start()\n"
+        "    child.join()\n"
+    )
+    with pytest.raises(pytest.fail.Exception, match="did not finish in 3 s") as failed:
+        run_or_show_stacks([sys.executable, "-c", code], timeout=3)
+    assert "in stuck_in_the_child" in str(failed.value)  # the child's stack
+    assert "in join" in str(failed.value)  # and its parent's

@@ -47,7 +47,7 @@ from gnnscale.stores import reads
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph
 from gnnscale.stores.writing import write_graph
-from gnnscale.testing import TINY, centroid_accuracy, requires_sampler
+from gnnscale.testing import TINY, centroid_accuracy, requires_sampler, run_or_show_stacks
 
 SPLITS = ("train", "val", "test")
 RELATIONS = {  # (src, rel, dst): edges; "inst" has no features and no labels
@@ -1132,11 +1132,10 @@ def test_two_torchrun_ranks_train_links_from_one_store_as_one_process_would(tmp_
 
     def launch(out, port):
         out.mkdir()
-        return subprocess.run(
+        return run_or_show_stacks(  # a crash or a hang prints every process's stacks
             [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
              f"--master_port={port}", str(script), str(store), str(out)],
-            cwd=out, capture_output=True, text=True, timeout=600, check=False,
-            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # a crash prints every thread's stack
+            600, cwd=out,
         )  # fmt: skip
 
     out, port = tmp_path / "run", 29000 + os.getpid() % 400

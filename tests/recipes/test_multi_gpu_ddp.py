@@ -14,7 +14,7 @@ import sys
 import pytest
 from registry import recipe
 
-from gnnscale.testing import requires_sampler
+from gnnscale.testing import requires_sampler, run_or_show_stacks
 
 SCRIPT = """
 import json, sys
@@ -56,9 +56,7 @@ print(json.dumps(result))
 
 @pytest.mark.slow
 def test_accuracy_is_reduced_from_counts_over_unequal_shards(tmp_path):
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=tmp_path, timeout=600
-    )
+    done = run_or_show_stacks([sys.executable, "-c", SCRIPT], 600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     counts, mean_of_ranks = 60 / 160, (10 / 10 + 50 / 150) / 2

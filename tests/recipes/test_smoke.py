@@ -12,7 +12,6 @@ import re
 import runpy
 import shlex
 import shutil
-import subprocess
 import sys
 
 import pytest
@@ -32,7 +31,12 @@ from gnnscale.data.graphs import features_only_mae
 from gnnscale.measure import read_metrics
 from gnnscale.prepare import prepare_graphs_main, prepare_main
 from gnnscale.stores.prepared import PreparedGraph
-from gnnscale.testing import centroid_accuracy, requires_sampler, requires_torch_sparse
+from gnnscale.testing import (
+    centroid_accuracy,
+    requires_sampler,
+    requires_torch_sparse,
+    run_or_show_stacks,
+)
 
 NEEDS = {"sampler": [requires_sampler], "torch_sparse": [requires_torch_sparse], "nothing": []}
 MARGIN = 0.1  # over the features-only rule, in test accuracy
@@ -64,7 +68,7 @@ def _run(recipe, folder, monkeypatch):
     ]
     if recipe.processes > 1:
         argv = [sys.executable, "-m", "gnnscale.cli", *args]
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False)
+        done = run_or_show_stacks(argv, 900)
         assert done.returncode == 0, done.stderr[-3000:]
     elif recipe.script:
         monkeypatch.setattr(sys, "argv", [str(copy / "train.py"), *args])
