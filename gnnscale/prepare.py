@@ -25,6 +25,7 @@ from jsonargparse import ArgumentError
 
 from gnnscale import argerrors
 from gnnscale.data.args import NodeSplit, Preprocess
+from gnnscale.data.datasets import check_root, check_size
 from gnnscale.data.graphs import prepare_graphs
 from gnnscale.data.neighbor import NeighborDataModule
 from gnnscale.data.synthetic import (
@@ -94,7 +95,12 @@ class Dataset(Source):
         self.preprocess, self.chunk_nodes = preprocess, chunk_nodes
 
     def write(self, out: Path, feature_dtype: FeatureDtype | None) -> Path:
-        """Load the dataset as ``fit`` does and write it."""
+        """Load the dataset as ``fit`` does and write it: refused first if it cannot fit."""
+        if self.name == "synthetic":
+            self.synthetic.check_fits("--source.synthetic")
+        else:
+            check_root(self.name, self.root, "--source.root")
+            check_size(self.name, self.root, "--source.name")
         dm = NeighborDataModule(
             self.name, self.root, synthetic=self.synthetic, preprocess=self.preprocess
         )

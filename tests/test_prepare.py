@@ -190,11 +190,24 @@ def test_an_old_config_file_is_refused_naming_the_key_it_became(tmp_path):
             "--source.split.train_fraction and --source.split.val_fraction must be > 0 and sum "
             "to less than 1, the rest being the test split (got 0.95, 0.1)",
         ),
+        (
+            ["--source=Dataset", "--source.name=Cora", "--source.root={missing}"],
+            "--source.root '{missing}' does not exist or is not a folder: create it (mkdir -p "
+            "{missing}) to download Cora into it, or point --source.root at the folder that "
+            "holds Cora",
+        ),
+        (  # drawn whole into memory before it is written: refused from its settings
+            ["--source=Dataset", "--source.synthetic.num_nodes=100000000000"],
+            "the generated graph alone takes about",
+        ),
     ],
-    ids=["Synthetic", "Dataset", "Recommender split"],
+    ids=["Synthetic", "Dataset", "Recommender split", "Dataset root", "Dataset too large"],
 )
-def test_a_generators_refusal_names_the_source_flag(tmp_path, flags, message):
+def test_a_sources_refusal_names_the_source_flag(tmp_path, flags, message):
+    missing = str(tmp_path / "missing")
+    flags = [f.format(missing=missing) for f in flags]
     with pytest.raises(ConfigError) as refused:
         prepare_main([f"--out={tmp_path / 'g'}", *flags])
-    assert str(refused.value) == message
+    assert str(refused.value).startswith(message.format(missing=missing)), refused.value
+    assert "--data." not in str(refused.value).split(": ")[0], refused.value
     assert not (tmp_path / "g").exists()

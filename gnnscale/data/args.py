@@ -188,11 +188,14 @@ class GraphSplit:
         for name in ("val_fraction", "test_fraction"):
             value = getattr(self, name)
             if not 0 < value < 1:
-                raise ConfigError(f"--data.split.{name} must be in (0, 1) (got {value})")
+                raise GroupSettingError(
+                    f"{{group}}.{name} must be in (0, 1) (got {value})", "split"
+                )
         if self.val_fraction + self.test_fraction >= 1:
-            raise ConfigError(
-                "--data.split.val_fraction + --data.split.test_fraction must be < 1, leaving "
-                f"graphs to train on (got {self.val_fraction} + {self.test_fraction})"
+            raise GroupSettingError(
+                "{group}.val_fraction + {group}.test_fraction must be < 1, leaving graphs to "
+                f"train on (got {self.val_fraction} + {self.test_fraction})",
+                "split",
             )
 
 

@@ -53,8 +53,8 @@ SIZES = {
 SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")  # every graph's three splits
 
 
-def check_root(dataset: str, root: Path) -> None:
-    """Refuse a ``--data.root`` that cannot hold or does not hold ``dataset``."""
+def check_root(dataset: str, root: Path, flag: str = "--data.root") -> None:
+    """Refuse a ``--data.root`` (``flag``) that cannot hold or does not hold ``dataset``."""
     if dataset == "synthetic":
         return  # the root only holds caches, created on first use
     if dataset == "prepared":
@@ -62,19 +62,19 @@ def check_root(dataset: str, root: Path) -> None:
         return
     if not root.is_dir():
         raise ConfigError(
-            f"--data.root {str(root)!r} does not exist or is not a folder: create it "
-            f"(mkdir -p {root}) to download {dataset} into it, or point --data.root at the "
+            f"{flag} {str(root)!r} does not exist or is not a folder: create it "
+            f"(mkdir -p {root}) to download {dataset} into it, or point {flag} at the "
             f"folder that holds {dataset}"
         )
     if not os.access(root, os.R_OK | os.X_OK):
-        raise ConfigError(f"--data.root {str(root)!r} cannot be read: fix its permissions")
+        raise ConfigError(f"{flag} {str(root)!r} cannot be read: fix its permissions")
 
 
-def check_size(dataset: str, root: Path) -> None:
+def check_size(dataset: str, root: Path, flag: str = "--data.dataset") -> None:
     """Refuse, from its known sizes alone, a dataset larger than this machine's memory.
 
     Before anything is downloaded or loaded. A prepared folder is mapped, not loaded: never
-    refused here.
+    refused here. ``flag`` names where the dataset was chosen (``--source.name`` in a prepare).
     """
     if dataset not in SIZES:
         return
@@ -93,7 +93,7 @@ def check_size(dataset: str, root: Path) -> None:
         )
     check_fits(
         graph_nbytes(nodes, edges, features),
-        f"--data.dataset {dataset}",
+        f"{flag} {dataset}",
         f"{nodes:,} nodes x {features} float32 features, {edges:,} edges",
         fix,
     )

@@ -102,12 +102,16 @@ class SyntheticGraph:
         num_edges = int(self.num_nodes * self.avg_degree)
         return graph_nbytes(self.num_nodes, num_edges, self.num_features)
 
-    def check_fits(self) -> None:
-        """Refuse, from the settings alone, a graph larger than this machine's memory."""
+    def check_fits(self, flag: str = "--data.synthetic") -> None:
+        """Refuse, from the settings alone, a graph larger than this machine's memory.
+
+        Args:
+            flag: Where these settings were given (``--source.synthetic`` in a prepare).
+        """
         check_fits(
             self.nbytes,
             "the generated graph",
-            f"--data.synthetic: {self.num_nodes:,} nodes x {self.num_features} float32 features, "
+            f"{flag}: {self.num_nodes:,} nodes x {self.num_features} float32 features, "
             f"about {int(self.num_nodes * self.avg_degree):,} edges",
             "generate it on disk (`gnnscale prepare --source Synthetic --out DIR`, the same "
             "settings as --source.synthetic.*) and train or plan with --data.dataset prepared "
