@@ -159,14 +159,15 @@ class LayerwiseBatch:
 
 @dataclass
 class LinkEval:
-    """One evaluation step: every node's embedding, then a ranking of candidates per source.
+    """One evaluation step: the nodes' embeddings, then a ranking of candidates per source.
 
     The link model ranks them (``gnnscale.models.link.top_destinations``).
 
     Args:
-        num_nodes: Nodes of each type embedded (the target's two).
+        num_nodes: Nodes of each type (the target's two).
         target: The supervised relation ``(src, rel, dst)``.
-        loaders: Per node type (the target's two), batches that embed each of its nodes.
+        loaders: Per node type (the target's two), batches that embed each of its nodes
+            (of ``embedded``, if given).
         positives: ``(2, P)`` true edges to find (global ids); under DDP, this rank's share.
         known: Sorted keys (``pair_keys``) of edges already known: masked out of rankings.
         label_index: ``(2, L)`` labelled pairs for AUC (true edges and sampled non-edges);
@@ -176,6 +177,8 @@ class LinkEval:
         candidates: Destination nodes ranked (``None``: all).
         k: Cut-off of the ranking metrics.
         batch_size: Sources ranked per chunk.
+        embedded: Per node type, the sorted ids of the only nodes embedded: those the
+            ranking and AUC read when ``candidates`` are sampled. ``None``: every node.
     """
 
     num_nodes: dict[str, int]
@@ -189,6 +192,11 @@ class LinkEval:
     candidates: Tensor | None
     k: int
     batch_size: int
+    embedded: dict[str, Tensor] | None = None
+
+    def rows(self, node_type: str, ids: Tensor) -> Tensor:
+        """Where nodes ``ids`` of ``node_type`` lie among its embeddings (``embedded``)."""
+        return ids if self.embedded is None else torch.searchsorted(self.embedded[node_type], ids)
 
     @property
     def suffix(self) -> str:

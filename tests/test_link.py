@@ -481,3 +481,40 @@ def test_a_monitor_of_a_ranking_metric_the_run_does_not_log_is_refused(tmp_path,
     with pytest.raises(ConfigError, match=message):
         main(["fit", *common, *flags, "--trainer.max_epochs=1"])
     assert not (tmp_path / "runs").exists()
+
+
+@requires_sampler
+def test_sampled_candidates_embed_only_the_nodes_the_ranking_reads():
+    """With ``eval.candidates``, evaluation embeds the sources, the candidates and the scored
+    pairs' ends only, each row that node's own embedding (every neighbour taken: it does not
+    depend on which nodes share its batch), and scores as if every node were embedded."""
+    torch.manual_seed(0)
+    every_neighbour = {"k": 10, "num_neighbors": [-1, -1], "batch_size": 64}
+    sampled = _dm(eval=LinkEvalArgs(candidates=30, **every_neighbour))
+    exact = _dm(eval=LinkEvalArgs(**every_neighbour))
+    model = LinkPredictor(sampled.graph_spec, hidden_channels=16).eval()
+    (ev,), (full,) = list(sampled.val_dataloader()), list(exact.val_dataloader())
+    assert torch.equal(ev.positives, full.positives) and full.embedded is None
+    read = {
+        "user": torch.cat([ev.positives[0], ev.label_index[0]]),
+        "item": torch.cat([ev.candidates, ev.positives[1], ev.label_index[1]]),
+    }
+    for t, ids in read.items():
+        assert torch.equal(ev.embedded[t], torch.unique(ids))
+        assert ev.embedded[t].numel() < ev.num_nodes[t]  # not every node
+    h, h_all = model.embed_all(ev), model.embed_all(full)
+    for t in read:
+        torch.testing.assert_close(h[t], h_all[t][ev.embedded[t]])
+    metrics = []
+    # every node embedded, the same candidates and labelled pairs (each split draws negatives)
+    reference = dataclasses.replace(
+        full, candidates=ev.candidates, label_index=ev.label_index, label=ev.label
+    )
+    for evaluation in (ev, reference):
+        with pytest.warns(UserWarning, match="self.log"):  # no Trainer: the metrics only update
+            model._evaluate(evaluation, "val")
+        metrics.append({k: float(m.compute()) for k, m in model.metrics.items() if "val" in k})
+        for m in model.metrics.values():
+            m.reset()
+    assert metrics[0] == pytest.approx(metrics[1], abs=1e-5)
+    assert 0 < metrics[0]["val_recall"] < 1  # a ranking that found some positives, not all

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler import NegativeSampling
@@ -70,8 +71,9 @@ class LinkEvalArgs:
         k: Cut-off of recall@k and MRR@k.
         candidates: ``None``: rank every destination node (exact). A number: rank that many
             destination nodes drawn at random (once per evaluation, shared by all sources) plus
-            each source's true ones; cheaper on large graphs, optimistic (metric names gain
-            ``_of<candidates>``).
+            each source's true ones; only those, the sources and the ends of the pairs AUC
+            scores are embedded, so it is cheaper on large graphs; optimistic (metric names
+            gain ``_of<candidates>``).
         batch_size: Nodes per batch when computing every node's embedding, and sources per
             ranking chunk.
         num_neighbors: Fan-out per layer for the embeddings (every edge type); default: the
@@ -372,21 +374,6 @@ class LinkDataModule(HeteroGraphData):
             label_index, label = torch.empty(2, 0, dtype=torch.long), torch.empty(0)
         else:
             label_index, label = self.links.labels(stage)
-        fanout = self.fanout()
-        if self.eval.num_neighbors is not None:
-            fanout = {t: list(self.eval.num_neighbors) for t in fanout}
-        loaders = {
-            t: NeighborLoader(
-                graph,
-                num_neighbors=fanout,  # type: ignore[arg-type]
-                input_nodes=t,
-                batch_size=self.eval.batch_size,
-                **self.loader.kwargs(),
-            )
-            for t in dict.fromkeys((src_type, dst_type))
-        }
-        for i, loader in enumerate(loaders.values()):  # the same draw at every evaluation
-            loader.collate_fn = SeededSampling(loader.collate_fn, seed=i)
         positives = label_index[:, label == 1]
         if self.undirected:
             positives = torch.cat([positives, positives.flip(0)], 1)
@@ -395,7 +382,7 @@ class LinkDataModule(HeteroGraphData):
             positives = torch.stack([sources, torch.full_like(sources, -1)])
         # Under DDP each rank ranks its share of the sources (id modulo the ranks) and scores its
         # share of the labelled pairs; recall and MRR add up sums and counts across ranks and AUC
-        # gathers the scores, so the metrics are one process's. Every rank embeds every node.
+        # gathers the scores, so the metrics are one process's.
         rank, world = (
             (self.trainer.global_rank, self.trainer.world_size) if self.trainer else (0, 1)
         )
@@ -404,7 +391,7 @@ class LinkDataModule(HeteroGraphData):
         known = self.links.known(*STAGES[: {"val": 1, "test": 2, "predict": 3}[stage]])
         num_dst = self.num_nodes[dst_type]
         popularity = torch.bincount(known % num_dst, minlength=num_dst).float()
-        candidates = None
+        candidates, embedded = None, None
         if (
             stage != "predict"
             and self.eval.candidates is not None
@@ -412,6 +399,26 @@ class LinkDataModule(HeteroGraphData):
         ):
             gen = torch.Generator().manual_seed(1)
             candidates = torch.randperm(num_dst, generator=gen)[: self.eval.candidates]
+            # Only the nodes ranked or scored are embedded, not every node of the two types.
+            ends: dict[str, list[Tensor]] = {src_type: [], dst_type: []}
+            ends[src_type] += [positives[0], label_index[0]]
+            ends[dst_type] += [candidates, positives[1], label_index[1]]
+            embedded = {t: torch.unique(torch.cat(parts)) for t, parts in ends.items()}
+        fanout = self.fanout()
+        if self.eval.num_neighbors is not None:
+            fanout = {t: list(self.eval.num_neighbors) for t in fanout}
+        loaders = {
+            t: NeighborLoader(
+                graph,
+                num_neighbors=fanout,  # type: ignore[arg-type]
+                input_nodes=t if embedded is None else (t, embedded[t]),
+                batch_size=self.eval.batch_size,
+                **self.loader.kwargs(),
+            )
+            for t in dict.fromkeys((src_type, dst_type))
+        }
+        for i, loader in enumerate(loaders.values()):  # the same draw at every evaluation
+            loader.collate_fn = SeededSampling(loader.collate_fn, seed=i)
         return rank_own(
             self.trainer,
             LinkEval(
@@ -426,6 +433,7 @@ class LinkDataModule(HeteroGraphData):
                 candidates,
                 self.eval.k,
                 self.eval.batch_size,
+                embedded,
             ),
         )
 

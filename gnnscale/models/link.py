@@ -140,14 +140,21 @@ class LinkPredictor(HeteroGNN):
 
     @torch.no_grad()
     def embed_all(self, evaluation: LinkEval) -> dict[str, Tensor]:
-        """Every node's embedding of the target's two types, one sampled batch at a time."""
+        """The embeddings of the target's two types, one sampled batch at a time.
+
+        Every node's, by id; or, where the evaluation names the nodes it reads
+        (``evaluation.embedded``), theirs, at ``evaluation.rows(type, ids)``.
+        """
         out = {}
         for t, loader in evaluation.loaders.items():
-            h = torch.empty(evaluation.num_nodes[t], self.hparams["hidden_channels"])
+            embedded = evaluation.embedded
+            n = evaluation.num_nodes[t] if embedded is None else embedded[t].numel()
+            h = torch.empty(n, self.hparams["hidden_channels"])
             for batch in loader:
                 batch = batch.to(self.device)
                 size = batch[t].batch_size
-                h[batch[t].n_id[:size].cpu()] = self(batch)[t][:size].float().cpu()
+                rows = evaluation.rows(t, batch[t].n_id[:size].cpu())
+                h[rows] = self(batch)[t][:size].float().cpu()
             out[t] = h
         return out
 
@@ -157,7 +164,7 @@ class LinkPredictor(HeteroGNN):
         k, suffix = evaluation.k, evaluation.suffix
 
         def scores(sources: Tensor, dsts: Tensor) -> Tensor:
-            return h[src][sources] @ h[dst][dsts].T
+            return h[src][evaluation.rows(src, sources)] @ h[dst][evaluation.rows(dst, dsts)].T
 
         def popular(sources: Tensor, dsts: Tensor) -> Tensor:
             return evaluation.popularity[dsts].expand(sources.numel(), -1).clone()
@@ -178,7 +185,9 @@ class LinkPredictor(HeteroGNN):
             )
             self.log(label, metric, batch_size=num_sources, prog_bar=name == "recall")
         auc = cast(Metric, self.metrics[f"{stage}_auc"])
-        auc.update(self._score(h, evaluation.label_index), evaluation.label.long())
+        pairs = evaluation.label_index
+        pairs = torch.stack([evaluation.rows(src, pairs[0]), evaluation.rows(dst, pairs[1])])
+        auc.update(self._score(h, pairs), evaluation.label.long())
         self.log(f"{stage}/auc", auc, batch_size=evaluation.label.numel())
 
     def validation_step(self, batch: LinkEval, batch_idx: int) -> None:
