@@ -186,9 +186,13 @@ class HopSampler(NeighborSampler):
     as does everything with ``vectorized`` set to false. Over a prepared folder's store pair
     (``gnnscale.stores.open``) it reads each batch's neighbour lists ahead with the folder's
     threads and checks the ids it drew (``MappedGraphStore.read_ahead``, ``check_sampled``).
+    There a batch's ``e_id`` costs a read of the folder's ``perm`` file per sampled edge
+    (random, and from the disk when the graph is larger than memory): ``edge_ids = False``
+    leaves it out, for batches whose model reads no edge features.
     """
 
     vectorized = True
+    edge_ids = True
 
     def __init__(self, data: Any, *args: Any, **kwargs: Any) -> None:
         with warnings.catch_warnings():  # its advice to install pyg-lib, needless here
@@ -208,6 +212,8 @@ class HopSampler(NeighborSampler):
         self.store.read_ahead({inputs.input_type: inputs.node}, fanout)
         out = super().sample_from_nodes(inputs)
         self.store.check_sampled(out.node)
+        if not self.edge_ids:
+            out.edge = None  # PyG's loader then maps no edge through perm and sets no e_id
         return out
 
     def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:

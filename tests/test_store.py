@@ -386,6 +386,32 @@ def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(tmp_path)
         plain.setup("fit")
 
 
+@requires_sampler
+def test_a_folders_batches_carry_edge_ids_only_for_a_model_that_reads_edge_features(tmp_path):
+    """A batch's ``e_id`` reads the folder's ``perm`` once per sampled edge (from the disk, cold):
+    read for GATv2 with ``edge_dim`` (its features are gathered by them), not for GraphSAGE."""
+    from gnnscale.data.args import LoaderArgs
+    from gnnscale.stores.npy import prepare_data
+
+    kwargs = {
+        "num_neighbors": [5, 3],
+        "batch_size": 200,
+        "loader": LoaderArgs(num_workers=0),
+        "eval": EvalArgs(mode="sampled", num_neighbors=[5, 3]),
+    }
+    memory = _WithEdges(synthetic=TINY, **kwargs)
+    out = prepare_data(memory.data, tmp_path / "store", {"test": "edges"})
+    assert (out / "perm.bin").exists()  # the input's edges are not in the CSC's order
+    batches = {}
+    for edge_dim in (None, 3):
+        dm = NeighborDataModule("prepared", out, **kwargs)
+        dm.configure_batches(BatchRequest(2, edge_dim=edge_dim))
+        dm.setup("fit")
+        batches[edge_dim] = next(iter(dm.train_dataloader()))
+    assert "e_id" not in batches[None] and "edge_attr" not in batches[None]
+    assert batches[3].e_id.numel() == batches[3].edge_attr.size(0) > 0
+
+
 def test_edge_features_are_checked_as_node_features_are(tmp_path, homogeneous):
     folder, _ = homogeneous
     m = np.load(folder / "edge_index.npy").shape[1]

@@ -332,12 +332,14 @@ class HeteroNeighborDataModule(HeteroGraphData):
         source = self.source  # a prepared folder's sampler checks the ids it draws
         if seeds is None:  # every target node: PyG infers their count from a graph, not a store
             seeds = torch.arange(self.num_nodes[self.target_type])
+        sampler = source.sampler(per_type, share_memory=self.loader.workers > 0)
+        sampler.edge_ids = False  # the heterogeneous models read no edge features
         return NeighborLoader(
             source.loader_input(),  # type: ignore[arg-type]
             num_neighbors=per_type,  # type: ignore[arg-type]
             input_nodes=(self.target_type, seeds),
             batch_size=batch_size,
-            neighbor_sampler=source.sampler(per_type, share_memory=self.loader.workers > 0),
+            neighbor_sampler=sampler,
             transform=source.count_held(),
             # Its own generator: starting workers must not move the model's random stream.
             generator=torch.Generator(),

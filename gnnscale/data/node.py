@@ -316,6 +316,7 @@ class NodeDataModule(L.LightningDataModule):
         """
         sampler = copy.copy(self._csc_sampler)
         sampler.num_neighbors = fanout
+        sampler.edge_ids = bool(self.request.edge_dim)  # edge features are gathered by e_id
         if kwargs.get("input_nodes") is None:  # PyG's default for a Data, not for a store
             kwargs["input_nodes"] = torch.arange(data.num_nodes)
         if node_files:
