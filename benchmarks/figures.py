@@ -52,8 +52,9 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
   in benchmarks/README.md and README.md; builds DGL's environment once, about 5 GB; about 15
   minutes; run at full size only when named).
 - ``store-large``: a heterogeneous graph shaped like MAG240M, its paper features larger than
-  memory, written as ``.npy``, prepared by streaming and trained from the store (``store_large``
-  in on_disk_graph's README; most of an hour, 60 GiB of disk; run at full size only when named).
+  memory, written as ``.npy``, prepared by streaming and trained from the store: papers
+  classified, and citations predicted by one process and two ranks (``store_large`` in
+  on_disk_graph's README; over an hour, 60 GiB of disk; run at full size only when named).
 
 Every block ends with a stamp: this command, the commit, the machine, the threads.
 """

@@ -22,7 +22,14 @@ Here the same shape at a twelfth of the counts, 20M papers, so that the paper fe
   accuracy on the test papers, beside the nearest class centroid of the training papers'
   features (the features alone);
 - the same with a feature cache of 10% of the paper features' bytes
-  (``--data.feature_cache_gib``): its second epoch against the first run's.
+  (``--data.feature_cache_gib``): its second epoch against the first run's;
+- ``gnnscale fit`` of the link recipe on the papers' citations from the same store, one
+  process and two ranks under ``torchrun``, two epochs of a bounded number of batches from a
+  cold page cache: 0.01% of the citations held out for each of validation and test (streamed
+  into a split folder once, by the first run), each held-out citation's source ranking 1,000
+  papers drawn at random beside its true ones (only those are embedded), with uniform
+  neighbours (PinSAGE's walks need the whole graph in memory); recall@20 beside the most
+  cited papers'.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import harness
 import numpy as np
 import psutil
 from blocks import REPO, Block
+from on_disk import DDP, TORCHRUN
 from store_reads import DEPTH, DiskReads, disk_rate, disk_reads
 
 SHAPES = {  # papers, authors, institutions, batches trained, seed papers a batch
@@ -48,6 +56,7 @@ SHAPES = {  # papers, authors, institutions, batches trained, seed papers a batc
         "institutions": 2_200,
         "batches": 50,  # an epoch's; two epochs a fit, two fits
         "batch_size": 1024,
+        "held_out": 1e-4,  # of the citations, each of validation and test: 10,000
     },
     # tiny: small batches, so that an epoch holds a whole accumulation of 2
     "tiny": {
@@ -56,6 +65,7 @@ SHAPES = {  # papers, authors, institutions, batches trained, seed papers a batc
         "institutions": 50,
         "batches": 5,
         "batch_size": 64,
+        "held_out": 0.01,
     },
 }
 CLASSES, PAPER_FEATURES, AUTHOR_FEATURES = 153, 768, 32
@@ -157,28 +167,43 @@ def _evict(folder: Path) -> None:
                 os.close(fd)
 
 
-def fit(workdir: Path, store: Path, inputs: Path, shape: dict, name: str, *flags: str) -> dict:
-    """One ``gnnscale fit`` of the hetero recipe from the evicted store; its figures."""
-    _evict(inputs)
-    _evict(store)
-    config = REPO / "recipes" / "hetero_node_classification" / "config.yaml"
+def fit(
+    workdir: Path,
+    store: Path,
+    inputs: Path,
+    shape: dict,
+    name: str,
+    *flags: str,
+    task: str = "hetero_node_classification",
+    ranks: int = 1,
+) -> dict:
+    """One ``gnnscale fit`` of ``task``'s recipe from the evicted store; its figures.
+
+    ``hetero_node_classification`` classifies papers; ``link_prediction_pinsage`` predicts
+    citations (:func:`_link_flags`). ``ranks``: 2 under ``torchrun``. Every file under
+    ``workdir`` is evicted first: the inputs, the store and a link split's folder.
+    """
+    _evict(workdir)
+    config = REPO / "recipes" / task / "config.yaml"
     save_dir = workdir / "runs" / name
+    launch = [sys.executable, *(TORCHRUN if ranks > 1 else []), "-m", "gnnscale.cli", "fit"]
+    task_flags = (
+        ["--data.target_type=paper", "--trainer.limit_val_batches=2"]
+        if task == "hetero_node_classification"
+        else [*_link_flags(workdir, shape), *(DDP if ranks > 1 else [])]
+    )
     argv = [
-        sys.executable,
-        "-m",
-        "gnnscale.cli",
-        "fit",
+        *launch,
         f"--config={config}",
+        *task_flags,
         "--data.dataset=prepared",
         f"--data.root={store}",
-        "--data.target_type=paper",
         "--data.num_neighbors=[10,5]",
         "--data.verify=size",
         f"--data.batch_size={shape['batch_size']}",
         "--data.eval.batch_size=1024",
         "--trainer.max_epochs=2",
         f"--trainer.limit_train_batches={shape['batches']}",
-        "--trainer.limit_val_batches=2",
         "--trainer.enable_progress_bar=false",
         f"--trainer.logger.init_args.save_dir={save_dir}",
         f"--trainer.default_root_dir={workdir}",
@@ -196,7 +221,9 @@ def fit(workdir: Path, store: Path, inputs: Path, shape: dict, name: str, *flags
     after = disk_reads(paper_x)
     metrics = done.metrics
     assert done.memory is not None
-    peaks = sorted((p.anon_mb for p in done.memory.processes.values()), reverse=True)
+    # the trainer (each rank under torchrun) and, after it, its loader worker
+    training = done.memory.at_depth(1 if ranks > 1 else 0)
+    workers = done.memory.at_depth(2 if ranks > 1 else 1)
     busy = [r for r in disk.rates if r > 1000] or [0]
     return {
         "fit_s": seconds,
@@ -204,9 +231,34 @@ def fit(workdir: Path, store: Path, inputs: Path, shape: dict, name: str, *flags
         "hit_rate": metrics.get("perf/cache_hit_rate", []),
         "busy_reads_per_s": float(np.median(busy)),
         "reads_per_s": (after[0] - before[0]) / seconds,
-        "private_mb": (peaks + [0.0, 0.0])[:2],
-        "test_acc": metrics["test/acc"][-1],
+        "private_mb": [max((p.anon_mb for p in g), default=0.0) for g in (training, workers)],
+        "test": {k: v[-1] for k, v in metrics.items() if k.startswith("test/")},
     }
+
+
+# The link task: the papers' citations, 1,000 papers ranked for each held-out citation's source
+# (every paper's embedding is out of reach at this size), the recipe's monitor renamed so.
+LINK_CANDIDATES = 1000
+LINK_METRIC = f"recall@20_of{LINK_CANDIDATES}"
+LINK_CALLBACKS = f"""trainer:
+  callbacks:
+    - class_path: gnnscale.callbacks.ThroughputMonitor
+    - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+      init_args: {{monitor: val/{LINK_METRIC}, mode: max}}
+"""
+
+
+def _link_flags(workdir: Path, shape: dict) -> list[str]:
+    callbacks = workdir / "link_callbacks.yaml"
+    callbacks.write_text(LINK_CALLBACKS)
+    return [
+        f"--config={callbacks}",
+        "--data.edge_type=[paper,cites,paper]",
+        "--data.neighbors=uniform",  # PinSAGE's walks need the whole graph in memory
+        f"--data.split.val_fraction={shape['held_out']}",
+        f"--data.split.test_fraction={shape['held_out']}",
+        f"--data.eval.candidates={LINK_CANDIDATES}",
+    ]
 
 
 def measure(size: str, workdir: Path) -> dict:
@@ -235,6 +287,11 @@ def measure(size: str, workdir: Path) -> dict:
     r["cache_gib"] = 0.1 * r["x_gib"]
     cache = f"--data.feature_cache_gib={r['cache_gib']:.4f}"
     r["cached"] = fit(workdir, store, inputs, shape, "cached", cache)
+    for ranks in (1, 2):
+        r[f"links_{ranks}"] = fit(
+            workdir, store, inputs, shape, f"links_{ranks}", task="link_prediction_pinsage",
+            ranks=ranks,
+        )  # fmt: skip
     r["deep_after"] = disk_rate(
         inputs / "nodes" / "paper" / "x.npy", DEPTH, 1.0 if size == "tiny" else 15.0
     )
@@ -253,7 +310,7 @@ def blocks(tiny: bool) -> list[Block]:
     with tempfile.TemporaryDirectory(dir=base, prefix="gnnscale-store-large-") as workdir:
         r = measure(size, Path(workdir))
     s = SHAPES[size]
-    plain, cached, batches = r["plain"], r["cached"], s["batches"]
+    plain, cached, batches, size = r["plain"], r["cached"], s["batches"], f"{s['batch_size']:,}"
     deep = float(np.median([r["deep"], r["deep_after"]]))
     second = plain["epoch_s"][1] / cached["epoch_s"][1]
     text = "\n".join(
@@ -271,7 +328,7 @@ def blocks(tiny: bool) -> list[Block]:
             f"{r['prepare_s']:,.0f} s, "
             f"{r['store_gib']:.1f} GiB written, peak private memory "
             f"{r['prepare_private_mb']:,.0f} MiB |",
-            f"| `gnnscale fit`, whole run (2 epochs of {batches} batches of 1,024 papers, the "
+            f"| `gnnscale fit`, whole run (2 epochs of {batches} batches of {size} papers, the "
             f"first cold; validation, test) | {plain['fit_s']:,.0f} s |",
             f"| s/batch, first epoch (cold page cache) / second | "
             f"{plain['epoch_s'][0] / batches:.2f} / {plain['epoch_s'][1] / batches:.2f} |",
@@ -286,7 +343,32 @@ def blocks(tiny: bool) -> list[Block]:
             f"{plain['private_mb'][0]:,.0f} / {plain['private_mb'][1]:,.0f} MiB "
             f"({cached['private_mb'][0]:,.0f} / {cached['private_mb'][1]:,.0f}) |",
             f"| test accuracy ({r['test_papers']:,} papers) / features alone | "
-            f"{plain['test_acc']:.3f} / {r['bar']:.3f} |",
+            f"{plain['test']['test/acc']:.3f} / {r['bar']:.3f} |",
+        ]
+    )
+    one, two = r["links_1"], r["links_2"]
+    held = f"{int(s['held_out'] * s['papers'] * CITES):,}"
+    text += "\n\n" + "\n".join(
+        [
+            "| link prediction: papers' citations | one process | two ranks (torchrun) |",
+            "|---|---:|---:|",
+            f"| `gnnscale fit`, whole run (2 epochs of {batches} batches of {size} citations "
+            f"a process, the first cold; validation, test) | {one['fit_s']:,.0f} s | "
+            f"{two['fit_s']:,.0f} s |",
+            f"| s/batch, first epoch (cold page cache) / second | "
+            f"{one['epoch_s'][0] / batches:.2f} / {one['epoch_s'][1] / batches:.2f} | "
+            f"{two['epoch_s'][0] / batches:.2f} / {two['epoch_s'][1] / batches:.2f} |",
+            f"| device reads/s while busy (share of the depth-32 rate) | "
+            f"{one['busy_reads_per_s']:,.0f} ({one['busy_reads_per_s'] / deep:.0%}) | "
+            f"{two['busy_reads_per_s']:,.0f} ({two['busy_reads_per_s'] / deep:.0%}) |",
+            f"| peak private memory, trainer / loader worker (per rank) | "
+            f"{one['private_mb'][0]:,.0f} / {one['private_mb'][1]:,.0f} MiB | "
+            f"{two['private_mb'][0]:,.0f} / {two['private_mb'][1]:,.0f} MiB |",
+            f"| test {LINK_METRIC} ({held} held-out citations) / the most cited papers' | "
+            f"{one['test'][f'test/{LINK_METRIC}']:.3f} / "
+            f"{one['test'][f'test/{LINK_METRIC}_popularity']:.3f} | "
+            f"{two['test'][f'test/{LINK_METRIC}']:.3f} / "
+            f"{two['test'][f'test/{LINK_METRIC}_popularity']:.3f} |",
         ]
     )
     if tiny:

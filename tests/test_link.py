@@ -14,6 +14,7 @@ from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.link import top_destinations
+from gnnscale.plan import _batch_nodes
 from gnnscale.testing import TINY_ARGS, requires_sampler, run_or_show_stacks
 
 TINY = SyntheticRecommender(
@@ -502,6 +503,9 @@ def test_sampled_candidates_embed_only_the_nodes_the_ranking_reads():
     for t, ids in read.items():
         assert torch.equal(ev.embedded[t], torch.unique(ids))
         assert ev.embedded[t].numel() < ev.num_nodes[t]  # not every node
+    # what gnnscale plan counts for the evaluation step
+    assert _batch_nodes(ev) == sum(ids.numel() for ids in ev.embedded.values())
+    assert _batch_nodes(full) == sum(full.num_nodes.values())
     h, h_all = model.embed_all(ev), model.embed_all(full)
     for t in read:
         torch.testing.assert_close(h[t], h_all[t][ev.embedded[t]])

@@ -74,7 +74,7 @@ class LinkEvalArgs:
             each source's true ones; only those, the sources and the ends of the pairs AUC
             scores are embedded, so it is cheaper on large graphs; optimistic (metric names
             gain ``_of<candidates>``).
-        batch_size: Nodes per batch when computing every node's embedding, and sources per
+        batch_size: Nodes per batch when computing the nodes' embeddings, and sources per
             ranking chunk.
         num_neighbors: Fan-out per layer for the embeddings (every edge type); default: the
             training fan-out.
