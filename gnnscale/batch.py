@@ -194,6 +194,12 @@ class LinkEval:
     batch_size: int
     embedded: dict[str, Tensor] | None = None
 
+    def count(self, node_type: str) -> int:
+        """Nodes of ``node_type`` embedded: every node, or those of ``embedded``."""
+        if self.embedded is None:
+            return self.num_nodes[node_type]
+        return self.embedded[node_type].numel()
+
     def rows(self, node_type: str, ids: Tensor) -> Tensor:
         """Where nodes ``ids`` of ``node_type`` lie among its embeddings (``embedded``)."""
         return ids if self.embedded is None else torch.searchsorted(self.embedded[node_type], ids)

@@ -126,9 +126,7 @@ class MemoryPlan:
 def _batch_nodes(batch: Any) -> int:
     """Nodes of a batch; a link evaluation step embeds every node of its graph, or those named."""
     if isinstance(batch, LinkEval):
-        if batch.embedded is not None:
-            return sum(ids.numel() for ids in batch.embedded.values())
-        return sum(batch.num_nodes.values())
+        return sum(batch.count(t) for t in batch.num_nodes)
     return int(batch.num_nodes)
 
 

@@ -336,12 +336,9 @@ class _WithEdges(NeighborDataModule):
         return data
 
 
-@requires_sampler
-def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(tmp_path):
-    """``--model.edge_dim``: the loaders give each batch its edges' features, sliced by PyG in
-    memory and gathered by ``e_id`` from a folder; the same weights after an epoch, and the
-    edge weights trained (a model that ignored them would leave them as initialised)."""
-    from gnnscale import GATv2
+@pytest.fixture
+def edge_featured(tmp_path):
+    """The tiny graph with 3 features an edge, in memory and prepared; the loaders' settings."""
     from gnnscale.data.args import LoaderArgs
     from gnnscale.stores.npy import prepare_data
 
@@ -353,6 +350,17 @@ def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(tmp_path)
     }
     memory = _WithEdges(synthetic=TINY, **kwargs)
     out = prepare_data(memory.data, tmp_path / "store", {"test": "edges"})
+    return memory, out, kwargs
+
+
+@requires_sampler
+def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(edge_featured):
+    """``--model.edge_dim``: the loaders give each batch its edges' features, sliced by PyG in
+    memory and gathered by ``e_id`` from a folder; the same weights after an epoch, and the
+    edge weights trained (a model that ignored them would leave them as initialised)."""
+    from gnnscale import GATv2
+
+    memory, out, kwargs = edge_featured
     disk = NeighborDataModule("prepared", out, **kwargs)
     trained = {}
     for name, dm in (("memory", memory), ("disk", disk)):
@@ -387,20 +395,12 @@ def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(tmp_path)
 
 
 @requires_sampler
-def test_a_folders_batches_carry_edge_ids_only_for_a_model_that_reads_edge_features(tmp_path):
+def test_a_folders_batches_carry_edge_ids_only_for_a_model_that_reads_edge_features(
+    edge_featured,
+):
     """A batch's ``e_id`` reads the folder's ``perm`` once per sampled edge (from the disk, cold):
     read for GATv2 with ``edge_dim`` (its features are gathered by them), not for GraphSAGE."""
-    from gnnscale.data.args import LoaderArgs
-    from gnnscale.stores.npy import prepare_data
-
-    kwargs = {
-        "num_neighbors": [5, 3],
-        "batch_size": 200,
-        "loader": LoaderArgs(num_workers=0),
-        "eval": EvalArgs(mode="sampled", num_neighbors=[5, 3]),
-    }
-    memory = _WithEdges(synthetic=TINY, **kwargs)
-    out = prepare_data(memory.data, tmp_path / "store", {"test": "edges"})
+    _, out, kwargs = edge_featured
     assert (out / "perm.bin").exists()  # the input's edges are not in the CSC's order
     batches = {}
     for edge_dim in (None, 3):

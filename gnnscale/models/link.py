@@ -147,9 +147,7 @@ class LinkPredictor(HeteroGNN):
         """
         out = {}
         for t, loader in evaluation.loaders.items():
-            embedded = evaluation.embedded
-            n = evaluation.num_nodes[t] if embedded is None else embedded[t].numel()
-            h = torch.empty(n, self.hparams["hidden_channels"])
+            h = torch.empty(evaluation.count(t), self.hparams["hidden_channels"])
             for batch in loader:
                 batch = batch.to(self.device)
                 size = batch[t].batch_size
