@@ -249,6 +249,25 @@ def test_unlabelled_nodes_outside_the_splits_train(monkeypatch, tmp_path):
     assert torch.isfinite(trainer.callback_metrics["train/loss_epoch"])
 
 
+@requires_sampler
+def test_a_datamodule_serving_two_fits_takes_each_fits_model(tmp_path):
+    """The second model is one layer deeper than the fan-outs: refused, as for a fresh
+    DataModule (the first fit's request was kept, and a 3-layer model got 2-hop batches)."""
+    dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 5], batch_size=256)
+
+    def fit(num_layers: int) -> None:
+        trainer = L.Trainer(
+            max_epochs=1, limit_train_batches=1, limit_val_batches=0, accelerator="cpu",
+            logger=False, enable_checkpointing=False, enable_progress_bar=False,
+            enable_model_summary=False,
+        )  # fmt: skip
+        trainer.fit(GraphSAGE(TINY.num_features, 5, hidden_channels=16, num_layers=num_layers), dm)
+
+    fit(2)
+    with pytest.raises(ConfigError, match=r"num_neighbors has 2 entries .* one fan-out per layer"):
+        fit(3)
+
+
 def test_one_hot_labels(monkeypatch):
     _fake(monkeypatch, y=torch.eye(4)[torch.zeros(200, dtype=torch.long)])
     with pytest.raises(ValueError, match=r"y.argmax\(-1\)"):

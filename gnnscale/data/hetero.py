@@ -103,7 +103,6 @@ class HeteroGraphData(L.LightningDataModule):
     _num_neighbors: list[int] | dict[str, list[int]]
     # What the model asked batches to carry (``configure_batches``): here, its depth.
     request: BatchRequest = BatchRequest()
-    _configured = False
 
     @property
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
@@ -134,7 +133,8 @@ class HeteroGraphData(L.LightningDataModule):
     def configure_batches(self, request: BatchRequest) -> None:
         """Take the model's request; refuse a depth the fan-outs do not fit (before data loads).
 
-        ``gnnscale``'s CLI calls this first; ``setup`` calls it otherwise.
+        ``gnnscale``'s CLI calls this before any data loads; ``setup`` with each fit's model
+        (a DataModule may serve several).
 
         Args:
             request: What the model's batches must carry (``gnnscale.handshake``): its depth.
@@ -146,11 +146,11 @@ class HeteroGraphData(L.LightningDataModule):
                     f"--data.num_neighbors has {len(self._num_neighbors)} layers but "
                     f"--model.num_layers is {num_layers}: give one fan-out per layer"
                 )
-        self.request, self._configured = request, True
+        self.request = request
 
     def _configure_from_trainer(self) -> None:
-        """``setup``'s part: the request of the trainer's model, unless a caller gave one."""
-        if self.trainer is not None and not self._configured:
+        """``setup``'s part: the request of the trainer's model (each fit's, the CLI's again)."""
+        if self.trainer is not None:  # each fit's model: a DataModule may serve several
             self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
         self.fanout(self.request.num_layers)  # every edge type named, one depth
 

@@ -65,7 +65,6 @@ class NodeDataModule(L.LightningDataModule):
     feature_cache_gib = 0.0  # feature rows held in memory (NeighborDataModule)
     # What the model asked batches to carry (``configure_batches``); until then, nothing extra.
     request: BatchRequest = BatchRequest()
-    _configured = False
 
     def __init__(
         self,
@@ -186,7 +185,8 @@ class NodeDataModule(L.LightningDataModule):
     def configure_batches(self, request: BatchRequest) -> None:
         """Take the model's request (``gnnscale.handshake``); refuse a depth the fan-outs miss.
 
-        ``gnnscale``'s CLI calls this before any data loads; ``setup`` calls it otherwise.
+        ``gnnscale``'s CLI calls this before any data loads; ``setup`` with each fit's model
+        (a DataModule may serve several).
 
         Args:
             request: What the model's batches must carry: its depth, the first layer's
@@ -209,7 +209,7 @@ class NodeDataModule(L.LightningDataModule):
                 f"--data.eval.num_neighbors has {len(fanout)} entries but --model.num_layers is "
                 f"{request.num_layers}: give one fan-out per layer"
             )
-        self.request, self._configured = request, True
+        self.request = request
 
     def _hop_loader(self, fanout: list[int], **kwargs: Any) -> NeighborLoader:
         """A loader of neighbour batches laid out hop by hop (``hop_layout``, in its workers).
@@ -242,7 +242,7 @@ class NodeDataModule(L.LightningDataModule):
     def setup(self, stage: str) -> None:
         """Check the model agrees with the loaders, then build the training loader."""
         log_backend_once(describe(self.loader.sampler))
-        if self.trainer is not None and not self._configured:
+        if self.trainer is not None:  # each fit's model: a DataModule may serve several
             self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
         self._check_edge_features()
         self._check_layerwise_fits()
