@@ -531,9 +531,12 @@ def run_scaling(runner: Runner, size: Size, max_nodes: int) -> list[dict[str, An
             print(f"  {point['skipped']}", flush=True)
             points.append(point)
             continue
+        accumulate = cfg["trainer"].get("accumulate_grad_batches", 1)
         overrides = {
             "data": {"synthetic": graph},
             "trainer": {
+                # an epoch shorter than the recipe's accumulation would be refused
+                "accumulate_grad_batches": min(accumulate, batches),
                 "max_epochs": 1 + WARMUP_EPOCHS,
                 "limit_train_batches": batches,
                 "limit_val_batches": 0,

@@ -236,6 +236,78 @@ def fit(
     }
 
 
+# One process times each part of a few cold batches of the node task, as the loader makes them:
+# the neighbour lists read ahead (the store's threads), PyG's sampling from those lists, the
+# features and labels gathered (the store's threads); then one training step's worth of model
+# work is left out (the fit's s/batch minus these is what the trainer adds).
+PHASES = """
+import json, sys, time
+import numpy as np, torch
+from torch_geometric.loader import NeighborLoader
+from torch_geometric.sampler import NodeSamplerInput
+import gnnscale.stores
+from gnnscale.sampler import HopSampler
+from store_reads import disk_reads
+store, seeds_file = sys.argv[1], sys.argv[2]
+batches, batch_size = int(sys.argv[3]), int(sys.argv[4])
+torch.set_num_threads(2)
+fs, gs = gnnscale.stores.open(store, verify="size", read_threads=32)
+fanout = {a.edge_type: [10, 5] for a in gs.get_all_edge_attrs()}
+sampler = HopSampler((fs, gs), fanout)
+sampler.edge_ids = False  # as the heterogeneous DataModule: its models read no edge features
+train = torch.from_numpy(np.load(seeds_file))
+order = torch.randperm(train.numel(), generator=torch.Generator().manual_seed(0))
+loader = NeighborLoader((fs, gs), num_neighbors=fanout, input_nodes=("paper", train),
+                        batch_size=batch_size, neighbor_sampler=sampler)
+phases = {"lists": 0.0, "sampling": 0.0, "features": 0.0}
+reads = {k: 0 for k in phases}
+nodes = 0
+def timed(name, work):
+    r, t = disk_reads(store)[0], time.perf_counter()
+    out = work()
+    phases[name] += time.perf_counter() - t
+    reads[name] += disk_reads(store)[0] - r
+    return out
+for b in range(batches):
+    index = order[b * batch_size:(b + 1) * batch_size]
+    seeds = train[index]
+    inputs = NodeSamplerInput(input_id=index, node=seeds, input_type="paper")
+    timed("lists", lambda: gs.read_ahead({"paper": seeds}, fanout))
+    sampler.store = None  # PyG's sampling alone, from the lists just read
+    out = timed("sampling", lambda: sampler.sample_from_nodes(inputs))
+    sampler.store = gs
+    batch = timed("features", lambda: loader.filter_fn(out))
+    nodes += sum(batch[t].num_nodes for t in batch.node_types)
+print(json.dumps({"s": phases, "reads": reads, "nodes": nodes / batches}))
+"""
+
+
+PHASE_BATCHES = 5
+
+
+def cold_batch_phases(workdir: Path, store: Path, inputs: Path, shape: dict) -> dict:
+    """Seconds and device reads of each part of a cold batch, averaged over a few batches."""
+    _evict(workdir)
+    seeds, batches = inputs / "nodes" / "paper" / "train.npy", PHASE_BATCHES
+    argv = [sys.executable, "-c", PHASES, str(store), str(seeds), str(batches)]
+    done = harness.run([*argv, str(shape["batch_size"])], env={"PYTHONPATH": _path()})
+    r = json.loads(done.stdout)
+    return {
+        "s": {k: v / batches for k, v in r["s"].items()},
+        "reads": {k: v / batches for k, v in r["reads"].items()},
+        "nodes": r["nodes"],
+    }
+
+
+def _phases(r: dict) -> str:
+    return " / ".join(f"{r['s'][k]:.2f} s ({r['reads'][k]:,.0f})" for k in r["s"])
+
+
+def _path() -> str:
+    """The benchmarks folder and the repository, for the phase script's imports."""
+    return os.pathsep.join([str(REPO / "benchmarks"), str(REPO), os.environ.get("PYTHONPATH", "")])
+
+
 # The link task: the papers' citations, 1,000 papers ranked for each held-out citation's source
 # (every paper's embedding is out of reach at this size), the recipe's monitor renamed so.
 LINK_CANDIDATES = 1000
@@ -284,6 +356,7 @@ def measure(size: str, workdir: Path) -> dict:
         inputs / "nodes" / "paper" / "x.npy", DEPTH, 1.0 if size == "tiny" else 15.0
     )
     r["plain"] = fit(workdir, store, inputs, shape, "plain")
+    r["phases"] = cold_batch_phases(workdir, store, inputs, shape)
     r["cache_gib"] = 0.1 * r["x_gib"]
     cache = f"--data.feature_cache_gib={r['cache_gib']:.4f}"
     r["cached"] = fit(workdir, store, inputs, shape, "cached", cache)
@@ -332,6 +405,9 @@ def blocks(tiny: bool) -> list[Block]:
             f"first cold; validation, test) | {plain['fit_s']:,.0f} s |",
             f"| s/batch, first epoch (cold page cache) / second | "
             f"{plain['epoch_s'][0] / batches:.2f} / {plain['epoch_s'][1] / batches:.2f} |",
+            f"| where a cold batch goes, in one process (the first {PHASE_BATCHES} after "
+            f"eviction): neighbour lists read ahead / PyG's sampling from them / features and "
+            f"labels gathered (device reads each) | {_phases(r['phases'])} |",
             f"| device reads/s while busy / the disk's random 4-KiB rate at depth 32 | "
             f"{plain['busy_reads_per_s']:,.0f} / {deep:,.0f} "
             f"({plain['busy_reads_per_s'] / deep:.0%}) |",
