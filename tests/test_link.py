@@ -522,3 +522,27 @@ def test_sampled_candidates_embed_only_the_nodes_the_ranking_reads():
             m.reset()
     assert metrics[0] == pytest.approx(metrics[1], abs=1e-5)
     assert 0 < metrics[0]["val_recall"] < 1  # a ranking that found some positives, not all
+
+
+@pytest.mark.parametrize("chunk", [3, 1 << 24])
+def test_a_folders_known_edges_are_the_distinct_keys_of_its_csc_and_pairs(monkeypatch, chunk):
+    """Chunks of a few edges (a destination's list split across none) or all; duplicate edges,
+    destinations without edges, pairs already in the graph."""
+    from gnnscale.data import link_graphs
+
+    monkeypatch.setattr(link_graphs, "KEY_CHUNK", chunk)
+    g = torch.Generator().manual_seed(0)
+    num_src, num_dst = 50, 40
+    degree = torch.randint(0, 6, (num_dst,), generator=g)
+    degree[[0, 7, num_dst - 1]] = 0
+    colptr = torch.cat([torch.zeros(1, dtype=torch.long), degree.cumsum(0)])
+    row = torch.randint(num_src, (int(colptr[-1]),), generator=g)
+    dst = torch.arange(num_dst).repeat_interleave(degree)
+    pairs = torch.cat([torch.stack([row[:4], dst[:4]]), torch.tensor([[49, 3], [0, 39]])], 1)
+    expected = torch.unique(pair_keys(torch.cat([torch.stack([row, dst]), pairs], 1), num_dst))
+    keys = link_graphs.csc_keys(row, colptr, num_dst, pairs)
+    assert torch.equal(keys, expected) and keys.numel() < row.numel() + pairs.size(1)
+    empty = link_graphs.csc_keys(
+        row[:0], torch.zeros(num_dst + 1, dtype=torch.long), num_dst, pairs
+    )
+    assert torch.equal(empty, torch.unique(pair_keys(pairs, num_dst)))
