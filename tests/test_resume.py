@@ -175,6 +175,20 @@ def test_each_rank_draws_its_share_of_the_same_epoch_and_resumes_at_a_batch(tmp_
 
 
 @requires_sampler
+def test_an_epochs_order_is_not_listed_whole_before_its_first_batch():
+    """Of 2M items in batches of 4, drawing one batch lists no more than its own indices (the
+    whole order as Python integers: 175 MB here; at 100M link training edges, GiBs a rank)."""
+    import tracemalloc
+
+    items = torch.utils.data.TensorDataset(torch.arange(2_000_000))
+    loader = ResumableLoader(torch.utils.data.DataLoader(items, batch_size=4), True, seed=0)
+    tracemalloc.start()
+    (first,) = next(iter(loader))
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert first.numel() == 4 and peak < 2**20, peak
+
+
 def test_batches_are_the_same_whichever_process_samples_them(tmp_path):
     def sampled(workers: int) -> list[list[int]]:
         dm = NeighborDataModule(
