@@ -385,7 +385,7 @@ def test_layerwise_evaluation_is_refused_where_its_activations_would_not_fit(tmp
     # Each process of the machine computes every node: two DDP ranks hold twice as much.
     dm = NeighborDataModule(root=tmp_path, num_neighbors=[5, 3, 2], synthetic=TINY)
     dm.configure_batches(request)
-    dm.trainer = SimpleNamespace(num_devices=2)
+    dm.trainer = SimpleNamespace(num_devices=2, lightning_module=sage(num_layers=3))
     monkeypatch.setattr(node.psutil, "virtual_memory", lambda: SimpleNamespace(available=need + 1))
     with pytest.raises(ConfigError, match=r"\(2 processes x 3,000 nodes x 128 values"):
         dm.setup("test")
