@@ -150,7 +150,7 @@ class HeteroGraphData(L.LightningDataModule):
 
     def _configure_from_trainer(self) -> None:
         """``setup``'s part: the request of the trainer's model (each fit's, the CLI's again)."""
-        if self.trainer is not None:  # each fit's model: a DataModule may serve several
+        if self.trainer is not None:
             self.configure_batches(BatchRequest.of(self.trainer.lightning_module))
         self.fanout(self.request.num_layers)  # every edge type named, one depth
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -283,7 +284,7 @@ def csc_keys(row: Tensor, colptr: Tensor, num_dst: int, pairs: Tensor) -> Tensor
     keys = torch.empty(num_edges + pairs.size(1), dtype=torch.long)
     cuts = torch.searchsorted(colptr, torch.arange(0, num_edges, KEY_CHUNK)).tolist()
     cuts = [*cuts, colptr.numel() - 1]
-    for d0, d1 in zip(cuts, cuts[1:], strict=False):  # destinations d0 .. d1 - 1
+    for d0, d1 in pairwise(cuts):  # destinations d0 .. d1 - 1
         a, b = int(colptr[d0]), int(colptr[d1])
         torch.mul(row[a:b].long(), num_dst, out=keys[a:b])
         keys[a:b] += torch.arange(d0, d1).repeat_interleave(colptr[d0 : d1 + 1].diff())
