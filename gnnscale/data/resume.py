@@ -164,12 +164,7 @@ class ResumableLoader:
         Each batch's indices are listed as it is drawn; the order stays one tensor (listed whole,
         10M training edges took 460 MiB of Python integers in every rank, 100M about 4.5 GiB).
         """
-        n = len(self.loader.dataset)  # type: ignore[arg-type]
-        if self.shuffle:
-            gen = torch.Generator().manual_seed(_seed(self.seed, epoch))
-            order = torch.randperm(n, generator=gen)
-        else:
-            order = torch.arange(n)
+        order = self._order(epoch)
         size, count, seed = self.batch_size, self._all_ranks_batches(), self.seed
         rank, world = self.rank, self.world_size
 
@@ -179,6 +174,19 @@ class ResumableLoader:
             return _seed(seed, epoch, j), order[j * size : (j + 1) * size].tolist(), i >= count
 
         return map(draw, range(start, len(self)))
+
+    def _order(self, epoch: int) -> torch.Tensor:
+        """Every rank's dataset indices of ``epoch``, in the order batches take them.
+
+        4-byte integers where they suffice: half the memory of torch's default (at 100M training
+        edges 0.4 GB a rank instead of 0.8), the same permutation.
+        """
+        n = len(self.loader.dataset)  # type: ignore[arg-type]
+        dtype = torch.int32 if n <= torch.iinfo(torch.int32).max else torch.long
+        if not self.shuffle:
+            return torch.arange(n, dtype=dtype)
+        gen = torch.Generator().manual_seed(_seed(self.seed, epoch))
+        return torch.randperm(n, generator=gen, dtype=dtype)
 
     def _all_ranks_batches(self) -> int:
         n = len(self.loader.dataset)  # type: ignore[arg-type]
