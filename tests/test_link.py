@@ -4,6 +4,7 @@ import re
 import sys
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
@@ -292,6 +293,7 @@ DDP = """
 import json, sys
 from pathlib import Path
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.strategies import DDPStrategy
@@ -525,12 +527,14 @@ def test_sampled_candidates_embed_only_the_nodes_the_ranking_reads():
 
 
 @pytest.mark.parametrize("chunk", [3, 1 << 24])
-def test_a_folders_known_edges_are_the_distinct_keys_of_its_csc_and_pairs(monkeypatch, chunk):
-    """Chunks of a few edges (a destination's list split across none) or all; duplicate edges,
-    destinations without edges, pairs already in the graph."""
-    from gnnscale.data import link_graphs
+def test_a_splits_known_edges_are_the_distinct_keys_of_its_csc_and_pairs(
+    monkeypatch, tmp_path, chunk
+):
+    """Chunks of a few edges (a destination's list, and a run of one key, split across them) or
+    all; duplicate edges, destinations without edges, pairs already in the graph."""
+    from gnnscale.stores import link_split
 
-    monkeypatch.setattr(link_graphs, "KEY_CHUNK", chunk)
+    monkeypatch.setattr(link_split, "KEY_CHUNK", chunk)
     g = torch.Generator().manual_seed(0)
     num_src, num_dst = 50, 40
     degree = torch.randint(0, 6, (num_dst,), generator=g)
@@ -538,11 +542,18 @@ def test_a_folders_known_edges_are_the_distinct_keys_of_its_csc_and_pairs(monkey
     colptr = torch.cat([torch.zeros(1, dtype=torch.long), degree.cumsum(0)])
     row = torch.randint(num_src, (int(colptr[-1]),), generator=g)
     dst = torch.arange(num_dst).repeat_interleave(degree)
-    pairs = torch.cat([torch.stack([row[:4], dst[:4]]), torch.tensor([[49, 3], [0, 39]])], 1)
+    pairs = torch.tensor([[49, 0, row[0], row[0], row[0]], [3, 39, dst[0], dst[0], dst[0]]])
+    pairs = torch.cat([torch.stack([row[:4], dst[:4]]), pairs], 1)
     expected = torch.unique(pair_keys(torch.cat([torch.stack([row, dst]), pairs], 1), num_dst))
-    keys = link_graphs.csc_keys(row, colptr, num_dst, pairs)
+
+    def written(row, colptr, pairs):
+        entry = link_split.write_known(row, colptr, pairs, tmp_path / "known.bin")
+        keys = torch.from_numpy(np.fromfile(tmp_path / "known.bin", np.int64))
+        assert entry["shape"] == [keys.numel()]
+        return keys
+
+    keys = written(row, colptr, pairs)
     assert torch.equal(keys, expected) and keys.numel() < row.numel() + pairs.size(1)
-    empty = link_graphs.csc_keys(
-        row[:0], torch.zeros(num_dst + 1, dtype=torch.long), num_dst, pairs
-    )
+    empty = written(row[:0], torch.zeros(num_dst + 1, dtype=torch.long), pairs)
     assert torch.equal(empty, torch.unique(pair_keys(pairs, num_dst)))
+    assert written(row[:0], torch.zeros(num_dst + 1, dtype=torch.long), pairs[:, :0]).numel() == 0

@@ -912,6 +912,14 @@ def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
     assert messages["test"] == messages["val"] | val_pos
     assert messages["test"] | test_pos == edges  # every edge in one part
     assert int((val_label == 0).sum()) == len(val_pos)  # as many random pairs
+    # What each stage's ranking leaves out, written with the split: its graph and true pairs.
+    num_dst = data[RATES[2]].num_nodes
+    true = {"train": supervised, "val": val_pos, "test": test_pos}
+    for stage, keys in messages.items():
+        known = dm.links.known(stage)
+        pairs = torch.stack([known // num_dst, known % num_dst])
+        assert torch.equal(known, known.unique()) and _link_keys(pairs) == keys | true[stage]
+        assert isinstance(known, MappedTensor)  # the split's file, shared: not keyed per rank
     seen = set()
     for batch in dm.train_dataloader():
         src, _, dst = RATES
@@ -1443,6 +1451,28 @@ def test_a_link_split_holding_a_damaged_id_is_written_again(tmp_path, verify, da
     dm.setup("fit")
     assert int(np.fromfile(path, np.int64).max()) < 600
     assert len(list(dm.train_dataloader())) > 0
+
+
+@requires_sampler
+def test_a_link_split_whose_known_keys_leave_the_key_range_is_written_again(tmp_path, capsys):
+    """Known keys are sorted, so their ends bound them: a damaged last one is found at open."""
+    out, _ = _link_store(tmp_path, LINK_TINY)
+
+    def module():
+        dm = LinkDataModule("prepared", out, edge_type=list(RATES), verify="size")
+        dm.prepare_data()
+        return dm
+
+    folder = module().links.folder
+    path = folder / "val" / "known.bin"
+    good = np.fromfile(path, np.int64)
+    keys = np.memmap(path, np.int64, "r+")
+    keys[-1] = 10**15
+    keys.flush()
+    del keys
+    module()
+    assert f"{folder} is damaged ({path}" in capsys.readouterr().out
+    assert np.array_equal(np.fromfile(path, np.int64), good)
 
 
 def test_prepare_refuses_nan_features_and_overlapping_splits_naming_the_file(tmp_path):

@@ -42,7 +42,7 @@ from gnnscale.batch import LinkEval, supervise
 from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
 from gnnscale.data.datasets import DATASETS, check_root, load_dataset
 from gnnscale.data.hetero import HeteroGraphData, edge_key
-from gnnscale.data.link_graphs import STAGES, Links, LinkSplit, LinkTask, open_links
+from gnnscale.data.link_graphs import STAGES, Links, LinkSplit, LinkTask, open_links, popularity
 from gnnscale.data.loaders import rank_own, resumable
 from gnnscale.data.pinsage import (
     HardNegatives,
@@ -390,7 +390,7 @@ class LinkDataModule(HeteroGraphData):
         label_index, label = label_index[:, rank::world], label[rank::world]
         known = self.links.known(*STAGES[: {"val": 1, "test": 2, "predict": 3}[stage]])
         num_dst = self.num_nodes[dst_type]
-        popularity = torch.bincount(known % num_dst, minlength=num_dst).float()
+        counts = popularity(known, num_dst)
         candidates, embedded = None, None
         if (
             stage != "predict"
@@ -429,7 +429,7 @@ class LinkDataModule(HeteroGraphData):
                 known,
                 label_index,
                 label,
-                popularity,
+                counts,
                 candidates,
                 self.eval.k,
                 self.eval.batch_size,

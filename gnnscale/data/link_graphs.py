@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,16 @@ from gnnscale.stores import link_split
 from gnnscale.stores.mapped import MappedFeatureStore, MappedGraphStore, fill_cache
 from gnnscale.stores.prepared import PreparedGraph
 
-__all__ = ["STAGES", "LinkSplit", "LinkTask", "Links", "MemoryLinks", "PreparedLinks", "open_links"]
+__all__ = [
+    "STAGES",
+    "LinkSplit",
+    "LinkTask",
+    "Links",
+    "MemoryLinks",
+    "PreparedLinks",
+    "open_links",
+    "popularity",
+]
 
 STAGES = ("train", "val", "test")
 
@@ -237,15 +245,12 @@ class PreparedLinks:
         return split.tensor(f"{stage}/label_index"), split.tensor(f"{stage}/label")
 
     def known(self, *stages: str) -> Tensor:
-        """Sorted keys of the target edges of the last stage's graph and its own labels.
+        """Sorted keys of the target edges of the last stage's graph and its own labels, mapped.
 
-        Each stage's graph holds the edges of the stages before it.
+        Each stage's graph holds the edges of the stages before it. Written with the split
+        (``link_split.write_known``), shared by every process that maps it.
         """
-        target, num_dst = self.task.target, self.task.num_nodes[self.task.target[2]]
-        index, label = self.labels(stages[-1])
-        _, gs = self.input(stages[-1])
-        row, colptr = gs.get_edge_index(target, "csc")
-        return csc_keys(row, colptr, num_dst, index[:, label == 1])
+        return self.split_graph.tensor(f"{stages[-1]}/known")
 
     def hold(self, fanout: dict[EdgeType, list[int]], batch_size: int, gib: float) -> None:
         """Fill the feature cache (once) from a sampling pass on the training graph.
@@ -270,29 +275,15 @@ class PreparedLinks:
 Links = MemoryLinks | PreparedLinks
 
 
-KEY_CHUNK = 1 << 24  # edges whose keys are computed at once
+def popularity(known: Tensor, num_dst: int) -> Tensor:
+    """Each destination's count among the ``known`` keys (the popularity baseline's ranking).
 
-
-def csc_keys(row: Tensor, colptr: Tensor, num_dst: int, pairs: Tensor) -> Tensor:
-    """Sorted, distinct keys (``pair_keys``) of a CSC's edges and of the ``(2, P)`` ``pairs``.
-
-    Written a chunk of destinations at a time into one array, sorted in place, then thinned:
-    at the peak about twice the keys' 8 bytes an edge. Stacking the edges first took about six
-    times that, in every rank: two ranks ranking 100M citations were killed for memory.
+    A chunk of keys at a time: a prepared folder's are mapped, and as many as its edges.
     """
-    num_edges = row.numel()
-    keys = torch.empty(num_edges + pairs.size(1), dtype=torch.long)
-    cuts = torch.searchsorted(colptr, torch.arange(0, num_edges, KEY_CHUNK)).tolist()
-    cuts = [*cuts, colptr.numel() - 1]
-    for d0, d1 in pairwise(cuts):  # destinations d0 .. d1 - 1
-        a, b = int(colptr[d0]), int(colptr[d1])
-        torch.mul(row[a:b].long(), num_dst, out=keys[a:b])
-        keys[a:b] += torch.arange(d0, d1).repeat_interleave(colptr[d0 : d1 + 1].diff())
-    keys[num_edges:] = pair_keys(pairs, num_dst)
-    keys.numpy().sort()  # in place: torch.unique would sort into new arrays
-    distinct = torch.ones(keys.numel(), dtype=torch.bool)
-    torch.ne(keys[1:], keys[:-1], out=distinct[1:])
-    return keys[distinct]
+    counts = torch.zeros(num_dst, dtype=torch.long)
+    for a in range(0, known.numel(), link_split.KEY_CHUNK):
+        counts += torch.bincount(known[a : a + link_split.KEY_CHUNK] % num_dst, minlength=num_dst)
+    return counts.float()
 
 
 def open_links(source: GraphSource, task: LinkTask) -> Links:

@@ -209,7 +209,7 @@ class LinkPredictor(HeteroGNN):
         sources = torch.unique(batch.positives[0])  # rank's rows, in its order
         pair = sources.unsqueeze(1) * batch.popularity.numel() + top  # as batch.known's keys
         # A known edge is ranked (last) only when nothing else is: left out.
-        row, rank = (~torch.isin(pair, batch.known)).nonzero(as_tuple=True)
+        row, rank = (~_in_sorted(pair, batch.known)).nonzero(as_tuple=True)
         target = top[row, rank]
         return {
             "source": sources[row],
@@ -262,6 +262,17 @@ def top_destinations(
         s[known_r[ranked], local[known_d[ranked]]] = float("-inf")
         tops.append(cols[s.topk(min(evaluation.k, cols.numel()), dim=1).indices])
     return torch.cat(tops), torch.stack([row, evaluation.positives[1]])
+
+
+def _in_sorted(values: Tensor, keys: Tensor) -> Tensor:
+    """Whether each of ``values`` is among the sorted ``keys``.
+
+    A search: ``torch.isin`` would sort a copy of the keys, as many as the known edges.
+    """
+    if not keys.numel():
+        return torch.zeros_like(values, dtype=torch.bool)
+    at = torch.searchsorted(keys, values).clamp_(max=keys.numel() - 1)
+    return keys[at] == values
 
 
 def _known(evaluation: LinkEval, sources: Tensor, num_dst: int) -> tuple[Tensor, Tensor]:

@@ -11,6 +11,9 @@ holds what each stage reads, in the prepared format (``gnnscale.stores.manifest`
 - ``<stage>/label_index`` ``(2, L)`` and ``<stage>/label`` ``(L,)``: the stage's supervision
   pairs; for validation and test, their true edges then as many uniform random pairs (labels 0),
   as ``RandomLinkSplit(neg_sampling_ratio=1.0)`` gives them.
+- ``<stage>/known`` ``(K,)``: the keys ``src * num_dst + dst`` of the edges a stage knows (its
+  graph's and its true supervision pairs), sorted, each once: masked out of its rankings
+  (:func:`write_known`).
 
 The parts mirror ``RandomLinkSplit``'s: a fraction of the edges for validation, one for test,
 and of the rest, ``disjoint_train_ratio`` supervise training without being passed messages on.
@@ -21,18 +24,20 @@ is the same in every process and every run of the same folder and settings.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from gnnscale.stores.manifest import FileWriter, PreparedGraphError
-from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.stores.prepared import PreparedGraph, map_file
 from gnnscale.stores.streaming import Edges, write_csc
 from gnnscale.stores.writing import prepare
 
-__all__ = ["STAGES", "parts", "write_pairs", "write_split"]
+__all__ = ["STAGES", "parts", "write_known", "write_pairs", "write_split"]
 
 STAGES = ("train", "val", "test")
 # Each edge's part: passed messages on and supervising training (when no training edge is kept
@@ -43,6 +48,7 @@ MESSAGES = {
     "val": (TRAIN, TRAIN_SUPERVISION),
     "test": (TRAIN, TRAIN_SUPERVISION, VAL),
 }
+KEY_CHUNK = 1 << 24  # edges whose keys are computed, or written, at once
 
 
 def _key(edge_type: tuple[str, str, str]) -> str:
@@ -88,6 +94,39 @@ def _relation(
         # Each edge's destination: the last column whose start is at or before it.
         dst = torch.searchsorted(colptr, torch.arange(a, b), right=True) - 1
         yield row[a:b].numpy(), dst.clamp_(max=num_dst - 1).numpy()
+
+
+def write_known(row: Tensor, colptr: Tensor, pairs: Tensor, path: Path) -> dict[str, Any]:
+    """Write the sorted keys of a CSC's edges and of the ``(2, P)`` ``pairs``, each once.
+
+    A key is ``src * num_dst + dst``. Keyed a chunk of destinations at a time into one array,
+    sorted in place, then written a chunk at a time without repeats: about 9 bytes an edge at
+    the peak, in the one process that writes the split. Every rank computed them at every
+    evaluation before (at 100M edges 0.8 GB of keys in each, a few times that at the peak).
+
+    Returns:
+        The file's manifest entry.
+    """
+    num_edges, num_dst = row.numel(), colptr.numel() - 1
+    keys = torch.empty(num_edges + pairs.size(1), dtype=torch.long)
+    cuts = torch.searchsorted(colptr, torch.arange(0, num_edges, KEY_CHUNK)).tolist()
+    for d0, d1 in pairwise([*cuts, num_dst]):  # destinations d0 .. d1 - 1
+        a, b = int(colptr[d0]), int(colptr[d1])
+        torch.mul(row[a:b], num_dst, out=keys[a:b])
+        keys[a:b] += torch.arange(d0, d1).repeat_interleave(colptr[d0 : d1 + 1].diff())
+    for a in range(0, pairs.size(1), KEY_CHUNK):
+        part = keys[num_edges + a : num_edges + a + KEY_CHUNK]
+        torch.mul(pairs[0, a : a + KEY_CHUNK], num_dst, out=part)
+        part += pairs[1, a : a + KEY_CHUNK]
+    keys.numpy().sort()  # in place: torch.unique would sort into new arrays
+    writer = FileWriter(path, "int64")
+    for a in range(0, keys.numel(), KEY_CHUNK):
+        chunk = keys[a : a + KEY_CHUNK]
+        new = torch.ones(chunk.numel(), dtype=torch.bool)
+        torch.ne(chunk[1:], chunk[:-1], out=new[1:])
+        new[0] = a == 0 or bool(chunk[0] != keys[a - 1])
+        writer.write(chunk[new])
+    return writer.close()
 
 
 def write_split(
@@ -187,7 +226,21 @@ def write_split(
                 folder / stage, stage, supervised[stage], stage != "train"
             ).items():
                 files[f"{stage}/{name}"] = e
+            files[f"{stage}/known"] = known(folder, stage, files)
         return {"num_nodes": num_nodes, "num_edges": {}, "files": files}
+
+    def known(folder: Path, stage: str, files: dict[str, Any]) -> dict[str, Any]:
+        def mapped(name: str) -> Tensor:
+            shape = files[f"{stage}/{name}"]["shape"]
+            if not np.prod(shape):
+                return torch.empty(shape, dtype=torch.long)
+            path = str(folder / stage / f"{name}.bin")
+            return map_file(path, 0, "int64", tuple(shape), False)
+
+        index = mapped("label_index")
+        true = index.size(1) // (1 if stage == "train" else 2)  # true pairs, then as many random
+        row, colptr = mapped(f"{key}/row"), mapped(f"{key}/colptr")
+        return write_known(row, colptr, index[:, :true], folder / stage / "known.bin")
 
     source = {
         "graph": graph.manifest["key"],
@@ -196,6 +249,7 @@ def write_split(
         "fractions": list(fractions),
         "seed": seed,
         "chunk_edges": chunk_edges,
+        "known": True,  # a split written before it holds no known keys: written again
     }
 
     def check(split: PreparedGraph) -> None:  # what the sampler reads and trusts
@@ -214,8 +268,13 @@ def write_split(
                             f"{split.path(name)} holds node {low if low < 0 else high:,}, "
                             f"outside 0..{count - 1:,}"
                         )
+            known = split.tensor(f"{stage}/known")  # sorted: its ends bound it
+            if known.numel() and (int(known[0]) < 0 or int(known[-1]) >= n_src * n_dst):
+                raise PreparedGraphError(
+                    f"{split.path(f'{stage}/known')} holds a key outside 0..{n_src * n_dst - 1:,}"
+                )
 
-    size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges
+    size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges + 3 * 8 * num_edges
     return prepare(out, source, fill, size, derived=True, verify=verify, check=check)
 
 

@@ -40,7 +40,7 @@ from gnnscale.stores.manifest import (
     check_file,
 )
 
-__all__ = ["PreparedGraph"]
+__all__ = ["PreparedGraph", "map_file"]
 
 # Reads in flight when a graph is read from disk: cold random rows here, 32 threads 85k/s, 64
 # 92k/s, against the disk's 72-80k/s at queue depth 32 (gnnscale.stores.reads).
@@ -96,10 +96,10 @@ class MappedTensor(Tensor):
             whole = tuple(self.shape) == self._file[3] and self.storage_offset() == 0
             if not whole:  # a view: its own values, copied
                 return Tensor.__reduce_ex__(self.clone(), protocol)
-        return _mapped, self._file
+        return map_file, self._file
 
 
-def _mapped(
+def map_file(
     path: str, offset: int, dtype: str, shape: tuple[int, ...], random: bool
 ) -> MappedTensor:
     """A file's tensor, mapped read-only (``PreparedGraph.tensor``; unpickling one)."""
@@ -220,7 +220,7 @@ class PreparedGraph:
             return torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])
         random = not name.endswith("_mask") and self._larger_than_cache
         path, offset = str(self.path(name)), entry.get("offset", 0)
-        return _mapped(path, offset, entry["dtype"], tuple(entry["shape"]), random)
+        return map_file(path, offset, entry["dtype"], tuple(entry["shape"]), random)
 
     @cached_property
     def _larger_than_cache(self) -> bool:
