@@ -86,13 +86,13 @@ def _sound(
     """
     try:
         graph = PreparedGraph(out, verify)
+        if graph.manifest.get("key") != key:  # before ``check``: an older layout's files differ
+            print(f"gnnscale: {out} was made from other settings; writing it again")
+            return False
         if check is not None:
             check(graph)
     except PreparedGraphError as err:
         print(f"gnnscale: {out} is damaged ({err}); writing it again")
-        return False
-    if graph.manifest.get("key") != key:
-        print(f"gnnscale: {out} was made from other settings; writing it again")
         return False
     return True
 
