@@ -233,7 +233,8 @@ def fit(
     busy = [r for r in disk.rates if r > 1000] or [0]
     figures = {
         "fit_s": seconds,
-        "epoch_s": metrics["perf/epoch_s"],
+        "epoch_s": metrics["perf/epoch_s"],  # training alone: validation is timed apart
+        "val_s": metrics.get("perf/val_s", []),
         "hit_rate": metrics.get("perf/cache_hit_rate", []),
         "busy_reads_per_s": float(np.median(busy)),
         "reads_per_s": (after[0] - before[0]) / seconds,
@@ -458,6 +459,10 @@ def blocks(tiny: bool) -> list[Block]:
             f"| s/batch, first epoch (cold page cache) / second | "
             f"{one['epoch_s'][0] / batches:.2f} / {one['epoch_s'][1] / batches:.2f} | "
             f"{two['epoch_s'][0] / batches:.2f} / {two['epoch_s'][1] / batches:.2f} |",
+            f"| validation, s ({held} held-out citations, their sources each ranking "
+            f"{LINK_CANDIDATES:,} papers; a rank its share), first / second | "
+            f"{' / '.join(f'{v:.0f}' for v in one['val_s'])} | "
+            f"{' / '.join(f'{v:.0f}' for v in two['val_s'])} |",
             f"| device reads/s while busy (share of the depth-32 rate) | "
             f"{one['busy_reads_per_s']:,.0f} ({one['busy_reads_per_s'] / deep:.0%}) | "
             f"{two['busy_reads_per_s']:,.0f} ({two['busy_reads_per_s'] / deep:.0%}) |",
