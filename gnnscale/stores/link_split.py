@@ -100,8 +100,8 @@ def write_known(row: Tensor, colptr: Tensor, pairs: Tensor, path: Path) -> dict[
     """Write the sorted keys of a CSC's edges and of the ``(2, P)`` ``pairs``, each once.
 
     A key is ``src * num_dst + dst``. Keyed a chunk of destinations at a time into one array,
-    sorted in place, then written a chunk at a time without repeats: about 9 bytes an edge at
-    the peak, in the one process that writes the split. Every rank computed them at every
+    sorted in place, then written a chunk at a time without repeats: about 8 bytes a key (an
+    edge or a pair) at the peak, in the one process that writes the split. Every rank computed them at every
     evaluation before (at 100M edges 0.8 GB of keys in each, a few times that at the peak).
 
     Returns:
