@@ -101,8 +101,9 @@ def write_known(row: Tensor, colptr: Tensor, pairs: Tensor, path: Path) -> dict[
 
     A key is ``src * num_dst + dst``. Keyed a chunk of destinations at a time into one array,
     sorted in place, then written a chunk at a time without repeats: about 8 bytes a key (an
-    edge or a pair) at the peak, in the one process that writes the split. Every rank computed them at every
-    evaluation before (at 100M edges 0.8 GB of keys in each, a few times that at the peak).
+    edge or a pair) at the peak, in the one process that writes the split. Every rank computed
+    them at every evaluation before (at 100M edges 0.8 GB of keys in each, a few times that at
+    the peak).
 
     Returns:
         The file's manifest entry.
