@@ -397,7 +397,10 @@ def test_sigkill_to_the_launcher_of_ddp_ranks_stops_every_rank_saved(tmp_path, l
         log.close()
     assert not alive, (alive, _tail(tmp_path / "stderr"))
     stopped = torch.load(last, weights_only=False)["global_step"]
-    assert f"stopped by SIGTERM after step {stopped}; saved {last}" in _tail(tmp_path / "stderr")
+    # Rank 0 says it; the other rank's output (a torchrun rank's once held a gloo traceback
+    # after it, not reproduced since) may follow it in the shared log, so the whole log is read.
+    said = f"stopped by SIGTERM after step {stopped}; saved {last}"
+    assert said in (tmp_path / "stderr").read_text(errors="replace"), _tail(tmp_path / "stderr")
 
 
 def _tail(path: Path) -> str:
