@@ -297,11 +297,14 @@ def test_seed_edges_are_mapped_pairs_that_give_pygs_link_batches(tmp_path, reque
     assert (written / "edge_label_index.bin").stat().st_mtime_ns == mtime
     fanout = [4, 2] if relation is None else {t: [4, 2] for t in gs.csc_by_type}
 
-    def batches(edge_label_index):
+    def batches(edge_label_index, share=False):
         torch.manual_seed(5)
         loader = LinkNeighborLoader(
             (fs, gs), fanout, edge_label_index=edge_label_index, batch_size=512, shuffle=True
         )
+        if share:  # docs/stores.md: the loader's clone of the pairs dropped for the mapped ones
+            loader.input_data.row, loader.input_data.col = pairs[0], pairs[1]
+            assert _mapped_file(loader.input_data.col.data_ptr()).startswith(str(written))
         return list(loader)
 
     if relation is None:  # PyG's own COO of a homogeneous store fails in torch's sparse code
@@ -310,9 +313,9 @@ def test_seed_edges_are_mapped_pairs_that_give_pygs_link_batches(tmp_path, reque
         stacked = batches((None, torch.stack([row, col])))
     else:
         stacked = batches(relation)  # PyG's own: the store's COO, stacked in memory
-    mapped = batches((edge_type, pairs))
-    assert len(stacked) == len(mapped) > 1
-    for a, b in zip(stacked, mapped, strict=True):
+    mapped, shared = batches((edge_type, pairs)), batches((edge_type, pairs), share=True)
+    assert len(stacked) == len(mapped) == len(shared) > 1
+    for a, b in [*zip(stacked, mapped, strict=True), *zip(stacked, shared, strict=True)]:
         for x, y in zip(a.node_stores, b.node_stores, strict=True):
             assert torch.equal(x.n_id, y.n_id)
         for x, y in zip(a.edge_stores, b.edge_stores, strict=True):
@@ -921,7 +924,11 @@ def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
         assert torch.equal(known, known.unique()) and _link_keys(pairs) == keys | true[stage]
         assert isinstance(known, MappedTensor)  # the split's file, shared: not keyed per rank
     seen = set()
-    for batch in dm.train_dataloader():
+    loader = dm.train_dataloader()
+    pairs = loader.loader.input_data  # batches read the split's mapped pairs, not a copy
+    assert isinstance(pairs.row, MappedTensor) and isinstance(pairs.col, MappedTensor)
+    assert torch.equal(torch.stack([pairs.row, pairs.col]), train_index)
+    for batch in loader:
         src, _, dst = RATES
         local = batch[RATES].edge_index
         seen |= _link_keys(torch.stack([batch[src].n_id[local[0]], batch[dst].n_id[local[1]]]))
