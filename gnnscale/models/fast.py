@@ -79,7 +79,9 @@ class SpeedTricks(LayerSpeedTricks):
             to a multiple of this (:func:`target_only`); on Cluster-GCN and GraphSAINT batches,
             the batch's rows (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16
             products on CPU then reuse a few oneDNN primitives instead of building one a batch.
-            It bought less than 3% of s/epoch on any sampler recipe (1024 is the size measured).
+            In bf16 on a CPU it made cluster_gcn's epoch 1.11-1.20x faster and graphsaint's
+            1.08-1.16x; in fp32 it was within 3%, or 5% slower (benchmarks/README.md, ``speed``;
+            1024 is the size measured).
         aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
             features (the same sparse product, which has no parameters) where they are held in
             memory in float32 or float64, reading them in place: only the first layer's
