@@ -27,6 +27,7 @@ from gnnscale import (
     load_dataset,
     make_synthetic_graph,
 )
+from gnnscale.data.datasets import _split_labels
 from gnnscale.data.loaders import RankShare
 from gnnscale.errors import ConfigError, GroupSettingError
 from gnnscale.handshake import BatchRequest
@@ -214,6 +215,28 @@ def test_splits_that_share_nodes_are_refused(monkeypatch):
     _fake(monkeypatch, test_mask=test)
     with pytest.raises(ValueError, match="3 node.s. are in both train_mask and test_mask"):
         _ = FullBatchDataModule().data
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 22])
+def test_labels_and_overlaps_are_read_in_chunks_as_whole(chunk):
+    # A prepared graph's labels and masks are read a chunk of nodes at a time (a copy of the
+    # split nodes' labels and their sort took 3.4 GiB on papers100M's size): the classes and
+    # shared nodes must be those of the whole graph, whatever falls across a chunk's edge.
+    data = make_synthetic_graph(SyntheticGraph(num_nodes=200, avg_degree=4))
+    data.y[data.train_mask.nonzero()[-1]] = 40  # a class on one node only
+    data.y[~(data.train_mask | data.val_mask | data.test_mask)] = 99  # never counted
+    data.test_mask[data.val_mask.nonzero()[::3].view(-1)] = True
+    classes, shared = _split_labels(data, chunk)
+    labelled = data.train_mask | data.val_mask | data.test_mask
+    assert torch.equal(classes, torch.unique(data.y[labelled]))
+    assert 40 in classes.tolist() and 99 not in classes.tolist()
+    want = int((data.val_mask & data.test_mask).sum())
+    assert want > 0
+    assert shared == {
+        ("train_mask", "val_mask"): 0,
+        ("train_mask", "test_mask"): 0,
+        ("val_mask", "test_mask"): want,
+    }
 
 
 def test_empty_validation_split(monkeypatch):

@@ -123,6 +123,27 @@ def test_the_model_is_built_for_the_graph_spec_and_reads_an_older_checkpoints():
 
 
 @requires_sampler
+def test_half_precision_features_enter_autocast_without_a_float32_copy():
+    # A store's float16 rows: under bf16 autocast the input layer gets them as bf16 (a float32
+    # copy first is a batch's features at twice their stored size, cast again by autocast),
+    # and the output is what the float32 route gives, bit for bit.
+    dm = _dm(batch_size=64)
+    model = _model(dm, hidden_channels=16, dropout=0.0)
+    batch = next(iter(dm.train_dataloader()))
+    batch["item"].x = batch["item"].x.half()
+    seen = []
+    model.inputs["item"].register_forward_pre_hook(lambda _, args: seen.append(args[0].dtype))
+    with torch.autocast("cpu", torch.bfloat16):
+        out = model._encode(batch)["item"]
+        batch["item"].x = batch["item"].x.float()
+        want = model._encode(batch)["item"]
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    model._encode(batch)  # without autocast: the parameters' dtype
+    assert seen[-1] == torch.float32
+
+
+@requires_sampler
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
 def test_layers_on_the_rows_read_next_give_the_seeds_what_every_row_gives(num_layers):
     dm = _dm(batch_size=64, num_neighbors=[5, 3, 2][:num_layers])

@@ -451,6 +451,15 @@ def padded_forward(
     return gnn.lin(x) if hasattr(gnn, "lin") else x
 
 
+def product_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:
+    """The dtype a matrix product on ``device`` runs in: autocast's if it is on, else ``default``.
+
+    An input cast to it once is one that autocast leaves as it is.
+    """
+    on = torch.is_autocast_enabled(device.type)
+    return torch.get_autocast_dtype(device.type) if on else default
+
+
 def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tensor:
     """A ``SAGEConv`` given its aggregate: ``lin_l(x_aggr) + lin_r(x)`` as one matrix product.
 
@@ -458,8 +467,7 @@ def _sage_on_aggregated(conv: Any, x_aggr: Tensor, x: Tensor, rows: int) -> Tens
     zeros, as :func:`pad_rows`), in the product's dtype (bfloat16 under autocast: the copy is
     the cast autocast would make), against the two weights side by side.
     """
-    device = x.device.type
-    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+    dtype = product_dtype(x.device, x.dtype)
     width = x_aggr.size(1)
     inputs = torch.empty((rows, width + x.size(1)), dtype=dtype, device=x.device)
     inputs[: x.size(0), :width] = x_aggr

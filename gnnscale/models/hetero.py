@@ -17,6 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.embedding import HostEmbedding
+from gnnscale.models.fast import product_dtype
 
 
 class _SAGE(nn.Module):
@@ -132,10 +133,12 @@ class HeteroGNN(L.LightningModule):
         Every node's; given ``seeds``, of each type's first ``seeds`` rows only, each layer
         computing only the rows the next one reads (:func:`target_only`).
         """
-        x = {}
+        # Under autocast, features go to its dtype at once: float16 or bfloat16 rows (a
+        # store's) make no float32 copy for the input layer to cast again; the same values.
+        x, dtype = {}, product_dtype(self.device, cast(torch.dtype, self.dtype))
         for t in batch.node_types:
             if t in self.inputs:
-                x[t] = self.inputs[t](batch[t].x.to(self.dtype))
+                x[t] = self.inputs[t](batch[t].x.to(dtype))
             else:
                 table = cast(nn.Embedding, self.tables[t])
                 ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
