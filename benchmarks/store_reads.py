@@ -295,7 +295,6 @@ def measure(size: str, workdir: Path) -> dict:
     for i, (label, flags) in enumerate(runs.items()):
         probe()
         r["fits"][label] = fit(folder, workdir, f"run{i}", *flags)
-    probe()
     for mode, label in PYG_LABELS.items():
         probe()
         r["fits"][label] = pyg_loop(folder, mode)
