@@ -817,6 +817,41 @@ def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp
         HeteroNeighborDataModule("prepared", tmp_path / "store", target_type="user").prepare_data()
 
 
+def test_a_heterogeneous_folders_target_labels_are_checked_as_a_graph_in_memory(tmp_path):
+    """The target type's split labels are held to what a homogeneous graph's are: an unlabelled
+    node (-1) in a split trained until cross-entropy raised mid-epoch; one class trained a
+    one-output classifier; a stray label built a model with 200,000 outputs."""
+    from test_hetero import TINY as RECOMMENDER
+
+    folder = stores.save_npy(HeteroNeighborDataModule(synthetic=RECOMMENDER).data, tmp_path / "npy")
+    labels = folder / "nodes" / "item" / "y.npy"
+    y, train = np.load(labels), np.load(folder / "nodes" / "item" / "train.npy")
+    subject = r"--data\.dataset 'prepared' \(--data\.target_type 'item'\)"
+
+    def refused(name, labelled, match):
+        np.save(labels, labelled)
+        out = stores.prepare_npy(folder, tmp_path / name)
+        with pytest.raises(ConfigError, match=match):
+            HeteroNeighborDataModule("prepared", out).prepare_data()
+
+    unlabelled = y.copy()
+    unlabelled[train[3]] = -1
+    refused("unlabelled", unlabelled, f"labels out of range in {subject}: found -1 among split")
+    refused("one_class", np.full_like(y, 1), rf"{subject} has one class \(1\) among its split")
+    stray = y.copy()
+    stray[train[0]] = 200_000
+    refused("stray", stray, f"labels of {subject} are not 0..num_classes-1: the largest is 200000")
+    test = folder / "nodes" / "item" / "test.npy"
+    dropped, kept = np.split(np.load(test), [5])
+    np.save(test, kept)  # five nodes in no split, which may hold anything
+    outside = y.copy()
+    outside[dropped] = -1
+    np.save(labels, outside)
+    dm = HeteroNeighborDataModule("prepared", stores.prepare_npy(folder, tmp_path / "good"))
+    dm.prepare_data()
+    assert dm.num_classes == int(y.max()) + 1
+
+
 @requires_sampler
 def test_the_heterogeneous_datamodules_feature_cache_changes_no_batch(tmp_path):
     """With a cache, a training epoch's batches are those without one (the pass that fills it

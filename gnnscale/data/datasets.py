@@ -11,6 +11,7 @@ hold, changes this module only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
 import socket
@@ -198,49 +199,73 @@ def validate_graph(data: Data, dataset: str, features: bool = True, overlaps: bo
                 "tests on it (for a generated graph, raise --data.synthetic.val_fraction, or "
                 "lower train_fraction + val_fraction below 1)"
             )
-    classes, shared = _split_labels(data)
+    masks = {k: data[k] for k in SPLIT_MASKS}
+    return check_labels(data.y, masks, dataset, overlaps=overlaps)
+
+
+def check_labels(
+    y: Tensor,
+    masks: dict[str, Tensor],
+    dataset: str,
+    target_type: str | None = None,
+    overlaps: bool = True,
+) -> int:
+    """Check the labels of the split nodes, and with ``overlaps`` that no node is in two splits.
+
+    Labels must be class ids 0..num_classes-1 with at least two classes among the split nodes
+    (a node outside every split may hold anything, such as -1 for unlabelled). The messages
+    name ``dataset`` and, in a heterogeneous graph, the node type that holds ``y``.
+
+    Returns:
+        The number of classes: the largest split label + 1.
+    """
+    classes, shared = _split_labels(y, masks)
+    of = "" if target_type is None else f" (--data.target_type {target_type!r})"
     low, high = int(classes[0]), int(classes[-1])
     if low < 0:
         raise ConfigError(
-            f"labels out of range in --data.dataset {dataset!r}: found {low} among "
+            f"labels out of range in --data.dataset {dataset!r}{of}: found {low} among "
             "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
         )
     num_classes, present = high + 1, classes.numel()
     if present < 2:
         raise ConfigError(
-            f"--data.dataset {dataset!r} has one class ({high}) among its split nodes: "
+            f"--data.dataset {dataset!r}{of} has one class ({high}) among its split nodes: "
             "classification needs at least two; check y and the split files"
         )
     if present < num_classes / 2:
         raise ConfigError(
-            f"labels of --data.dataset {dataset!r} are not 0..num_classes-1: the largest is "
+            f"labels of --data.dataset {dataset!r}{of} are not 0..num_classes-1: the largest is "
             f"{num_classes - 1} but only {present} distinct classes occur, so the model would "
             f"have {num_classes} outputs; remap them (torch.unique(y, return_inverse=True))"
         )
     for (a, b), count in shared.items() if overlaps else ():
         if count:
             raise ConfigError(
-                f"--data.dataset {dataset!r}: {count:,} node(s) are in both {a} and {b}; a node "
-                "belongs to one split: remove it from one"
+                f"--data.dataset {dataset!r}{of}: {count:,} node(s) are in both {a} and {b}; "
+                "a node belongs to one split: remove it from one"
             )
     return num_classes
 
 
-def _split_labels(data: Data, chunk: int = 1 << 22) -> tuple[Tensor, dict[tuple[str, str], int]]:
+def _split_labels(
+    y: Tensor, masks: dict[str, Tensor], chunk: int = 1 << 22
+) -> tuple[Tensor, dict[tuple[str, str], int]]:
     """The distinct labels of the split nodes (sorted), and the nodes each two splits share.
 
     Read ``chunk`` nodes at a time: a prepared graph's labels and masks are mapped files, and
     its splits may hold most of its nodes (on the papers100M-sized graph, a copy of the split
     nodes' labels and their sort took 3.4 GiB).
     """
-    classes = data.y.new_empty(0)
-    pairs = list(itertools.combinations(SPLIT_MASKS, 2))
+    classes = y.new_empty(0)
+    pairs = list(itertools.combinations(masks, 2))
     shared = dict.fromkeys(pairs, 0)
-    for start in range(0, data.y.size(0), chunk):
-        masks = {k: data[k][start : start + chunk] for k in SPLIT_MASKS}
-        labelled = masks["train_mask"] | masks["val_mask"] | masks["test_mask"]
-        y = data.y[start : start + chunk][labelled]
-        classes = torch.unique(torch.cat([classes, torch.unique(y)]))
+    for start in range(0, y.size(0), chunk):
+        part = {k: m[start : start + chunk] for k, m in masks.items()}
+        labelled = functools.reduce(torch.logical_or, part.values())
+        classes = torch.unique(
+            torch.cat([classes, torch.unique(y[start : start + chunk][labelled])])
+        )
         for a, b in pairs:
-            shared[a, b] += int((masks[a] & masks[b]).sum())
+            shared[a, b] += int((part[a] & part[b]).sum())
     return classes, shared

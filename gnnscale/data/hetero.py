@@ -32,7 +32,7 @@ from gnnscale.data.args import (
     check_dataset,
     check_positive,
 )
-from gnnscale.data.datasets import check_root
+from gnnscale.data.datasets import SPLIT_MASKS, check_labels, check_root
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import GraphSource, check_cache, open_source
@@ -155,7 +155,6 @@ class HeteroGraphData(L.LightningDataModule):
         self.fanout(self.request.num_layers)  # every edge type named, one depth
 
 
-_SPLITS = ("train_mask", "val_mask", "test_mask")
 _LABELLED = {"synthetic": "item", "DBLP": "author", "IMDB": "movie"}  # each dataset's labels
 
 
@@ -252,17 +251,20 @@ class HeteroNeighborDataModule(HeteroGraphData):
                 "gnnscale.NeighborDataModule"
             )
         self._check_target(source.metadata[0], source.labelled, source.name)
-        for mask in _SPLITS:
-            if not bool(source.tensor(self.target_type, mask).any()):
-                t = self.target_type
+        t = self.target_type
+        masks = {k: source.tensor(t, k) for k in SPLIT_MASKS}
+        for mask, held in masks.items():
+            if not bool(held.any()):
                 if self.dataset == "synthetic":
                     raise ConfigError(
                         f"the {mask} of --data.target_type {t!r} is empty: give the target type "
                         "more nodes or change --data.split.train_fraction and val_fraction"
                     )
                 raise ConfigError(f"the {mask} of --data.target_type {t!r} is empty")
+        overlaps = "splits disjoint" not in source.checked  # else checked as it was prepared
+        check_labels(source.tensor(t, "y"), masks, self.dataset, t, overlaps)
         fanout = per_edge_type_fanout(self._num_neighbors, self.metadata[1])
-        seeds = {self.target_type: source.tensor(self.target_type, "train_mask").nonzero().view(-1)}
+        seeds = {t: masks["train_mask"].nonzero().view(-1)}
         source.hold(fanout, seeds, self.batch_size, self.feature_cache_gib)
         return source
 
@@ -276,7 +278,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
         if t not in labelled:
             raise ConfigError(
                 f"--data.target_type {t!r} has no labels (y) and split masks ("
-                f"{', '.join(_SPLITS)}) in {name}; node types that have them: "
+                f"{', '.join(SPLIT_MASKS)}) in {name}; node types that have them: "
                 f"{', '.join(labelled) or 'none'}"
             )
 

@@ -90,6 +90,7 @@ class MemorySource:
     features_in_memory = True  # a transform may read feature rows in place
     threads = 1  # threads that gather a batch's rows
     mapped_mb = 0.0  # mapped files, MiB
+    checked: tuple[str, ...] = ()  # what was checked as it was written: nothing
 
     def __init__(self, load: Callable[[], Graph], name: str) -> None:
         self._load, self.name = load, name
@@ -199,6 +200,11 @@ class PreparedSource:
             return []
         return [t for t in counts if all(f"{t}/{k}" in files for k in ("y", *SPLIT_MASKS))]
 
+    @property
+    def checked(self) -> tuple[str, ...]:
+        """What its prepare checked and recorded (``gnnscale.stores.manifest.CHECKS``)."""
+        return tuple(self.manifest.get("checked", ()))
+
     @cached_property
     def graph(self) -> PreparedGraph:
         """The mapped folder, its files checked as ``verify`` says."""
@@ -232,7 +238,7 @@ class PreparedSource:
                 "and train, val and test splits; prepare it with y.npy and train.npy, val.npy, "
                 "test.npy (node ids) beside x.npy (docs/stores.md)"
             )
-        data, checked = self.graph.data, self.manifest.get("checked", ())
+        data, checked = self.graph.data, self.checked
         if "features finite" not in checked:
             rank_zero_warn(
                 f"gnnscale: {self.root} was prepared without checking its features for NaN or "
