@@ -79,8 +79,9 @@ def steady_cpu_memory() -> None:
       8 in both, a few MB: 300 products of new shapes grew the process by 171 MiB with neither
       set, 86-96 with one, 9 with both; hetero_node_classification stayed flat over 4 epochs
       where it grew 35 MB per epoch. GraphSAINT and Cluster-GCN epochs took as long with both
-      at 8, 64 or 1024 (within noise; peaks 350-400 MiB lower at 8); a neighbour step with rows
-      as sampled pays a primitive build per batch, which ``--model.speed.bucket_rows=1024`` avoids.
+      at 8, 64 or 1024 (within noise; peaks 350-400 MiB lower at 8); a step with rows as
+      sampled pays a primitive build per batch, which rows rounded up avoid (``--model.speed.
+      bucket_rows``: by default on Cluster-GCN and GraphSAINT batches).
       Both are read at the first bf16 product, so this runs before any.
 
     Settings the user made in the environment win (``ONEDNN_PRIMITIVE_CACHE_CAPACITY``,

@@ -396,7 +396,7 @@ def _switched(model: str, name: str, multiple: int) -> LayerSpeedTricks:
     turned = {"target_only_layers": False, "cpu_dropout": False}
     if group is SpeedTricks:
         turned |= {"sparse_aggregation": False, "aggregate_in_loader": False}
-        turned["bucket_rows"] = multiple  # opt-in: on
+        turned["bucket_rows"] = multiple  # on (auto: off on an fp32 neighbour batch)
     return group(**(turned if name == "all" else {name: turned[name]}))
 
 
@@ -627,6 +627,35 @@ def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, d
     for padded, sampled in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(padded, sampled, rtol=1e-4, atol=1e-6)
     assert (results[0][2].numel() > 0) == (norm is not None)  # running averages compared
+
+
+@requires_torch_sparse
+def test_auto_bucket_rows_pad_subgraph_batches_in_bf16_on_a_cpu_only(tmp_path):
+    """``bucket_rows: auto``, the default, rounds a Cluster-GCN batch's rows up to 1,024s where
+    its products run in bf16 on a CPU, where it paid; in fp32, and on a neighbour batch in
+    bf16, the rows are as sampled."""
+    from gnnscale.data.layout import aggregate_first_layer
+
+    dm = DATAMODULES["cluster"][0](tmp_path)
+    dm.setup("fit")
+    subgraph = next(iter(dm.train_dataloader()))
+    neighbours = _neighbour_batch(tmp_path / "neighbours")
+    neighbours = aggregate_first_layer(neighbours, "mean")  # as GraphSAGE's loader hands it over
+    model = GraphSAGE(TINY.num_features, 5, num_layers=3).eval()
+    assert model.hparams.speed.bucket_rows == "auto"
+    rows = _path(model)
+
+    def computed(batch, bf16: bool) -> list[int]:
+        rows.clear()
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            model(batch.x, batch.edge_index, batch.layout)
+        return [r for r, _ in rows]
+
+    n, padded = subgraph.num_nodes, fast.BUCKET_ROWS * -(-subgraph.num_nodes // fast.BUCKET_ROWS)
+    assert padded > n
+    assert computed(subgraph, bf16=False) == [n] * 3
+    assert computed(subgraph, bf16=True) == [padded] * 3
+    assert computed(neighbours, bf16=True) == computed(neighbours, bf16=False)
 
 
 @requires_sampler

@@ -10,13 +10,13 @@ aggregated in the loader (``gnnscale.data.layout.aggregate_first_layer``).
 Each earns its place at the epoch level: ``python benchmarks/figures.py speed`` measures every
 one switched in turn on the sampler recipes (benchmarks/README.md). Tricks that bought less
 than 3% there are gone (the backward from the adjacency's transpose, the in-place gradient of
-the targets' rows) or opt-in (``bucket_rows``).
+the targets' rows) or apply only where they paid (``bucket_rows: auto``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -75,13 +75,15 @@ class SpeedTricks(LayerSpeedTricks):
             scatters) and in layer-wise evaluation (1.04x neighbor_sage's, 1.74x cluster_gcn's,
             1.73x graphsaint's s/epoch without it). An ``aggr`` other than mean, max, min or
             sum always scatters.
-        bucket_rows: Opt-in (0: off). On neighbour batches, round each hidden layer's rows up
-            to a multiple of this (:func:`target_only`); on Cluster-GCN and GraphSAINT batches,
-            the batch's rows (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16
-            products on CPU then reuse a few oneDNN primitives instead of building one a batch.
-            In bf16 on a CPU it made cluster_gcn's epoch 1.11-1.20x faster and graphsaint's
-            1.08-1.16x; in fp32 it was within 3%, or 5% slower (benchmarks/README.md, ``speed``;
-            1024 is the size measured).
+        bucket_rows: Round rows up to a multiple of this (0: off): on neighbour batches each
+            hidden layer's (:func:`target_only`), on Cluster-GCN and GraphSAINT batches the
+            batch's (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16 products
+            on CPU then reuse a few oneDNN primitives instead of building one a batch. ``auto``
+            (the default): 1024 on Cluster-GCN and GraphSAINT batches whose products run in
+            bf16 on a CPU, else off (:func:`bucket_size`). There it made cluster_gcn's epoch
+            1.11-1.23x faster and graphsaint's 1.06-1.16x; neighbor_sage's within 3%; in fp32
+            it was within 3% or 5% slower (benchmarks/README.md, ``speed``; 1024 is the size
+            measured).
         aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
             features (the same sparse product, which has no parameters) where they are held in
             memory in float32 or float64, reading them in place: only the first layer's
@@ -93,12 +95,12 @@ class SpeedTricks(LayerSpeedTricks):
     """
 
     sparse_aggregation: bool = True
-    bucket_rows: int = 0
+    bucket_rows: int | Literal["auto"] = "auto"
     aggregate_in_loader: bool = True
 
     def __post_init__(self) -> None:
         """Refuse a negative row multiple."""
-        if self.bucket_rows < 0:
+        if self.bucket_rows != "auto" and self.bucket_rows < 0:
             raise ConfigError(f"--model.speed.bucket_rows must be >= 0 (got {self.bucket_rows})")
 
 
@@ -449,6 +451,22 @@ def padded_forward(
     if hasattr(gnn, "jk"):  # PyG's "last" needs none
         x = gnn.jk(xs)
     return gnn.lin(x) if hasattr(gnn, "lin") else x
+
+
+BUCKET_ROWS = 1024  # ``bucket_rows: auto``'s multiple, where it applies: the size measured
+
+
+def bucket_size(setting: int | Literal["auto"], device: torch.device, subgraph: bool) -> int:
+    """The row multiple of a batch (``subgraph``: Cluster-GCN's or GraphSAINT's): ``setting``.
+
+    ``auto``: :data:`BUCKET_ROWS` on a subgraph batch whose products run in bf16 on a CPU
+    (autocast); 0 on neighbour batches (within 3% either way), in fp32 (within 3%, or 5%
+    slower) and on a GPU (not measured).
+    """
+    if setting != "auto":
+        return setting
+    bf16 = product_dtype(device, torch.float32) == torch.bfloat16
+    return BUCKET_ROWS if subgraph and device.type == "cpu" and bf16 else 0
 
 
 def product_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -81,7 +81,7 @@ class NodeClassifier(L.LightningModule):
     target_only_layers = False
     target_only_in_eval = True
     sparse_aggregation = False
-    bucket_rows = 0
+    bucket_rows: int | Literal["auto"] = 0
     # The first layer's neighbour reduction, if the loader may compute it on the raw features;
     # None: the model aggregates every layer itself.
     first_layer_aggr: str | None = None
@@ -146,11 +146,12 @@ class NodeClassifier(L.LightningModule):
                 layout,
                 target_only_layers=self.target_only_layers or rowwise,
                 sparse_aggregation=self.sparse_aggregation,
-                bucket_rows=self.bucket_rows,
+                bucket_rows=fast.bucket_size(self.bucket_rows, x.device, subgraph=False),
                 edge_attr=edge_attr,
             )
         if isinstance(layout, SubgraphLayout) and self.sparse_aggregation:
-            return fast.subgraph_forward(self.gnn, x, edge_index, layout, self.bucket_rows)
+            rows = fast.bucket_size(self.bucket_rows, x.device, subgraph=True)
+            return fast.subgraph_forward(self.gnn, x, edge_index, layout, rows)
         return self.gnn(x, edge_index, edge_attr=edge_attr)
 
     def _edges(self, batch: Data) -> Tensor | None:
@@ -242,10 +243,10 @@ class GraphSAGE(NodeClassifier):
         norm: Normalisation between layers (``batch_norm``, ``layer_norm``, ...) or none.
         aggr: Neighbourhood aggregation: ``mean``, ``max``, ``sum``.
         speed: The speed tricks, each a switch (:class:`~gnnscale.models.fast.SpeedTricks`):
-            ``--model.init_args.speed.cpu_dropout=false`` runs without one. All on but
-            ``bucket_rows``; a trick this model's settings cannot take (target-only layers and
-            the loader's aggregation with a ``norm``, sparse aggregation with another ``aggr``)
-            is off.
+            ``--model.init_args.speed.cpu_dropout=false`` runs without one. All on
+            (``bucket_rows`` where it paid: ``auto``); a trick this model's settings cannot
+            take (target-only layers and the loader's aggregation with a ``norm``, sparse
+            aggregation with another ``aggr``) is off.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
         lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
