@@ -27,10 +27,11 @@ from gnnscale import (
     load_dataset,
     make_synthetic_graph,
 )
-from gnnscale.data.datasets import SPLIT_MASKS, _split_labels
+from gnnscale.data.datasets import SPLIT_MASKS
 from gnnscale.data.loaders import RankShare
 from gnnscale.errors import ConfigError, GroupSettingError
 from gnnscale.handshake import BatchRequest
+from gnnscale.stores.manifest import split_labels
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
@@ -226,7 +227,7 @@ def test_labels_and_overlaps_are_read_in_chunks_as_whole(chunk):
     data.y[data.train_mask.nonzero()[-1]] = 40  # a class on one node only
     data.y[~(data.train_mask | data.val_mask | data.test_mask)] = 99  # never counted
     data.test_mask[data.val_mask.nonzero()[::3].view(-1)] = True
-    classes, shared = _split_labels(data.y, {k: data[k] for k in SPLIT_MASKS}, chunk)
+    classes, shared = split_labels(data.y, {k: data[k] for k in SPLIT_MASKS}, chunk)
     labelled = data.train_mask | data.val_mask | data.test_mask
     assert torch.equal(classes, torch.unique(data.y[labelled]))
     assert 40 in classes.tolist() and 99 not in classes.tolist()

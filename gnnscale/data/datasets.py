@@ -11,8 +11,6 @@ hold, changes this module only.
 from __future__ import annotations
 
 import contextlib
-import functools
-import itertools
 import os
 import socket
 import urllib.error
@@ -26,6 +24,7 @@ from torch_geometric.data import Data
 from gnnscale.data.synthetic import SyntheticGraph, make_synthetic_graph
 from gnnscale.errors import ConfigError, cause
 from gnnscale.memory import check_fits, graph_nbytes
+from gnnscale.stores.manifest import split_labels
 from gnnscale.stores.ogb import OGB
 from gnnscale.stores.prepared import PreparedGraph
 
@@ -160,10 +159,17 @@ def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None)
     raise ConfigError(f"--data.dataset {name!r} is not known; choose one of {', '.join(DATASETS)}")
 
 
-def validate_graph(data: Data, dataset: str, features: bool = True, overlaps: bool = True) -> int:
+def validate_graph(
+    data: Data,
+    dataset: str,
+    features: bool = True,
+    overlaps: bool = True,
+    counted: list[int] | None = None,
+) -> int:
     """Check splits and labels; with ``features``, every feature; with ``overlaps``, the splits.
 
-    Features must be finite; no node may be in two splits.
+    Features must be finite; no node may be in two splits. ``counted``: the split labels as a
+    prepare recorded them (:func:`check_labels`).
 
     Returns:
         The number of classes.
@@ -200,7 +206,7 @@ def validate_graph(data: Data, dataset: str, features: bool = True, overlaps: bo
                 "lower train_fraction + val_fraction below 1)"
             )
     masks = {k: data[k] for k in SPLIT_MASKS}
-    return check_labels(data.y, masks, dataset, overlaps=overlaps)
+    return check_labels(data.y, masks, dataset, overlaps=overlaps, counted=counted)
 
 
 def check_labels(
@@ -209,6 +215,7 @@ def check_labels(
     dataset: str,
     target_type: str | None = None,
     overlaps: bool = True,
+    counted: list[int] | None = None,
 ) -> int:
     """Check the labels of the split nodes, and with ``overlaps`` that no node is in two splits.
 
@@ -216,18 +223,26 @@ def check_labels(
     (a node outside every split may hold anything, such as -1 for unlabelled). The messages
     name ``dataset`` and, in a heterogeneous graph, the node type that holds ``y``.
 
+    ``counted``: the split labels' lowest, highest and number of distinct values, as a prepare
+    recorded them (``split_labels`` in its manifest): checked without reading ``y``, unless
+    ``overlaps`` needs the masks read anyway.
+
     Returns:
         The number of classes: the largest split label + 1.
     """
-    classes, shared = _split_labels(y, masks)
+    shared: dict[tuple[str, str], int] = {}
+    if counted and not overlaps:
+        low, high, present = counted
+    else:
+        classes, shared = split_labels(y, masks)
+        low, high, present = int(classes[0]), int(classes[-1]), classes.numel()
     of = "" if target_type is None else f" (--data.target_type {target_type!r})"
-    low, high = int(classes[0]), int(classes[-1])
     if low < 0:
         raise ConfigError(
             f"labels out of range in --data.dataset {dataset!r}{of}: found {low} among "
             "split nodes; class ids must be 0..num_classes-1 (leave unlabelled nodes out of masks)"
         )
-    num_classes, present = high + 1, classes.numel()
+    num_classes = high + 1
     if present < 2:
         raise ConfigError(
             f"--data.dataset {dataset!r}{of} has one class ({high}) among its split nodes: "
@@ -246,26 +261,3 @@ def check_labels(
                 "a node belongs to one split: remove it from one"
             )
     return num_classes
-
-
-def _split_labels(
-    y: Tensor, masks: dict[str, Tensor], chunk: int = 1 << 22
-) -> tuple[Tensor, dict[tuple[str, str], int]]:
-    """The distinct labels of the split nodes (sorted), and the nodes each two splits share.
-
-    Read ``chunk`` nodes at a time: a prepared graph's labels and masks are mapped files, and
-    its splits may hold most of its nodes (on the papers100M-sized graph, a copy of the split
-    nodes' labels and their sort took 3.4 GiB).
-    """
-    classes = y.new_empty(0)
-    pairs = list(itertools.combinations(masks, 2))
-    shared = dict.fromkeys(pairs, 0)
-    for start in range(0, y.size(0), chunk):
-        part = {k: m[start : start + chunk] for k, m in masks.items()}
-        labelled = functools.reduce(torch.logical_or, part.values())
-        classes = torch.unique(
-            torch.cat([classes, torch.unique(y[start : start + chunk][labelled])])
-        )
-        for a, b in pairs:
-            shared[a, b] += int((part[a] & part[b]).sum())
-    return classes, shared

@@ -262,7 +262,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
                     )
                 raise ConfigError(f"the {mask} of --data.target_type {t!r} is empty")
         overlaps = "splits disjoint" not in source.checked  # else checked as it was prepared
-        check_labels(source.tensor(t, "y"), masks, self.dataset, t, overlaps)
+        counted = source.split_labels(t)
+        check_labels(source.tensor(t, "y"), masks, self.dataset, t, overlaps, counted)
         fanout = per_edge_type_fanout(self._num_neighbors, self.metadata[1])
         seeds = {t: masks["train_mask"].nonzero().view(-1)}
         source.hold(fanout, seeds, self.batch_size, self.feature_cache_gib)

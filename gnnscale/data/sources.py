@@ -166,6 +166,10 @@ class MemorySource:
         data = self.data
         return int(data.y[data.train_mask | data.val_mask | data.test_mask].max()) + 1
 
+    def split_labels(self, node_type: str | None = None) -> list[int] | None:
+        """None: a graph in memory has no record; its labels are read to be checked."""
+        return None
+
     def hold(self, *args: Any, **kwargs: Any) -> None:
         """No cache: every feature is in memory already (``check_cache`` refuses a size)."""
 
@@ -205,6 +209,13 @@ class PreparedSource:
         """What its prepare checked and recorded (``gnnscale.stores.manifest.CHECKS``)."""
         return tuple(self.manifest.get("checked", ()))
 
+    def split_labels(self, node_type: str | None = None) -> list[int] | None:
+        """A node type's split labels as its prepare counted them: lowest, highest, distinct.
+
+        None from a folder without the record (an older gnnscale's): the labels are read.
+        """
+        return self.manifest.get("split_labels", {}).get(node_type or "")
+
     @cached_property
     def graph(self) -> PreparedGraph:
         """The mapped folder, its files checked as ``verify`` says."""
@@ -228,7 +239,8 @@ class PreparedSource:
 
         Its splits and labels checked as a graph in memory is (:func:`validate_graph`), but
         for what its prepare checked and recorded (``checked`` in the manifest): its features
-        (a check would read them whole; a folder without the record says so), the overlaps.
+        (a check would read them whole; a folder without the record says so), the overlaps;
+        its split labels from their counts (``split_labels``), without reading ``y``.
         """
         if self.hetero:
             raise RuntimeError("a heterogeneous prepared graph is read through its stores")
@@ -244,7 +256,8 @@ class PreparedSource:
                 f"gnnscale: {self.root} was prepared without checking its features for NaN or "
                 "infinite values (by an older gnnscale); prepare it again to have them checked"
             )
-        validate_graph(data, "prepared", features=False, overlaps="splits disjoint" not in checked)
+        overlaps, counted = "splits disjoint" not in checked, self.split_labels()
+        validate_graph(data, "prepared", features=False, overlaps=overlaps, counted=counted)
         return data
 
     def loader_input(self, data: Graph | None = None) -> Stores:
