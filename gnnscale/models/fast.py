@@ -81,9 +81,9 @@ class SpeedTricks(LayerSpeedTricks):
             on CPU then reuse a few oneDNN primitives instead of building one a batch. ``auto``
             (the default): 1024 on Cluster-GCN and GraphSAINT batches whose products run in
             bf16 on a CPU, else off (:func:`bucket_size`). There it made cluster_gcn's epoch
-            1.11-1.23x faster and graphsaint's 1.06-1.16x; neighbor_sage's within 3%; in fp32
-            it was within 3% or 5% slower (benchmarks/README.md, ``speed``; 1024 is the size
-            measured).
+            1.11-1.28x faster and graphsaint's 1.02-1.16x over five runs; neighbor_sage's
+            within 3% twice, then 1.04-1.10x (still opt-in there); in fp32 it was within 3% or
+            5% slower (benchmarks/README.md, ``speed``; 1024 is the size measured).
         aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
             features (the same sparse product, which has no parameters) where they are held in
             memory in float32 or float64, reading them in place: only the first layer's
@@ -460,8 +460,8 @@ def bucket_size(setting: int | Literal["auto"], device: torch.device, subgraph: 
     """The row multiple of a batch (``subgraph``: Cluster-GCN's or GraphSAINT's): ``setting``.
 
     ``auto``: :data:`BUCKET_ROWS` on a subgraph batch whose products run in bf16 on a CPU
-    (autocast); 0 on neighbour batches (within 3% either way), in fp32 (within 3%, or 5%
-    slower) and on a GPU (not measured).
+    (autocast); 0 on neighbour batches (not yet shown to pay: :class:`SpeedTricks`), in fp32
+    (within 3%, or 5% slower) and on a GPU (not measured).
     """
     if setting != "auto":
         return setting
