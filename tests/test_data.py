@@ -17,6 +17,7 @@ from gnnscale import (
     GATv2,
     GraphSAGE,
     HeteroNeighborDataModule,
+    LinkDataModule,
     LoaderArgs,
     NeighborDataModule,
     NodeSplit,
@@ -143,12 +144,31 @@ def test_an_ogb_graph_read_only_from_disk_is_refused_with_its_prepare_command(da
         HeteroNeighborDataModule(dataset=dataset)
 
 
-def test_missing_root(tmp_path):
+ON_BUILD = {  # each kind of DataModule, built on a root: a dataset in memory, a prepared folder
+    "node": lambda dataset, root: NeighborDataModule(dataset, root),
+    "full graph": lambda dataset, root: FullBatchDataModule(dataset, root),
+    "hetero": lambda dataset, root: HeteroNeighborDataModule(
+        "DBLP" if dataset == "Cora" else dataset, root
+    ),
+    "link": lambda dataset, root: LinkDataModule(dataset, root, edge_type=["n", "to", "n"]),
+}
+
+
+@pytest.mark.parametrize("kind", ON_BUILD)
+def test_a_root_that_cannot_serve_is_refused_when_the_datamodule_is_built(tmp_path, kind):
+    # Refused by opening the source, before any load or download: a graph in memory whose
+    # root is missing or a file, a prepared folder without its manifest (the hetero one
+    # checked a PyG dataset's root only when it loaded it).
+    build = ON_BUILD[kind]
+    if kind != "full graph":  # it cannot read a prepared folder, and says so first
+        (tmp_path / "empty").mkdir()
+        with pytest.raises(ConfigError, match=r"manifest\.json is missing: .*`gnnscale prepare"):
+            build("prepared", tmp_path / "empty")
     with pytest.raises(ValueError, match="--data.root .* does not exist.*mkdir -p"):
-        FullBatchDataModule("Cora", tmp_path / "nowhere")
+        build("Cora", tmp_path / "nowhere")
     (tmp_path / "file").write_text("")
     with pytest.raises(ValueError, match="is not a folder"):
-        FullBatchDataModule("Cora", tmp_path / "file")
+        build("Cora", tmp_path / "file")
 
 
 @pytest.mark.parametrize(

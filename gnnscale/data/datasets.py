@@ -26,7 +26,6 @@ from gnnscale.errors import ConfigError, cause
 from gnnscale.memory import check_fits, graph_nbytes
 from gnnscale.stores.manifest import split_labels
 from gnnscale.stores.ogb import OGB
-from gnnscale.stores.prepared import PreparedGraph
 
 DATASETS = (
     "synthetic",
@@ -55,12 +54,13 @@ SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")  # every graph's three spl
 
 
 def check_root(dataset: str, root: Path, flag: str = "--data.root") -> None:
-    """Refuse a ``--data.root`` (``flag``) that cannot hold or does not hold ``dataset``."""
+    """Refuse a ``--data.root`` (``flag``) that cannot hold or does not hold ``dataset``.
+
+    A graph loaded into memory; a prepared folder's root is checked by opening it
+    (``gnnscale.data.sources.open_source``).
+    """
     if dataset == "synthetic":
         return  # the root only holds caches, created on first use
-    if dataset == "prepared":
-        PreparedGraph.read_manifest(root)  # a clear error now if it is not a prepared folder
-        return
     if not root.is_dir():
         raise ConfigError(
             f"{flag} {str(root)!r} does not exist or is not a folder: create it "
@@ -125,14 +125,12 @@ def load_dataset(name: str, root: Path, synthetic: SyntheticGraph | None = None)
     """Load a node-classification graph by name, downloading into ``root`` if needed.
 
     Args:
-        name: One of :data:`DATASETS`.
+        name: One of :data:`DATASETS` but ``prepared`` (mapped: ``gnnscale.data.sources``).
         root: Folder of the dataset files (Planetoid reads ``root/<name>/raw`` without network).
         synthetic: Settings of the generated graph when ``name == "synthetic"``.
     """
     if name == "synthetic":
         return make_synthetic_graph(synthetic or SyntheticGraph())
-    if name == "prepared":
-        return PreparedGraph(root).data
     if name in ("Cora", "CiteSeer", "PubMed"):
         from torch_geometric.datasets import Planetoid
 

@@ -32,7 +32,7 @@ from gnnscale.data.args import (
     check_dataset,
     check_positive,
 )
-from gnnscale.data.datasets import SPLIT_MASKS, check_labels, check_root
+from gnnscale.data.datasets import SPLIT_MASKS, check_labels
 from gnnscale.data.loaders import rank_share, resumable
 from gnnscale.data.resume import ResumableLoader, SeededSampling
 from gnnscale.data.sources import GraphSource, check_cache, open_source
@@ -303,7 +303,6 @@ class HeteroNeighborDataModule(HeteroGraphData):
         else:  # PyG's, with their public splits
             from torch_geometric import datasets
 
-            check_root(self.dataset, self.root)
             data = getattr(datasets, self.dataset)(str(self.root / self.dataset))[0]
         return data
 

@@ -40,7 +40,7 @@ from torch_geometric.typing import EdgeType
 
 from gnnscale.batch import LinkEval, supervise
 from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
-from gnnscale.data.datasets import DATASETS, check_root, load_dataset
+from gnnscale.data.datasets import DATASETS, load_dataset
 from gnnscale.data.hetero import HeteroGraphData, edge_key
 from gnnscale.data.link_graphs import STAGES, Links, LinkSplit, LinkTask, open_links, popularity
 from gnnscale.data.loaders import rank_own, resumable
@@ -190,7 +190,6 @@ class LinkDataModule(HeteroGraphData):
                 "--data.dataset prepared use --data.neighbors uniform",
             ),
         )
-        check_root(dataset, Path(root))
         self.dataset, self.root = dataset, Path(root)
         self._opened = open_source(dataset, self.root, self._load, verify, read_threads)
         self._edge_type = edge_type

@@ -68,7 +68,7 @@ class NeighborDataModule(NodeDataModule):
         read_threads: int | None = None,
         feature_cache_gib: float = 0.0,
     ) -> None:
-        super().__init__(dataset, root, synthetic, preprocess, loader, eval)
+        super().__init__(dataset, root, synthetic, preprocess, loader, eval, verify, read_threads)
         check_positive(batch_size=batch_size, read_threads=read_threads)
         check_cache(feature_cache_gib, dataset)
         self.feature_cache_gib = feature_cache_gib
@@ -79,7 +79,6 @@ class NeighborDataModule(NodeDataModule):
             )
         self.num_neighbors = list(num_neighbors)
         self.batch_size = batch_size
-        self.verify, self.read_threads = verify, read_threads
 
     def configure_batches(self, request: BatchRequest) -> None:
         """As the base's, and refuse a depth that differs from ``num_neighbors``' length.

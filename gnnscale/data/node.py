@@ -41,7 +41,7 @@ from gnnscale.data.args import (
     Preprocess,
     check_dataset,
 )
-from gnnscale.data.datasets import DATASETS, check_root, load_dataset, validate_graph
+from gnnscale.data.datasets import DATASETS, load_dataset, validate_graph
 from gnnscale.data.layout import hop_layout, subgraph_layout
 from gnnscale.data.loaders import rank_block, rank_own, rank_share, resumable, single
 from gnnscale.data.resume import ResumableLoader, SeededSampling
@@ -60,8 +60,6 @@ class NodeDataModule(L.LightningDataModule):
 
     # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
     _not_on_disk: str | None = "it needs the whole graph in memory"
-    verify: Literal["full", "size"] = "full"
-    read_threads: int | None = None
     feature_cache_gib = 0.0  # feature rows held in memory (NeighborDataModule)
     # What the model asked batches to carry (``configure_batches``); until then, nothing extra.
     request: BatchRequest = BatchRequest()
@@ -74,6 +72,8 @@ class NodeDataModule(L.LightningDataModule):
         preprocess: Preprocess,
         loader: LoaderArgs,
         eval: EvalArgs,
+        verify: Literal["full", "size"] = "full",
+        read_threads: int | None = None,
     ) -> None:
         super().__init__()
         check_dataset(dataset, DATASETS)
@@ -98,9 +98,10 @@ class NodeDataModule(L.LightningDataModule):
                 "(or layerwise: exact, every node's activations in memory)",
             ),
         )
-        check_root(dataset, Path(root))  # after the checks of the settings alone
-        self.dataset = dataset
-        self.root = Path(root)
+        self.dataset, self.root = dataset, Path(root)
+        self.verify, self.read_threads = verify, read_threads
+        # After the checks of the settings alone: a root that cannot serve is refused now.
+        self._opened = open_source(dataset, self.root, self._load, verify, read_threads)
         self.synthetic = synthetic
         self.preprocess = preprocess
         self.loader = loader
@@ -119,7 +120,7 @@ class NodeDataModule(L.LightningDataModule):
         A prepared folder's feature cache (``feature_cache_gib``) is filled here, before any
         loader's workers start (forked, they share it).
         """
-        source = open_source(self.dataset, self.root, self._load, self.verify, self.read_threads)
+        source = self._opened
         if self.feature_cache_gib:
             seeds = source.data.train_mask.nonzero().view(-1)
             fanout, size = self._train_fanout(), self._train_batch_size()

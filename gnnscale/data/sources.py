@@ -28,7 +28,7 @@ from torch import Tensor
 from torch_geometric.data import Data, HeteroData
 from torch_geometric.typing import EdgeType
 
-from gnnscale.data.datasets import SPLIT_MASKS, validate_graph
+from gnnscale.data.datasets import SPLIT_MASKS, check_root, validate_graph
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MiB, store_tensors, tensor_mb
 from gnnscale.sampler import HopSampler
@@ -360,7 +360,12 @@ def open_source(
     verify: Literal["full", "size"] = "full",
     read_threads: int | None = None,
 ) -> GraphSource:
-    """The graph of ``--data.dataset``: a prepared folder at ``root``, else ``load()``'s."""
+    """The graph of ``--data.dataset``: a prepared folder at ``root``, else ``load()``'s.
+
+    Refuses now a root that is not a prepared folder, or cannot hold ``dataset``; ``load``
+    runs on first use.
+    """
     if dataset == "prepared":
-        return PreparedSource(root, verify, read_threads)
+        return PreparedSource(root, verify, read_threads)  # reads the manifest
+    check_root(dataset, Path(root))
     return MemorySource(load, dataset)
