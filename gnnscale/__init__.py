@@ -2,13 +2,14 @@
 
 The package, by concern: ``data/`` (DataModules by task, graph sources, what loaders add to
 batches), ``models/`` (LightningModules by task; ``models/fast.py`` holds the CPU fast paths
-and their switches), ``sparse.py`` (the sparse adjacency that data and models both build),
-``stores/`` (graphs on disk: prepared graphs, many-graph stores, caches), ``batch.py`` (what
-batches carry between DataModules and models), ``handshake.py`` (what a DataModule and its model
-tell each other when the run is built), and beside them the CLI (``cli.py``: a table of
-subcommands; ``argerrors.py`` condenses jsonargparse's refusals to one line), process policy
-(``runtime.py``: allocator, precision, warnings), the memory planner
-(``plan.py``), callbacks, checkpointing, measurement helpers and test helpers.
+and their switches, ``models/dropout.py`` the CPU dropout), ``sparse.py`` (the sparse
+adjacency that data and models both build), ``stores/`` (graphs on disk: prepared graphs,
+many-graph stores, caches), ``batch.py`` (what batches carry between DataModules and models),
+``handshake.py`` (what a DataModule and its model tell each other when the run is built), and
+beside them the CLI (``cli.py``: a table of subcommands; ``argerrors.py`` condenses
+jsonargparse's refusals to one line), process policy (``runtime.py``: allocator, precision,
+warnings), the memory planner (``plan.py``), callbacks, checkpointing, measurement helpers and
+test helpers.
 """
 
 from gnnscale.callbacks import GradActivationMonitor, ThroughputMonitor

@@ -27,6 +27,7 @@ from gnnscale import (
 from gnnscale.batch import LayerwiseBatch
 from gnnscale.errors import ConfigError
 from gnnscale.models import fast
+from gnnscale.models.dropout import Dropout
 from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
 
 
@@ -470,8 +471,8 @@ def test_each_speed_switch_changes_the_path_not_the_results(tmp_path, model, nam
         assert [r for r, _ in evaluated] == hops
     assert [k for _, k in evaluated] == [k for _, k in trained] == adjacency
     torch_dropout = name in ("cpu_dropout", "all")
-    assert type(off.gnn.dropout) is (torch.nn.Dropout if torch_dropout else fast.Dropout)
-    assert type(runs[0][-1].gnn.dropout) is fast.Dropout
+    assert type(off.gnn.dropout) is (torch.nn.Dropout if torch_dropout else Dropout)
+    assert type(runs[0][-1].gnn.dropout) is Dropout
     in_loader = model == "sage" and name in ("bucket_rows", "cpu_dropout")
     assert (off.batch_request().first_layer_aggr == "mean") == in_loader
 
@@ -526,7 +527,6 @@ def test_a_cpu_only_torch_sparse_leaves_gpu_batches_to_torch_sparse_tensors(
 
 @pytest.mark.parametrize("p", [0.1, 0.5, 0.6, 0.75])  # 16, 1, 16 and 8 random bits a mask
 def test_dropout_keeps_its_rate_and_its_mean(p):
-    from gnnscale.models.fast import Dropout
 
     torch.manual_seed(0)
     dropout = Dropout(p).train()
@@ -558,7 +558,6 @@ def test_dropout_keeps_its_rate_and_its_mean(p):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_relu_dropout_in_one_pass_saves_only_its_output(dtype):
-    from gnnscale.models.fast import Dropout
 
     torch.manual_seed(0)
     dropout = Dropout(0.5).train()

@@ -21,7 +21,8 @@ from torch_geometric.data import Data
 from gnnscale.batch import LayerwiseBatch, layout_of
 from gnnscale.errors import ConfigError, check_probabilities
 from gnnscale.handshake import BatchRequest
-from gnnscale.models.fast import Dropout, SpeedTricks
+from gnnscale.models.dropout import Dropout
+from gnnscale.models.fast import SpeedTricks
 from gnnscale.models.node import NodeClassifier
 
 __all__ = ["EmbeddingSAGE"]

@@ -24,7 +24,8 @@ from gnnscale.batch import (
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import BatchRequest
 from gnnscale.models import fast
-from gnnscale.models.fast import Dropout, LayerSpeedTricks, SpeedTricks
+from gnnscale.models.dropout import Dropout
+from gnnscale.models.fast import LayerSpeedTricks, SpeedTricks
 from gnnscale.models.inference import layerwise_inference
 
 _ADAM_LR = 0.005
