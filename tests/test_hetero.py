@@ -130,32 +130,54 @@ def test_half_precision_features_enter_autocast_without_a_float32_copy():
     dm = _dm(batch_size=64)
     model = _model(dm, hidden_channels=16, dropout=0.0)
     batch = next(iter(dm.train_dataloader()))
-    batch["item"].x = batch["item"].x.half()
     seen = []
     model.inputs["item"].register_forward_pre_hook(lambda _, args: seen.append(args[0].dtype))
+    half = batch["item"].x.half()
+    size = {"item": batch["item"].batch_size}
     with torch.autocast("cpu", torch.bfloat16):
-        out = model._encode(batch)["item"]
-        batch["item"].x = batch["item"].x.float()
-        want = model._encode(batch)["item"]
-    assert seen == [torch.bfloat16, torch.bfloat16]
+        batch["item"].x = half
+        out, trimmed = model._encode(batch)["item"], model._encode(batch, size)["item"]
+        batch["item"].x = half.float()
+        want, trimmed_want = model._encode(batch)["item"], model._encode(batch, size)["item"]
+    assert set(seen) == {torch.bfloat16}
     assert out.dtype == torch.bfloat16 and torch.equal(out, want)
+    # Target-only layers average the float16 rows as stored (the float32 route averages their
+    # bf16 copies): the same seeds' rows within bf16's rounding.
+    assert trimmed.dtype == torch.bfloat16 and trimmed.size(0) == size["item"]
+    torch.testing.assert_close(trimmed, trimmed_want, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(trimmed, out[: size["item"]], rtol=2e-2, atol=2e-2)
     model._encode(batch)  # without autocast: the parameters' dtype
     assert seen[-1] == torch.float32
 
 
 @requires_sampler
+@pytest.mark.parametrize("project_after_mean", [True, False])
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
-def test_layers_on_the_rows_read_next_give_the_seeds_what_every_row_gives(num_layers):
+def test_layers_on_the_rows_read_next_give_the_seeds_what_every_row_gives(
+    num_layers, project_after_mean
+):
     dm = _dm(batch_size=64, num_neighbors=[5, 3, 2][:num_layers])
     torch.manual_seed(0)
-    trimmed = _model(dm, hidden_channels=16, num_layers=num_layers, dropout=0.0)
+    trimmed = _model(
+        dm, hidden_channels=16, num_layers=num_layers, project_after_mean=project_after_mean
+    )
     full = _model(dm, hidden_channels=16, num_layers=num_layers, target_only_layers=False)
     full.load_state_dict(trimmed.state_dict())
     batch = next(iter(dm._loader(dm._mask("train_mask"), 64)))
     (out, _, _), (ref, _, _) = trimmed._seeds(batch), full._seeds(batch)
     torch.testing.assert_close(out, ref)  # eval and training compute the same seeds
+    projected: list[int] = []  # rows the items' input layer ran on
+    trimmed.inputs["item"].register_forward_pre_hook(lambda _, a: projected.append(a[0].size(0)))
     rows = trimmed._encode(batch, {"item": 64})
     assert rows["item"].size(0) == 64 and all(rows[t].size(0) == 0 for t in ("user", "category"))
+    items = batch["item"].num_nodes
+    if project_after_mean:  # the items the first layer outputs, then the averages of the
+        # items next to each user and each category it outputs. With two layers the items two
+        # hops out are averaged, never projected; with one every item is a seed, with three
+        # every item lies within two hops.
+        assert len(projected) == 3 and (projected[0] < items or num_layers != 2)
+    else:
+        assert projected == [items]  # every sampled item
     grads = []
     for model in (trimmed, full):
         model.head(model._encode(batch, model._only({"item": 64}))["item"][:64]).sum().backward()

@@ -252,25 +252,26 @@ def test_the_same_seed_draws_the_same_batches():
 def test_the_model_ranks_well_above_popularity_with_either_neighbours():
     """Recall@20 on held-out ratings: the GNN against recommending the most popular items.
 
-    Both neighbour kinds on the same graph and seed; PinSAGE's must at least match uniform's
-    (within 10%: one short run each).
+    Both neighbour kinds on the same graph and seeds; PinSAGE's must at least match uniform's
+    (within 10%, over three seeds: one short run's recall moves by about 10% with its seed).
     """
     cfg = SyntheticRecommender(num_users=2000, num_items=800, num_categories=40, num_communities=8)
-    results = {}
-    for neighbors in ("uniform", "pinsage"):
-        torch.manual_seed(0)
-        dm = LinkDataModule(synthetic=cfg, batch_size=256, neighbors=neighbors)
-        model = LinkPredictor(
-            dm.graph_spec,
-            optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
-            embedding_optimizer=lambda p: torch.optim.SparseAdam(p, lr=0.01),
-        )
-        results[neighbors] = _fit_and_test(model, dm, epochs=4)
-    for result in results.values():
-        recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
-        assert recall > 1.5 * popular, (recall, popular)
-        assert result["test/auc"] > 0.8
-    assert results["pinsage"]["test/recall@20"] >= 0.9 * results["uniform"]["test/recall@20"]
+    recalls: dict[str, list[float]] = {"uniform": [], "pinsage": []}
+    for seed in range(3):
+        for neighbors in recalls:
+            torch.manual_seed(seed)
+            dm = LinkDataModule(synthetic=cfg, batch_size=256, neighbors=neighbors)
+            model = LinkPredictor(
+                dm.graph_spec,
+                optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
+                embedding_optimizer=lambda p: torch.optim.SparseAdam(p, lr=0.01),
+            )
+            result = _fit_and_test(model, dm, epochs=4)
+            recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
+            assert recall > 1.5 * popular, (neighbors, seed, recall, popular)
+            assert result["test/auc"] > 0.8
+            recalls[neighbors].append(recall)
+    assert sum(recalls["pinsage"]) >= 0.9 * sum(recalls["uniform"]), recalls
 
 
 @requires_sampler

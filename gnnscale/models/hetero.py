@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal, cast
 
 import lightning as L
@@ -10,6 +11,7 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torch_geometric.data import HeteroData
+from torch_geometric.index import index2ptr
 from torch_geometric.nn import SAGEConv, to_hetero
 from torch_geometric.typing import EdgeType
 from torchmetrics.classification import MulticlassAccuracy
@@ -42,6 +44,7 @@ def target_only(
     x: dict[str, Tensor],
     edge_index: dict[EdgeType, Tensor],
     seeds: dict[str, int],
+    inputs: dict[str, Callable[[Tensor], Tensor]] | None = None,
 ) -> dict[str, Tensor]:
     """``encoder``'s output for each type's first ``seeds`` rows, each layer on the rows read next.
 
@@ -58,6 +61,11 @@ def target_only(
         x: Input rows per node type, every sampled node.
         edge_index: Local edges per relation.
         seeds: Output rows per node type (0: none).
+        inputs: The input layers of the types whose ``x`` are raw features (on the CPU). The
+            first layer then averages each relation's raw rows and projects the averages: a
+            linear layer commutes with a mean, so the input layer runs on the rows the first
+            layer outputs and on those averages, not on every sampled row (on a graph shaped
+            like MAG240M, most rows of a batch are read by the first layer alone).
     """
     convs = cast(list[nn.ModuleDict], encoder.convs)
     into: dict[str, int] = {}
@@ -74,15 +82,44 @@ def target_only(
             if index.numel():
                 rows[src] = max(rows.get(src, 0), int(index[0].max()) + 1)
     for i, (conv, (rows, kept)) in enumerate(zip(convs, reversed(layers), strict=True)):
+        first: dict[str, Callable[[Tensor], Tensor]] = (inputs or {}) if i == 0 else {}
+        root = {t: h[: rows.get(t, 0)] for t, h in x.items()}  # each type's rows computed
+        root.update({t: project(root[t]) for t, project in first.items()})
         out: dict[str, Tensor] = {}
         for (src, rel, dst), index in kept.items():
-            h = conv["__".join((src, rel, dst))]((x[src], x[dst][: rows.get(dst, 0)]), index)
+            sage = cast(SAGEConv, conv["__".join((src, rel, dst))])
+            if src in first:  # SAGEConv's forward on the projected mean of the raw rows
+                mean, any_edge = _mean_rows(x[src], index, rows.get(dst, 0))
+                neighbours = first[src](mean) * any_edge.unsqueeze(1)  # no edge: PyG's zero
+                h = sage.lin_l(neighbours) + sage.lin_r(root[dst])
+            else:
+                h = sage((x[src], root[dst]), index)
             out[dst] = h if dst not in out else out[dst] + h
         x = {t: h / into[t] for t, h in out.items()}
         if i < len(convs) - 1:
             dropout = cast(nn.ModuleDict, encoder.dropout)
             x = {t: dropout[t](h.relu()) for t, h in x.items()}
     return x
+
+
+def _converting(layer: nn.Module, dtype: torch.dtype) -> Callable[[Tensor], Tensor]:
+    """``layer`` on rows converted to ``dtype`` first."""
+    return lambda rows: layer(rows.to(dtype))
+
+
+def _mean_rows(x: Tensor, index: Tensor, rows: int) -> tuple[Tensor, Tensor]:
+    """Each of the first ``rows`` targets' mean of ``x`` over its edges, and whether it has any.
+
+    A sparse product (no copy of a row per edge); ``index`` holds sources, then targets.
+    """
+    src, dst = index
+    if dst.numel() and not bool((dst[1:] >= dst[:-1]).all()):
+        order = torch.argsort(dst, stable=True)
+        src, dst = src[order], dst[order]
+    rowptr = index2ptr(dst, rows)
+    ones = torch.ones(src.numel(), dtype=x.dtype)
+    adjacency = torch.sparse_csr_tensor(rowptr, src, ones, size=(rows, x.size(0)))
+    return torch.sparse.mm(adjacency, x, reduce="mean"), rowptr.diff() > 0
 
 
 class HeteroGNN(L.LightningModule):
@@ -100,6 +137,7 @@ class HeteroGNN(L.LightningModule):
     embedding_optimizer: OptimizerCallable
     encoder: nn.Module
     target_only_layers = True
+    project_after_mean = True  # with target-only layers: see target_only's inputs
 
     def _only(self, seeds: dict[str, int]) -> dict[str, int] | None:
         """``seeds`` for :meth:`_encode` where layers compute the rows read next, else none."""
@@ -136,15 +174,25 @@ class HeteroGNN(L.LightningModule):
         # Under autocast, features go to its dtype at once: float16 or bfloat16 rows (a
         # store's) make no float32 copy for the input layer to cast again; the same values.
         x, dtype = {}, product_dtype(self.device, cast(torch.dtype, self.dtype))
+        # The first layer averages raw features before the input layer (target_only's inputs).
+        # 16-bit rows stay as they are when the products run in 16 bits: averaged as stored,
+        # only the averages and the first layer's own rows converted.
+        raw = seeds is not None and self.project_after_mean and self.device.type == "cpu"
+        inputs: dict[str, Callable[[Tensor], Tensor]] = {}
         for t in batch.node_types:
-            if t in self.inputs:
+            if t in self.inputs and raw:
+                features = batch[t].x
+                same = features.dtype.itemsize == dtype.itemsize and features.is_floating_point()
+                x[t] = features if same else features.to(dtype)
+                inputs[t] = _converting(self.inputs[t], dtype)
+            elif t in self.inputs:
                 x[t] = self.inputs[t](batch[t].x.to(dtype))
             else:
                 table = cast(nn.Embedding, self.tables[t])
                 ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
                 x[t] = table(ids.to(table.weight.device)).to(self.device)
         if seeds is not None:
-            return target_only(self.encoder, x, batch.edge_index_dict, seeds)
+            return target_only(self.encoder, x, batch.edge_index_dict, seeds, inputs)
         return self.encoder(x, batch.edge_index_dict)
 
     @staticmethod
@@ -214,6 +262,10 @@ class HeteroSAGE(HeteroGNN):
         target_only_layers: In training and evaluation, compute each layer only for the rows
             the next one reads (:func:`target_only`; the seeds' outputs are the same); false:
             PyG's forward over every sampled node at every layer.
+        project_after_mean: With target-only layers on a CPU, the first layer averages each
+            relation's raw features and the input layers project the averages, not every
+            sampled row (``gnnscale.models.hetero.target_only``'s ``inputs``; the same
+            outputs); false: every sampled row is projected first.
     """
 
     def __init__(
@@ -229,10 +281,12 @@ class HeteroSAGE(HeteroGNN):
         optimizer: OptimizerCallable = torch.optim.Adam,
         embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
         target_only_layers: bool = True,
+        project_after_mean: bool = True,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
         self.target_only_layers = target_only_layers
+        self.project_after_mean = project_after_mean
         if min(num_layers, hidden_channels, accumulate_grad_batches) < 1 or num_classes < 2:
             raise ConfigError(
                 "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "

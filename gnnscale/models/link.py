@@ -51,6 +51,10 @@ class LinkPredictor(HeteroGNN):
         target_only_layers: In training, compute each layer only for the rows the next one
             reads (``gnnscale.models.hetero.target_only``; the pairs' scores are the same);
             false: PyG's forward over every sampled node at every layer.
+        project_after_mean: With target-only layers on a CPU, the first layer averages each
+            relation's raw features and the input layers project the averages, not every
+            sampled row (``gnnscale.models.hetero.target_only``'s ``inputs``; the same
+            outputs); false: every sampled row is projected first.
     """
 
     def __init__(
@@ -65,10 +69,12 @@ class LinkPredictor(HeteroGNN):
         optimizer: OptimizerCallable = torch.optim.Adam,
         embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
         target_only_layers: bool = True,
+        project_after_mean: bool = True,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
         self.target_only_layers = target_only_layers
+        self.project_after_mean = project_after_mean
         if num_layers < 1 or hidden_channels < 1 or accumulate_grad_batches < 1:
             raise ConfigError(
                 "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "
