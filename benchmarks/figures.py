@@ -19,8 +19,8 @@ Sections, and the README blocks they write (``<!-- NAME:begin/end -->``):
 - ``workers``: s/epoch and peak memory of the sampler recipes with 0, 1 and 2 loader workers,
   the shipped setting marked (``workers`` in benchmarks/README.md).
 - ``speed``: each of GraphSAGE's CPU speed tricks switched off in turn on the three sampler
-  recipes, interleaved with the shipped runs (``speed_defaults`` in benchmarks/README.md; about
-  an hour).
+  recipes, and HeteroSAGE's on the hetero recipe, interleaved with the shipped runs
+  (``speed_defaults`` in benchmarks/README.md; about 15 minutes).
 - ``compare``: gnnscale against hand-written PyG loops, memory bandwidth, GATv2 against its
   O(E) bound, scaling to 10^7 nodes (``benchmarks`` in benchmarks/README.md;
   ``benchmarks/results/``).

@@ -1,14 +1,15 @@
-"""GraphSAGE's CPU speed tricks: s/epoch of each sampler recipe with each trick on and off.
+"""The CPU speed tricks: s/epoch of each sampler recipe with each trick on and off.
 
     python benchmarks/speed_defaults.py                 # full size: prints the table
     python benchmarks/speed_defaults.py --size tiny     # check the pipeline (seconds a run)
     python benchmarks/speed_defaults.py --rounds 5 --recipes neighbor_sage --tricks cpu_dropout
 
 Each trick of ``gnnscale.models.fast`` is measured where a user sees it: ``gnnscale fit`` on
-``neighbor_sage``, ``cluster_gcn`` and ``graphsaint`` as shipped (4 epochs, no per-epoch
-validation), against the same run with that one trick switched: off for a default, on for an
-opt-in. The two arms alternate (A B, then B A, ...), each run a fresh process with the same
-seed as its partner; s/epoch is the median of ``perf/epoch_s`` after the first (warm-up) epoch.
+``neighbor_sage``, ``cluster_gcn``, ``graphsaint`` (GraphSAGE) and ``hetero_node_classification``
+(HeteroSAGE) as shipped (4 epochs, no per-epoch validation), against the same run with that
+one trick switched: off for a default, on for an opt-in. The two arms alternate (A B, then
+B A, ...), each run a fresh process with the same seed as its partner; s/epoch is the median
+of ``perf/epoch_s`` after the first (warm-up) epoch.
 A trick is a default when the run without it takes at least 3% longer than the run with it on
 some recipe (the median of the pairs' ratios); else it is opt-in, or it goes.
 
@@ -23,6 +24,10 @@ does in its place.
 Not every trick is on every recipe's path: Cluster-GCN and GraphSAINT batches are subgraphs
 (``fast.subgraph_forward``), which never take the neighbour-only paths (target-only layers,
 aggregation in the loader).
+
+``hetero_node_classification`` (``HeteroSAGE``) has two switches of its own:
+``--model.init_args.target_only_layers=false`` and ``--model.init_args.project_after_mean=false``
+(``gnnscale.models.hetero.target_only``).
 """
 
 from __future__ import annotations
@@ -40,9 +45,11 @@ import harness
 from blocks import REPO, Block
 from registry import recipe
 
-RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint")
+RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint", "hetero_node_classification")
 NEIGHBOUR = ("neighbor_sage",)
 SUBGRAPH = ("cluster_gcn", "graphsaint")
+HETERO = ("hetero_node_classification",)  # HeteroSAGE: its own two switches
+GRAPHSAGE = NEIGHBOUR + SUBGRAPH
 THRESHOLD = 1.03  # without ÷ with at or above this: the trick earns a default
 
 
@@ -61,7 +68,7 @@ class Trick:
     key: str
     label: str
     args: tuple[str, ...]
-    recipes: tuple[str, ...] = RECIPES
+    recipes: tuple[str, ...] = GRAPHSAGE
     opt_in: bool = False
 
 
@@ -106,6 +113,18 @@ TRICKS = (
         "fused Adam",
         args=("--model.init_args.optimizer.init_args.fused=true",),
         opt_in=True,
+    ),
+    Trick(
+        "hetero_target_only_layers",
+        "target-only layers",
+        args=("--model.init_args.target_only_layers=false",),
+        recipes=HETERO,
+    ),
+    Trick(
+        "project_after_mean",
+        "raw features averaged, then projected (first layer)",
+        args=("--model.init_args.project_after_mean=false",),
+        recipes=HETERO,
     ),
 )
 
