@@ -188,10 +188,13 @@ def test_ranking_masks_known_edges_and_keeps_to_the_candidates():
 
 
 @requires_sampler
-def test_layers_on_the_rows_read_next_score_the_pairs_as_every_row_does():
+@pytest.mark.parametrize("project_after_mean", [False, True])
+def test_layers_on_the_rows_read_next_score_the_pairs_as_every_row_does(project_after_mean):
     dm = _dm(num_hard_negatives=1)  # hard negatives end anywhere in the batch's subgraph
     torch.manual_seed(0)
-    trimmed = LinkPredictor(dm.graph_spec, hidden_channels=16)
+    trimmed = LinkPredictor(
+        dm.graph_spec, hidden_channels=16, project_after_mean=project_after_mean
+    )
     full = LinkPredictor(dm.graph_spec, hidden_channels=16, target_only_layers=False)
     full.load_state_dict(trimmed.state_dict())
     batch = next(iter(dm.train_dataloader()))
