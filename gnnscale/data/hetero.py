@@ -225,8 +225,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
                 f"--data.eval.val_mode {eval.val_mode!r}: heterogeneous graphs are evaluated on "
                 "sampled neighbourhoods; use --data.eval.val_mode=sampled or drop it"
             )
-        self.dataset, self.root, self.verify = dataset, Path(root), verify
-        self.read_threads, self.feature_cache_gib = read_threads, feature_cache_gib
+        self.dataset, self.root = dataset, Path(root)
+        self.feature_cache_gib = feature_cache_gib
         self.target_type = target_type or _LABELLED.get(dataset, "")
         self._opened = open_source(dataset, self.root, self._load, verify, read_threads)
         if not self.target_type and len(labelled := self._opened.labelled) == 1:

@@ -99,7 +99,6 @@ class NodeDataModule(L.LightningDataModule):
             ),
         )
         self.dataset, self.root = dataset, Path(root)
-        self.verify, self.read_threads = verify, read_threads
         # After the checks of the settings alone: a root that cannot serve is refused now.
         self._opened = open_source(dataset, self.root, self._load, verify, read_threads)
         self.synthetic = synthetic
