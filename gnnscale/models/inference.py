@@ -55,9 +55,9 @@ def layerwise_inference(
             in_place = sparse and _in_place(x_all, device, dtype if i == 0 else None, threads)
             for hop in batch.loader:
                 if in_place:  # the product reads the batch's rows where they are: no copy
-                    n_id = hop.n_id.to(x_all.device)
-                    edges = torch.stack([n_id[hop.edge_index[0]], hop.edge_index[1]])
-                    edges = fast.seeds_adjacency(x_all, edges.to(x_all.device), hop.batch_size)
+                    n_id, edges = hop.n_id.to(x_all.device), hop.edge_index.to(x_all.device)
+                    edges = torch.stack([n_id[edges[0]], edges[1]])
+                    edges = fast.seeds_adjacency(x_all, edges, hop.batch_size)
                     seeds = x_all.index_select(0, n_id[: hop.batch_size])
                     h = seeds_layer(gnn, i, x_all, edges, hop.batch_size, seeds)
                 else:
