@@ -351,6 +351,7 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
         launched_by(os.getppid())
     checks.check_config_keys(sys.argv[1:] if args is None else args)
     runtime.steady_cpu_memory()
+    runtime.fork_safe_cuda_check()
     runtime.quiet()
     return GnnscaleCLI(
         # Any model and DataModule: node, link and graph-level ones, or a user's own. The class

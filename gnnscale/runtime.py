@@ -226,6 +226,17 @@ class _NoAdvert(logging.Filter):
         return "litlogger" not in record.getMessage()
 
 
+def fork_safe_cuda_check() -> None:
+    """Ask NVML, not the CUDA driver, whether a GPU is there (``PYTORCH_NVML_BASED_CUDA_CHECK``).
+
+    Otherwise ``torch.cuda.is_available()`` calls ``cudaGetDeviceCount``, which initialises the
+    driver (torch's note on poisoned forks), and a DDP rank forked after it fails at its first
+    CUDA call ("CUDA error: initialization error", seen on an H200 with the multi_gpu_ddp
+    recipe). torch falls back to the driver where NVML cannot answer. A user's setting wins.
+    """
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+
 def quiet() -> None:
     """Silence :data:`UNACTIONABLE` and Lightning's advertisement; every other warning stays."""
     for message in UNACTIONABLE:
