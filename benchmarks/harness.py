@@ -9,11 +9,13 @@ metrics of its CSV logs and, when asked, the peaks of every process of its tree,
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import time
+from collections.abc import Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,9 @@ MARK = "HARNESS_FIGURES"
 RUNNER = """
 import json, os, resource, runpy, sys
 entry, *sys.argv[1:] = sys.argv[1:]
+if group := os.environ.pop("HARNESS_CGROUP", ""):  # its processes and the pages they read
+    with open(os.path.join(group, "cgroup.procs"), "w") as procs:
+        procs.write(str(os.getpid()))
 try:
     if entry == "-m":
         module, *sys.argv[1:] = sys.argv[1:]
@@ -118,6 +123,7 @@ def run(
     pss_depth: int | None = None,
     check: bool = True,
     timeout_s: float = TIMEOUT_S,
+    cgroup: Path | None = None,
 ) -> Run:
     """Run ``argv`` in a fresh process and measure it.
 
@@ -136,6 +142,8 @@ def run(
         pss_depth: With ``sample_s``: also the summed PSS from this depth of the tree down.
         check: Raise if it fails, with the end of its error output.
         timeout_s: Kill it after this many seconds.
+        cgroup: A cgroup folder it joins first (:func:`memory_limit`'s): a memory limit then
+            holds its processes and the page cache they fill.
     """
     python, *rest = argv
     if workers is not None:
@@ -146,6 +154,8 @@ def run(
     if precision is not None:
         rest.append(f"--trainer.precision={precision}")
     variables = {**os.environ, **(env or {})}
+    if cgroup is not None:
+        variables["HARNESS_CGROUP"] = str(cgroup)
     if threads is not None:
         variables["OMP_NUM_THREADS"] = str(threads)
     start = time.perf_counter()
@@ -184,3 +194,27 @@ def run(
         for key, values in read_metrics(path).items():
             result.metrics.setdefault(key, []).extend(values)
     return result
+
+
+@contextlib.contextmanager
+def memory_limit(gib: float) -> Iterator[Path | None]:
+    """A new memory cgroup limited to ``gib``, for :func:`run`'s ``cgroup``; removed after.
+
+    Made under this process's own in cgroup v1's memory hierarchy (the page cache counts
+    against its limit); ``None`` where there is none or this process may not make one.
+    """
+    group, limited = None, False
+    with contextlib.suppress(OSError, StopIteration):
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+        own = next(line.split(":", 2)[2] for line in lines if ":memory:" in line)
+        path = Path("/sys/fs/cgroup/memory", own.lstrip("/"), f"gnnscale-bench-{os.getpid()}")
+        path.mkdir()
+        group = path
+        (path / "memory.limit_in_bytes").write_text(str(int(gib * 2**30)))
+        limited = True
+    try:
+        yield group if limited else None
+    finally:
+        if group is not None:
+            with contextlib.suppress(OSError):
+                group.rmdir()

@@ -25,6 +25,9 @@ Here the same shape at a twelfth of the counts, 20M papers, so that the paper fe
   (``project_after_mean=false``; by default the raw features are averaged first);
 - the same with a feature cache of 10% of the paper features' bytes
   (``--data.feature_cache_gib``): its second epoch against the first run's;
+- both again with the fit's memory limited (a memory cgroup of ``LIMIT_GIB``, the page cache
+  included), so that the features are several times the memory the fit may use, not barely
+  more: a second epoch here is served from the page cache in large part either way;
 - ``gnnscale fit`` of the link recipe on the papers' citations from the same store, one
   process and two ranks under ``torchrun``, two epochs of a bounded number of batches from a
   cold page cache: 0.01% of the citations held out for each of validation and test (streamed
@@ -48,6 +51,7 @@ import harness
 import numpy as np
 import psutil
 from blocks import REPO, Block
+from mag_graph import CITES, features_alone, write_graph
 from on_disk import DDP, TORCHRUN
 from store_reads import DEPTH, DiskReads, disk_rate, disk_reads
 
@@ -70,93 +74,6 @@ SHAPES = {  # papers, authors, institutions, batches trained, seed papers a batc
         "held_out": 0.01,
     },
 }
-CLASSES, PAPER_FEATURES, AUTHOR_FEATURES = 153, 768, 32
-CITES, WRITES, AFFILIATED, HOMOPHILY = 5, 3, 1, 0.7
-# Nearest-centroid error between two classes is Q(sqrt(768 / 2) / noise): at 8, about 0.7% a
-# pair, so the features alone place a paper in its class about half the time of 153.
-PAPER_NOISE = 8.0
-CHUNK = 1 << 18
-
-
-def _same_class(rng: np.random.Generator, classes: np.ndarray, n: int) -> np.ndarray:
-    """A random paper of each given class (paper ``i`` has class ``i % CLASSES``)."""
-    per_class = (n - classes + CLASSES - 1) // CLASSES
-    return classes + CLASSES * (rng.random(classes.size) * per_class).astype(np.int64)
-
-
-def _edges(folder: Path, name: str, num_edges: int) -> np.ndarray:
-    path = folder / "edges" / name
-    path.mkdir(parents=True)
-    return np.lib.format.open_memmap(path / "edge_index.npy", "w+", np.int64, (2, num_edges))
-
-
-def write_graph(folder: Path, shape: dict[str, int], seed: int = 0) -> None:
-    """The MAG240M-shaped graph as a ``.npy`` folder (gnnscale.stores.npy's layout)."""
-    rng = np.random.default_rng(seed)
-    n_p, n_a, n_i = shape["papers"], shape["authors"], shape["institutions"]
-    for t in ("paper", "author"):
-        (folder / "nodes" / t).mkdir(parents=True)
-    centroids = rng.standard_normal((CLASSES, PAPER_FEATURES), dtype=np.float32)
-    author_centroids = rng.standard_normal((CLASSES, AUTHOR_FEATURES), dtype=np.float32)
-    x = np.lib.format.open_memmap(
-        folder / "nodes" / "paper" / "x.npy", "w+", np.float16, (n_p, PAPER_FEATURES)
-    )
-    cites = _edges(folder, "paper__cites__paper", n_p * CITES)
-    cited = _edges(folder, "paper__rev_cites__paper", n_p * CITES)
-    for a in range(0, n_p, CHUNK):
-        b = min(a + CHUNK, n_p)
-        classes = np.arange(a, b) % CLASSES
-        noise = rng.standard_normal((b - a, PAPER_FEATURES), dtype=np.float32)
-        x[a:b] = centroids[classes] + PAPER_NOISE * noise
-        dst = np.repeat(np.arange(a, b), CITES)
-        same = _same_class(rng, dst % CLASSES, n_p)
-        src = np.where(rng.random(dst.size) < HOMOPHILY, same, rng.integers(0, n_p, dst.size))
-        cites[:, a * CITES : b * CITES] = src, dst
-        cited[:, a * CITES : b * CITES] = dst, src
-    np.save(folder / "nodes" / "paper" / "y.npy", np.arange(n_p) % CLASSES)
-    ax = np.lib.format.open_memmap(
-        folder / "nodes" / "author" / "x.npy", "w+", np.float16, (n_a, AUTHOR_FEATURES)
-    )
-    writes = _edges(folder, "author__writes__paper", n_a * WRITES)
-    written = _edges(folder, "paper__rev_writes__author", n_a * WRITES)
-    affiliated = _edges(folder, "author__affiliated_with__institution", n_a * AFFILIATED)
-    members = _edges(folder, "institution__rev_affiliated_with__author", n_a * AFFILIATED)
-    for a in range(0, n_a, CHUNK):
-        b = min(a + CHUNK, n_a)
-        classes = np.arange(a, b) % CLASSES  # an author's field
-        noise = rng.standard_normal((b - a, AUTHOR_FEATURES), dtype=np.float32)
-        ax[a:b] = author_centroids[classes] + 3.0 * noise
-        src = np.repeat(np.arange(a, b), WRITES)
-        same = _same_class(rng, src % CLASSES, n_p)
-        dst = np.where(rng.random(src.size) < HOMOPHILY, same, rng.integers(0, n_p, src.size))
-        writes[:, a * WRITES : b * WRITES] = src, dst
-        written[:, a * WRITES : b * WRITES] = dst, src
-        inst = rng.integers(0, n_i, b - a)
-        affiliated[:, a:b] = np.arange(a, b), inst
-        members[:, a:b] = inst, np.arange(a, b)
-    for array in (x, ax, cites, cited, writes, written, affiliated, members):
-        array.flush()
-    perm = rng.permutation(n_p)  # MAG240M labels 0.6% of its papers: train 1%, 0.1% each
-    train, val, test = np.split(
-        perm[: n_p // 100 + n_p // 500], [n_p // 100, n_p // 100 + n_p // 1000]
-    )
-    for name, part in (("train", train), ("val", val), ("test", test)):
-        np.save(folder / "nodes" / "paper" / f"{name}.npy", np.sort(part))
-    (folder / "num_nodes.json").write_text(json.dumps({"institution": n_i}))
-
-
-def features_alone(folder: Path) -> float:
-    """Test accuracy of the nearest class centroid of the training papers' features."""
-    x = np.load(folder / "nodes" / "paper" / "x.npy", mmap_mode="r")
-    y = np.load(folder / "nodes" / "paper" / "y.npy", mmap_mode="r")
-    train = np.load(folder / "nodes" / "paper" / "train.npy")
-    test = np.load(folder / "nodes" / "paper" / "test.npy")
-    sums = np.zeros((CLASSES, PAPER_FEATURES))
-    np.add.at(sums, y[train], x[train].astype(np.float64))
-    centroids = sums / np.maximum(np.bincount(y[train], minlength=CLASSES), 1)[:, None]
-    xt = x[test].astype(np.float64)
-    distance = (xt**2).sum(1)[:, None] - 2 * xt @ centroids.T + (centroids**2).sum(1)[None]
-    return float((distance.argmin(1) == y[test]).mean())
 
 
 def _evict(folder: Path) -> None:
@@ -179,12 +96,14 @@ def fit(
     *flags: str,
     task: str = "hetero_node_classification",
     ranks: int = 1,
+    cgroup: Path | None = None,
 ) -> dict:
     """One ``gnnscale fit`` of ``task``'s recipe from the evicted store; its figures.
 
     ``hetero_node_classification`` classifies papers; ``link_prediction_pinsage`` predicts
-    citations (:func:`_link_flags`). ``ranks``: 2 under ``torchrun``. Every file under
-    ``workdir`` is evicted first: the inputs, the store and a link split's folder.
+    citations (:func:`_link_flags`). ``ranks``: 2 under ``torchrun``. ``cgroup``: a memory
+    cgroup it runs in. Every file under ``workdir`` is evicted first: the inputs, the store and
+    a link split's folder.
     """
     _evict(workdir)
     config = REPO / "recipes" / task / "config.yaml"
@@ -221,7 +140,7 @@ def fit(
     before, disk = disk_reads(paper_x), DiskReads(paper_x)
     disk.start()
     try:
-        done = harness.run(argv, logs=save_dir, sample_s=0.5)
+        done = harness.run(argv, logs=save_dir, sample_s=0.5, cgroup=cgroup)
     finally:
         disk.done.set()
         disk.join()
@@ -308,6 +227,7 @@ print(json.dumps({"s": phases, "reads": reads, "nodes": nodes / batches}))
 
 
 PHASE_BATCHES = 5
+LIMIT_GIB = 8.0  # the limited fits' memory, page cache included: the paper features 3.6x it
 # The node fit again with every sampled paper projected before the first layer averages it
 # (HeteroSAGE's default averages the raw features first: gnnscale.models.hetero.target_only).
 UNPROJECTED = "--model.init_args.project_after_mean=false"
@@ -389,6 +309,12 @@ def measure(size: str, workdir: Path) -> dict:
     r["cache_gib"] = 0.1 * r["x_gib"]
     cache = f"--data.feature_cache_gib={r['cache_gib']:.4f}"
     r["cached"] = fit(workdir, store, inputs, shape, "cached", cache)
+    with harness.memory_limit(LIMIT_GIB) as group:
+        if group is not None:
+            r["limited"] = fit(workdir, store, inputs, shape, "limited", cgroup=group)
+            r["limited_cached"] = fit(
+                workdir, store, inputs, shape, "limited_cached", cache, cgroup=group
+            )
     for ranks in (1, 2):
         r[f"links_{ranks}"] = fit(
             workdir, store, inputs, shape, f"links_{ranks}", task="link_prediction_pinsage",
@@ -401,6 +327,22 @@ def measure(size: str, workdir: Path) -> dict:
     r["bar"] = features_alone(inputs)
     r["ram_gib"] = psutil.virtual_memory().total / 2**30
     return r
+
+
+def _limited_row(r: dict, batches: int) -> str:
+    """The cache's row again, the fit's memory limited to ``LIMIT_GIB`` (where it could be)."""
+    what = (
+        f"| the same, the fit's memory limited to {LIMIT_GIB:.0f} GiB (a memory cgroup, the "
+        f"page cache included: the paper features {r['x_gib'] / LIMIT_GIB:.1f}x it): s/batch, "
+        "second epoch, without / with the cache |"
+    )
+    if "limited" not in r:
+        return f"{what} not measured: no memory cgroup (v1) this process may make |"
+    plain, cached = r["limited"]["epoch_s"][1], r["limited_cached"]["epoch_s"][1]
+    return (
+        f"{what} {plain / batches:.2f} / {cached / batches:.2f} ({plain / cached:.2f}x as fast; "
+        f"{r['limited_cached']['hit_rate'][-1]:.0%} of rows held) |"
+    )
 
 
 def blocks(tiny: bool) -> list[Block]:
@@ -450,8 +392,9 @@ def blocks(tiny: bool) -> list[Block]:
             f"({plain['busy_reads_per_s'] / deep:.0%}) |",
             f"| with a feature cache of 10% of the paper features ({r['cache_gib']:.2f} GiB): "
             f"s/batch, second epoch / whole run | {cached['epoch_s'][1] / batches:.2f} "
-            f"({second:.1f}x faster; {cached['hit_rate'][-1]:.0%} of rows held) / "
+            f"({second:.2f}x as fast as without; {cached['hit_rate'][-1]:.0%} of rows held) / "
             f"{cached['fit_s']:,.0f} s |",
+            _limited_row(r, batches),
             f"| peak private memory, trainer / loader worker (with the cache) | "
             f"{plain['private_mb'][0]:,.0f} / {plain['private_mb'][1]:,.0f} MiB "
             f"({cached['private_mb'][0]:,.0f} / {cached['private_mb'][1]:,.0f}) |",
