@@ -1,9 +1,13 @@
 """The MAG240M-shaped heterogeneous graph of ``store_large``, written as a ``.npy`` folder.
 
 Papers in 153 classes, each a centroid in noise that the features alone resolve about half the
-time; citations and authorship homophilous; the reverse of every relation. Authors get 32
-float16 features from their field (MAG240M's have none; its baselines average their papers'),
-institutions none. Written chunk by chunk, so that the paper features may exceed memory.
+time; citations and authorship homophilous; the reverse of every relation. Every paper cites 5
+others, and how often a paper is cited has a heavy tail, as in MAG240M: within its field, a
+paper's share of the citations follows a power law (counts fall as ``k^-2.5``, the exponent of
+``gnnscale.data.synthetic``'s degrees), so that a cache of the most sampled papers' features
+has a skew to exploit. Authors get 32 float16 features from their field (MAG240M's have none;
+its baselines average their papers'), institutions none. Written chunk by chunk, so that the
+paper features may exceed memory.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import numpy as np
 
 CLASSES, PAPER_FEATURES, AUTHOR_FEATURES = 153, 768, 32
 CITES, WRITES, AFFILIATED, HOMOPHILY = 5, 3, 1, 0.7
+CITED_EXPONENT = 2.5  # P(a paper is cited k times) ~ k^-2.5 in the tail
+SCATTER = 2_147_483_647  # a prime above any class's paper count: r -> r * SCATTER mod n is 1:1
 # Nearest-centroid error between two classes is Q(sqrt(768 / 2) / noise): at 8, about 0.7% a
 # pair, so the features alone place a paper in its class about half the time of 153.
 PAPER_NOISE = 8.0
@@ -25,6 +31,20 @@ def _same_class(rng: np.random.Generator, classes: np.ndarray, n: int) -> np.nda
     """A random paper of each given class (paper ``i`` has class ``i % CLASSES``)."""
     per_class = (n - classes + CLASSES - 1) // CLASSES
     return classes + CLASSES * (rng.random(classes.size) * per_class).astype(np.int64)
+
+
+def _cited(rng: np.random.Generator, classes: np.ndarray, n: int) -> np.ndarray:
+    """A paper of each given class, drawn by popularity: heavy-tailed citation counts.
+
+    Within a class, the paper of popularity rank ``r`` (of ``n // CLASSES``) is drawn with
+    probability about ``r^(-1 / (CITED_EXPONENT - 1))``, so that the counts' tail falls as
+    ``k^-CITED_EXPONENT``. Ranks are scattered over the class's papers by a fixed bijection, so
+    that popular papers lie all over the feature file, not at its start.
+    """
+    per_class = n // CLASSES
+    power = (CITED_EXPONENT - 1) / (CITED_EXPONENT - 2)  # inverse CDF of the rank density
+    rank = (per_class * rng.random(classes.size) ** power).astype(np.int64)
+    return classes + CLASSES * (rank * SCATTER % per_class)
 
 
 def _edges(folder: Path, name: str, num_edges: int) -> np.ndarray:
@@ -51,11 +71,15 @@ def write_graph(folder: Path, shape: dict[str, int], seed: int = 0) -> None:
         classes = np.arange(a, b) % CLASSES
         noise = rng.standard_normal((b - a, PAPER_FEATURES), dtype=np.float32)
         x[a:b] = centroids[classes] + PAPER_NOISE * noise
-        dst = np.repeat(np.arange(a, b), CITES)
-        same = _same_class(rng, dst % CLASSES, n_p)
-        src = np.where(rng.random(dst.size) < HOMOPHILY, same, rng.integers(0, n_p, dst.size))
-        cites[:, a * CITES : b * CITES] = src, dst
-        cited[:, a * CITES : b * CITES] = dst, src
+        citing = np.repeat(np.arange(a, b), CITES)
+        field = np.where(
+            rng.random(citing.size) < HOMOPHILY,
+            citing % CLASSES,
+            rng.integers(0, CLASSES, citing.size),
+        )
+        target = _cited(rng, field, n_p)
+        cites[:, a * CITES : b * CITES] = citing, target
+        cited[:, a * CITES : b * CITES] = target, citing
     np.save(folder / "nodes" / "paper" / "y.npy", np.arange(n_p) % CLASSES)
     ax = np.lib.format.open_memmap(
         folder / "nodes" / "author" / "x.npy", "w+", np.float16, (n_a, AUTHOR_FEATURES)

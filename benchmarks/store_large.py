@@ -9,9 +9,10 @@ Here the same shape at a twelfth of the counts, 20M papers, so that the paper fe
 
 - the graph is written as a ``.npy`` folder chunk by chunk: papers in 153 classes, each a
   centroid in noise that the features alone resolve about half the time; citations and
-  authorship homophilous; the reverse of every relation. Authors get 32 float16 features from
-  their field (MAG240M's have none; its baselines average their papers'), institutions none
-  (the model learns an embedding per institution);
+  authorship homophilous, citation counts heavy-tailed (``mag_graph``); the reverse of every
+  relation. Authors get 32 float16 features from their field (MAG240M's have none; its
+  baselines average their papers'), institutions none (the model learns an embedding per
+  institution);
 - ``gnnscale prepare --source Npy`` streams it into a store: the CSC of each of the six edge
   types built out of core, the paper features used where they lie (float16, C-order);
 - the disk's random 4-KiB read rate at depth 32 (``store_reads.disk_rate``, on the paper
