@@ -1,7 +1,9 @@
 """A heterogeneous graph shaped like OGB-LSC MAG240M, its paper features larger than memory.
 
-Written by ``python benchmarks/figures.py store-large`` (on_disk_graph's ``store_large`` block;
-run only when named: about 50 GiB of disk, over an hour). MAG240M has 244M papers (768
+Written by ``python benchmarks/figures.py store-large`` (on_disk_graph's ``store_large`` block:
+the node task) and ``store-large-links`` (its ``store_large_links`` block: the link task), each
+on a graph of its own; run only when named: about 50 GiB of disk, an hour or more each, so
+that the two halves can run in different sessions. MAG240M has 244M papers (768
 float16 features, 175 GB), 122M authors, 26k institutions; papers cite papers (5.3 per paper),
 authors write papers (3.2 per author) and are affiliated with institutions (0.36 per author).
 Here the same shape at a twelfth of the counts, 20M papers, so that the paper features alone
@@ -29,7 +31,7 @@ Here the same shape at a twelfth of the counts, 20M papers, so that the paper fe
 - both again with the fit's memory limited (a memory cgroup of ``LIMIT_GIB``, the page cache
   included), so that the features are several times the memory the fit may use, not barely
   more: a second epoch here is served from the page cache in large part either way;
-- ``gnnscale fit`` of the link recipe on the papers' citations from the same store, one
+- (``store-large-links``) ``gnnscale fit`` of the link recipe on the papers' citations, one
   process and two ranks under ``torchrun``, two epochs of a bounded number of batches from a
   cold page cache: 0.01% of the citations held out for each of validation and test (streamed
   into a split folder once, by the first run), each held-out citation's source ranking 1,000
