@@ -199,10 +199,21 @@ def test_layers_on_the_rows_read_next_score_the_pairs_as_every_row_does(project_
     full.load_state_dict(trimmed.state_dict())
     batch = next(iter(dm.train_dataloader()))
     pairs = batch[RATES].edge_label_index
-    rows = trimmed._ends(pairs)
-    h = trimmed._encode(batch, trimmed._only(rows))
-    assert h["item"].size(0) == rows["item"] < batch["item"].num_nodes  # fewer rows computed
-    torch.testing.assert_close(trimmed._score(h, pairs), full._score(full(batch), pairs))
+    computed: list[int] = []  # rows the items' last layer computes
+    last = trimmed.encoder.convs[-1]["user__rates__item"]
+    last.register_forward_hook(lambda _, args, out: computed.append(out.size(0)))
+    h, rows = trimmed._encode_ends(batch, pairs)
+    ends = pairs[1].unique()
+    # the pairs' ends alone, not every item up to the last one a hard negative names
+    assert computed == [ends.numel()] and h["item"].size(0) == ends.numel()
+    assert ends.numel() < int(ends.max()) + 1 <= batch["item"].num_nodes
+    torch.testing.assert_close(trimmed._score(h, rows), full._score(full(batch), pairs))
+    loss = [m._score(*m._encode_ends(batch, pairs)).sum() for m in (trimmed, full)]
+    for value in loss:
+        value.backward()
+    for (name, p), q in zip(trimmed.named_parameters(), full.parameters(), strict=True):
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad.to_dense(), q.grad.to_dense(), msg=name)
 
 
 @requires_sampler

@@ -112,12 +112,21 @@ class LinkPredictor(HeteroGNN):
         """Embeddings of every node of the (sub)graph, per node type."""
         return self._encode(batch)
 
-    def _ends(self, pairs: Tensor) -> dict[str, int]:
-        """The rows the pairs' ends need of each type: the rows a training loss reads."""
+    def _encode_ends(self, batch: HeteroData, pairs: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+        """Embeddings the pairs' scores read, and the pairs as their rows.
+
+        With target-only layers, only the rows of the pairs' ends (each type's, sorted); else
+        every sampled node's, the pairs as they are.
+        """
+        if not self.target_only_layers:
+            return self._encode(batch), pairs
         src, _, dst = self.target
-        rows = {src: int(pairs[0].max()) + 1}
-        rows[dst] = max(rows.get(dst, 0), int(pairs[1].max()) + 1)
-        return rows
+        ends = {src: pairs[0].unique()}
+        ends[dst] = torch.cat([ends[dst], pairs[1]]).unique() if dst in ends else pairs[1].unique()
+        rows = torch.stack(
+            [torch.searchsorted(ends[src], pairs[0]), torch.searchsorted(ends[dst], pairs[1])]
+        )
+        return self._encode(batch, ends), rows
 
     def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
         src, _, dst = self.target
@@ -128,8 +137,7 @@ class LinkPredictor(HeteroGNN):
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
         """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
         store = batch[self.target]
-        pairs = store.edge_label_index
-        h = self._encode(batch, self._only(self._ends(pairs)))
+        h, pairs = self._encode_ends(batch, store.edge_label_index)
         score = self._score(h, pairs).float()
         loss = (
             F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
