@@ -235,8 +235,9 @@ class HeteroGNN(L.LightningModule):
     ) -> dict[str, Tensor]:
         """Embeddings of the (sub)graph's nodes, per node type.
 
-        Every node's; given ``seeds``, of each type's first ``seeds`` rows only, each layer
-        computing only the rows the next one reads (:func:`target_only`).
+        Every node's; given ``seeds``, of each type's ``seeds`` rows only (a count of first rows,
+        or sorted ids), each layer computing only the rows the next one reads
+        (:func:`target_only`).
         """
         # Under autocast, features go to its dtype at once: float16 or bfloat16 rows (a
         # store's) make no float32 copy for the input layer to cast again; the same values.
