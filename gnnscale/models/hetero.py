@@ -144,9 +144,15 @@ def _member(ids: Tensor, rows: Tensor | None, x: Tensor) -> Tensor:
         return torch.zeros_like(ids, dtype=torch.bool)
     if _prefix(rows):
         return ids < rows.numel()
-    among = torch.zeros(x.size(0), dtype=torch.bool, device=ids.device)
-    among[rows] = True
-    return among[ids]
+    return _marked(x, [rows])[ids]
+
+
+def _marked(x: Tensor, parts: list[Tensor]) -> Tensor:
+    """A flag per row of ``x``, set at the ids in ``parts``."""
+    flags = torch.zeros(x.size(0), dtype=torch.bool, device=x.device)
+    for ids in parts:
+        flags[ids] = True
+    return flags
 
 
 def _with_sources(
@@ -156,14 +162,8 @@ def _with_sources(
     out = dict(rows)
     for t in {src for src, _, _ in kept}:
         sources = [index[0] for (src, _, _), index in kept.items() if src == t and index.numel()]
-        if not sources:
-            continue
-        among = torch.zeros(x[t].size(0), dtype=torch.bool, device=x[t].device)
-        if t in rows:
-            among[rows[t]] = True
-        for ids in sources:
-            among[ids] = True
-        out[t] = among.nonzero().view(-1)
+        if sources:
+            out[t] = _marked(x[t], [rows[t], *sources] if t in rows else sources).nonzero().view(-1)
     return out
 
 
