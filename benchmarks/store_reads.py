@@ -40,6 +40,7 @@ import numpy as np
 import psutil
 import torch
 from blocks import Block
+from device_reads import DiskReads, disk_reads
 from on_disk import evict
 from on_disk_large import (
     ENTRY,
@@ -146,29 +147,6 @@ def policies(folder: Path, fractions: tuple[float, ...]) -> dict[str, list[float
         ]
         for name, score in scores.items()
     }
-
-
-def disk_reads(folder: Path) -> tuple[int, int]:
-    """Reads completed and bytes read so far by the device that holds ``folder``."""
-    dev = os.stat(folder).st_dev
-    fields = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat").read_text().split()
-    return int(fields[0]), int(fields[2]) * 512
-
-
-class DiskReads(threading.Thread):
-    """Samples the device's reads completed once a second: the rate of each second."""
-
-    def __init__(self, folder: Path) -> None:
-        super().__init__(daemon=True)
-        self.folder, self.rates, self.done = folder, [], threading.Event()
-
-    def run(self) -> None:
-        """Sample until :attr:`done` is set."""
-        last = disk_reads(self.folder)[0]
-        while not self.done.wait(1.0):
-            now = disk_reads(self.folder)[0]
-            self.rates.append(now - last)
-            last = now
 
 
 def _run_cold(folder: Path, argv: list[str], **kwargs: object) -> tuple[harness.Run, dict]:
