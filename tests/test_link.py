@@ -10,12 +10,15 @@ import torch
 
 from gnnscale import LinkDataModule, LinkPredictor, SyntheticRecommender, make_recommender_graph
 from gnnscale.batch import LinkEval
+from gnnscale.data import link_graphs
 from gnnscale.data.link import LinkEvalArgs
+from gnnscale.data.link_graphs import distinct, popularity
 from gnnscale.data.pinsage import PinSAGENeighbors, pair_keys, pinsage_neighbors
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.link import top_destinations
 from gnnscale.plan import _batch_nodes
+from gnnscale.stores import link_split
 from gnnscale.testing import TINY_ARGS, requires_sampler, run_or_show_stacks
 
 TINY = SyntheticRecommender(
@@ -154,7 +157,7 @@ def test_ranking_masks_known_edges_and_keeps_to_the_candidates():
     table = torch.rand(num_src, num_dst, generator=gen)
     known = torch.tensor([[0, 0, 3, 5], [1, 4, 2, 11]])
     positives = torch.tensor([[0, 3, 3, 6], [7, 0, 9, 2]])
-    candidates = torch.tensor([0, 1, 2, 4, 5])
+    candidates = torch.tensor([4, 0, 5, 2, 1])  # as drawn: in no order
 
     def scores(sources, dsts):
         return table[sources][:, dsts]
@@ -185,6 +188,30 @@ def test_ranking_masks_known_edges_and_keeps_to_the_candidates():
             assert top[row].tolist() == s.topk(k).indices.tolist()
         assert truth.tolist() == [[0, 1, 1, 2], [7, 0, 9, 2]]
     assert ev.suffix == "_of5"
+
+
+def test_sampled_candidates_are_distinct_and_every_id_as_likely():
+    """Few of many ids (drawn, not permuted) and most of them (permuted) alike: ``k`` distinct
+    ids, each about as often as the others over many draws, the same for the same seed."""
+    for n, k in ((40, 3), (10, 8)):
+        counts = torch.zeros(n)
+        for seed in range(4000):
+            ids = distinct(n, k, torch.Generator().manual_seed(seed))
+            assert ids.numel() == k and ids.unique().numel() == k
+            assert ids.tolist() == sorted(ids.tolist())
+            counts[ids] += 1
+        expected = 4000 * k / n
+        assert (counts - expected).abs().max() < 5 * expected**0.5, counts  # ~5 sigma
+    again = distinct(10**9, 1000, torch.Generator().manual_seed(1))
+    assert torch.equal(again, distinct(10**9, 1000, torch.Generator().manual_seed(1)))
+
+
+def test_popularity_counts_each_destination_across_chunks(monkeypatch):
+    monkeypatch.setattr(link_graphs, "POPULARITY_CHUNK", 4)  # several chunks, the last short
+    pairs = torch.tensor([[0, 1, 1, 2, 2, 2, 0, 3, 3], [1, 1, 2, 1, 0, 4, 4, 4, 1]])
+    counts = popularity(pair_keys(pairs, 5), 5)
+    assert counts.dtype == torch.float32
+    assert counts.tolist() == [1.0, 4.0, 1.0, 0.0, 3.0]
 
 
 @requires_sampler
@@ -547,7 +574,6 @@ def test_a_splits_known_edges_are_the_distinct_keys_of_its_csc_and_pairs(
 ):
     """Chunks of a few edges (a destination's list, and a run of one key, split across them) or
     all; duplicate edges, destinations without edges, pairs already in the graph."""
-    from gnnscale.stores import link_split
 
     monkeypatch.setattr(link_split, "KEY_CHUNK", chunk)
     g = torch.Generator().manual_seed(0)

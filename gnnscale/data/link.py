@@ -42,7 +42,15 @@ from gnnscale.batch import LinkEval, supervise
 from gnnscale.data.args import LoaderArgs, check_dataset, check_positive
 from gnnscale.data.datasets import DATASETS, load_dataset
 from gnnscale.data.hetero import HeteroGraphData, edge_key
-from gnnscale.data.link_graphs import STAGES, Links, LinkSplit, LinkTask, open_links, popularity
+from gnnscale.data.link_graphs import (
+    STAGES,
+    Links,
+    LinkSplit,
+    LinkTask,
+    distinct,
+    open_links,
+    popularity,
+)
 from gnnscale.data.loaders import rank_own, resumable
 from gnnscale.data.pinsage import (
     HardNegatives,
@@ -400,8 +408,7 @@ class LinkDataModule(HeteroGraphData):
             and self.eval.candidates is not None
             and self.eval.candidates < num_dst
         ):
-            gen = torch.Generator().manual_seed(1)
-            candidates = torch.randperm(num_dst, generator=gen)[: self.eval.candidates]
+            candidates = distinct(num_dst, self.eval.candidates, torch.Generator().manual_seed(1))
             # Only the nodes ranked or scored are embedded, not every node of the two types.
             ends: dict[str, list[Tensor]] = {src_type: [], dst_type: []}
             ends[src_type] += [positives[0], label_index[0]]

@@ -38,6 +38,7 @@ __all__ = [
     "Links",
     "MemoryLinks",
     "PreparedLinks",
+    "distinct",
     "open_links",
     "popularity",
 ]
@@ -275,15 +276,40 @@ class PreparedLinks:
 Links = MemoryLinks | PreparedLinks
 
 
+POPULARITY_CHUNK = 1 << 20  # keys counted at once: 8 MiB of destinations
+
+
 def popularity(known: Tensor, num_dst: int) -> Tensor:
     """Each destination's count among the ``known`` keys (the popularity baseline's ranking).
 
-    A chunk of keys at a time: a prepared folder's are mapped, and as many as its edges.
+    A chunk of keys at a time (a prepared folder's are mapped, and as many as its edges), added
+    into the float32 counts it returns: nothing else as long as the destinations is made (a
+    ``bincount`` per chunk was, in int64). Counts are exact up to 2**24 a destination.
     """
-    counts = torch.zeros(num_dst, dtype=torch.long)
-    for a in range(0, known.numel(), link_split.KEY_CHUNK):
-        counts += torch.bincount(known[a : a + link_split.KEY_CHUNK] % num_dst, minlength=num_dst)
-    return counts.float()
+    counts = torch.zeros(num_dst)
+    ones = torch.ones(min(known.numel(), POPULARITY_CHUNK))
+    for a in range(0, known.numel(), POPULARITY_CHUNK):
+        dst = known[a : a + POPULARITY_CHUNK] % num_dst
+        counts.index_add_(0, dst, ones[: dst.numel()])
+    return counts
+
+
+def distinct(n: int, k: int, generator: torch.Generator) -> Tensor:
+    """``k`` distinct ids of ``range(n)``, every set of ``k`` equally likely, sorted.
+
+    Without permuting all ``n`` when ``k`` is small beside it (a ``randperm`` of MAG240M's
+    papers is 2 GB): ids are drawn with replacement until ``k`` distinct ones are in hand, and
+    ``k`` of those kept at random; whichever ids came up, every one of them was equally likely
+    to, so the set kept is uniform.
+    """
+    if 2 * k > n:
+        return torch.randperm(n, generator=generator)[:k].sort().values
+    drawn = torch.empty(0, dtype=torch.long)
+    while drawn.numel() < k:
+        more = torch.randint(n, (k,), generator=generator)
+        drawn = torch.unique(torch.cat([drawn, more]))
+    keep = torch.randperm(drawn.numel(), generator=generator)[:k]
+    return drawn[keep].sort().values
 
 
 def open_links(source: GraphSource, task: LinkTask) -> Links:
