@@ -423,16 +423,19 @@ def blocks(tiny: bool) -> list[Block]:
             f"| the training loop, a batch of both epochs: waiting for the loader / in the "
             f"training step | {plain['loop']['wait']:.2f} / {plain['loop']['step']:.2f} s |",
             f"| every sampled paper projected before the first layer averages it (`{UNPROJECTED}`"
-            f"): s/batch, first / second epoch; waiting / in the training step | "
-            f"{raw['epoch_s'][0] / batches:.2f} / {raw['epoch_s'][1] / batches:.2f}; "
-            f"{raw['loop']['wait']:.2f} / {raw['loop']['step']:.2f} s "
-            f"({raw['epoch_s'][1] / plain['epoch_s'][1]:.2f}x the default's second epoch) |",
+            f"): s in the training step, a batch / s/batch, first / second epoch (device "
+            f"reads/s while busy) | {raw['loop']['step']:.2f} against the default's "
+            f"{plain['loop']['step']:.2f} / {raw['epoch_s'][0] / batches:.2f} / "
+            f"{raw['epoch_s'][1] / batches:.2f} ({raw['busy_reads_per_s']:,.0f}) |",
             f"| device reads/s while busy / the disk's random 4-KiB rate at depth 32 | "
             f"{plain['busy_reads_per_s']:,.0f} / {deep:,.0f} "
             f"({plain['busy_reads_per_s'] / deep:.0%}) |",
             f"| with a feature cache of 10% of the paper features ({r['cache_gib']:.2f} GiB): "
             f"s/batch, second epoch / whole run | {cached['epoch_s'][1] / batches:.2f} "
-            f"({second:.2f}x as fast as without; {cached['hit_rate'][-1]:.0%} of rows held) / "
+            f"({second:.2f}x as fast as without, the disk reading "
+            f"{cached['busy_reads_per_s']:,.0f}/s while busy against "
+            f"{plain['busy_reads_per_s']:,.0f}; "
+            f"{cached['hit_rate'][-1]:.0%} of rows held) / "
             f"{cached['fit_s']:,.0f} s |",
             f"| device reads a batch in the second epoch, without / with the cache (a cache "
             f"saves at most the share of rows it holds) | {_saved(plain, cached, batches)} |",
