@@ -91,10 +91,6 @@ def _evict(folder: Path) -> None:
                 os.close(fd)
 
 
-# Each epoch's device reads (the store's disk), logged by the fit itself.
-EPOCH_READS = {"class_path": "device_reads.EpochReads"}
-
-
 def fit(
     workdir: Path,
     store: Path,
@@ -117,6 +113,7 @@ def fit(
     config = REPO / "recipes" / task / "config.yaml"
     save_dir = workdir / "runs" / name
     launch = [sys.executable, *(TORCHRUN if ranks > 1 else []), "-m", "gnnscale.cli", "fit"]
+    epoch_reads = {"class_path": "device_reads.EpochReads", "init_args": {"path": str(store)}}
     profile = [  # how long the training loop waited for each batch, and trained on it
         "--trainer.profiler=lightning.pytorch.profilers.SimpleProfiler",
         f"--trainer.profiler.init_args.dirpath={save_dir}",
@@ -142,7 +139,7 @@ def fit(
         "--trainer.enable_progress_bar=false",
         f"--trainer.logger.init_args.save_dir={save_dir}",
         f"--trainer.default_root_dir={workdir}",
-        f"--trainer.callbacks+={json.dumps(EPOCH_READS | {'init_args': {'path': str(store)}})}",
+        f"--trainer.callbacks+={json.dumps(epoch_reads)}",  # each epoch's reads of the disk
         *flags,
     ]
     paper_x = inputs / "nodes" / "paper" / "x.npy"  # used in place by the store
