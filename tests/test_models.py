@@ -124,6 +124,34 @@ def test_trains_well_above_mlp(tmp_path, dm_name, model_name, mlp_accuracy):
     assert set(aggregated) == {dm_name == "neighbor" and model_name == "sage"}
 
 
+def test_a_plateau_schedule_keeps_the_rate_while_validation_improves(tmp_path):
+    """``ReduceLROnPlateau`` with its defaults (``mode: min``) watches a loss: it watched
+    ``val/acc``, whose every rise it counted as a bad epoch, halving the rate as accuracy rose."""
+    L.seed_everything(0)
+    dm = FullBatchDataModule(root=tmp_path, synthetic=TINY)
+    schedule = partial(torch.optim.lr_scheduler.ReduceLROnPlateau, factor=0.5, patience=0)
+    model = GraphSAGE(
+        dm.num_features,
+        dm.num_classes,
+        64,
+        optimizer=partial(torch.optim.Adam, lr=0.01),
+        lr_scheduler=schedule,
+    )
+    seen = []
+
+    class Spy(L.Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            if not trainer.sanity_checking:
+                logged = trainer.callback_metrics
+                seen.append({k: float(logged[f"val/{k}"]) for k in ("loss", "acc")})
+
+    trainer = _trainer(tmp_path, 4, enable_checkpointing=False, callbacks=[Spy()])
+    trainer.fit(model, dm)
+    losses, accs = [s["loss"] for s in seen], [s["acc"] for s in seen]
+    assert losses == sorted(losses, reverse=True) and accs[-1] > accs[0], seen  # improving
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 0.01
+
+
 @requires_sampler
 def test_sampled_evaluation_agrees_with_exact(tmp_path):
     L.seed_everything(0)

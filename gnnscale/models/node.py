@@ -197,7 +197,8 @@ class NodeClassifier(L.LightningModule):
         """Accuracy on validation nodes."""
         out, y = self._logits(batch)
         self.val_acc(out, y)
-        self.log("val/loss", F.cross_entropy(out.float(), y), batch_size=y.numel())
+        loss = F.cross_entropy(out.float(), y)  # the schedule's: averaged over DDP ranks
+        self.log("val/loss", loss, batch_size=y.numel(), sync_dist=True)
         self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.numel())
 
     def test_step(self, batch: Data | LayerwiseBatch, batch_idx: int) -> None:
@@ -228,7 +229,7 @@ class NodeClassifier(L.LightningModule):
         scheduler = self.lr_scheduler(optimizer)
         return {
             "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "monitor": "val/acc"},
+            "lr_scheduler": {"scheduler": scheduler, "monitor": "val/loss"},
         }
 
 
@@ -250,7 +251,7 @@ class GraphSAGE(NodeClassifier):
             aggregation with another ``aggr``) is off.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
-        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
+        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/loss``.
     """
 
     def __init__(
@@ -315,7 +316,7 @@ class GATv2(NodeClassifier):
             summing, so GraphSAGE's aggregation tricks do not apply.
         optimizer: Optimizer, with its arguments (``class_path`` and ``init_args``); none:
             ``Adam`` with lr 0.005 and weight decay 5e-4 (the GAT paper's settings).
-        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/acc``.
+        lr_scheduler: Learning-rate schedule, or none; ``ReduceLROnPlateau`` watches ``val/loss``.
     """
 
     def __init__(
