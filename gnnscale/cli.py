@@ -112,6 +112,18 @@ class Trainer(L.Trainer):
         return self.memory_plan
 
 
+class _Parser(LightningArgumentParser):
+    """Lightning's parser, which takes an option only as spelled in full.
+
+    argparse would take a prefix (``--model.init_args.speed.target_only`` for
+    ``target_only_layers``), which a later option could make ambiguous. jsonargparse builds the
+    parsers of the classes in a config (the model's, the data's) from this class too.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+
 class GnnscaleCLI(LightningCLI):
     """LightningCLI that links what the data tells the model, and tests after ``fit``."""
 
@@ -359,6 +371,7 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
         L.LightningModule,
         L.LightningDataModule,
         trainer_class=Trainer,
+        parser_class=_Parser,
         subclass_mode_model=True,
         subclass_mode_data=True,
         trainer_defaults=TRAINER_DEFAULTS,

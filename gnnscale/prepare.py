@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
-from jsonargparse import ArgumentError
+from jsonargparse import ArgumentError, ArgumentParser
 
 from gnnscale import argerrors
 from gnnscale.data.args import NodeSplit, Preprocess
@@ -236,6 +236,16 @@ def prepare(
     return source.write(out, feature_dtype)
 
 
+class _Parser(ArgumentParser):
+    """jsonargparse's parser, which takes an option only as spelled in full.
+
+    ``--sour`` is not ``--source``; nor in the parsers it builds from this class for a source.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
+
 def _function_main(
     function: Callable[..., Path],
     command: str,
@@ -254,6 +264,7 @@ def _function_main(
             args=sys.argv[2:] if args is None else args,
             exit_on_error=False,
             prog=command,
+            parser_class=_Parser,
         )
     except ArgumentError as err:
         raise ConfigError(renamed(str(err)) or argerrors.one_line(str(err), command)) from err

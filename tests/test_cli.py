@@ -530,3 +530,20 @@ def test_help_names_every_subcommand_and_each_its_own(capsys, monkeypatch):
         with pytest.raises(SystemExit):
             gnnscale.cli.run()  # the table dispatches it
         assert capsys.readouterr().out.startswith(f"usage: gnnscale {name} ")
+
+
+@pytest.mark.parametrize("subcommand", ["fit", "plan"])
+def test_an_option_is_taken_only_as_spelled_in_full(subcommand):
+    """argparse would take a prefix: ``speed.target_only`` meant ``target_only_layers``."""
+    config = [subcommand, "--config", str(REPO / "recipes" / "neighbor_sage" / "config.yaml")]
+    for flag in ("--model.init_args.speed.target_only=false", "--trainer.max_epo=1"):
+        with pytest.raises(ConfigError, match=re.escape(flag.split("=")[0].split(".")[-1])):
+            main([*config, flag, "--print_config"])
+
+
+@pytest.mark.parametrize("command", [prepare_main, prepare_graphs_main])
+def test_a_writers_option_is_taken_only_as_spelled_in_full(tmp_path, command):
+    flags = [f"--ou={tmp_path / 'out'}", "--source=Dataset", "--atoms.num_graphs=10"]
+    with pytest.raises(ConfigError, match="--ou="):
+        command(flags[:2] if command is prepare_main else flags[::2])
+    assert not (tmp_path / "out").exists()
