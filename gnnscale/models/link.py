@@ -273,21 +273,26 @@ def top_destinations(
             s[:, ~_in_sorted(cols, candidates)] = float("-inf")
             s[r, at] = own
         known_r, known_d = _known(evaluation, sources[chunk], num_dst)
-        ranked = _in_sorted(known_d, cols)
-        s[known_r[ranked], torch.searchsorted(cols, known_d[ranked])] = float("-inf")
+        ranked, at = _find(known_d, cols)
+        s[known_r[ranked], at[ranked]] = float("-inf")
         tops.append(cols[s.topk(min(evaluation.k, cols.numel()), dim=1).indices])
     return torch.cat(tops), torch.stack([row, evaluation.positives[1]])
 
 
 def _in_sorted(values: Tensor, keys: Tensor) -> Tensor:
-    """Whether each of ``values`` is among the sorted ``keys``.
+    """Whether each of ``values`` is among the sorted ``keys``."""
+    return _find(values, keys)[0]
+
+
+def _find(values: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
+    """Whether each of ``values`` is among the sorted ``keys``, and where it is if so.
 
     A search: ``torch.isin`` would sort a copy of the keys, as many as the known edges.
     """
     if not keys.numel():
-        return torch.zeros_like(values, dtype=torch.bool)
+        return torch.zeros_like(values, dtype=torch.bool), torch.zeros_like(values)
     at = torch.searchsorted(keys, values).clamp_(max=keys.numel() - 1)
-    return keys[at] == values
+    return keys[at] == values, at
 
 
 def _known(evaluation: LinkEval, sources: Tensor, num_dst: int) -> tuple[Tensor, Tensor]:
