@@ -216,6 +216,10 @@ UNACTIONABLE = (
     "`isinstance(treespec, LeafSpec)` is deprecated",
     "Precision bf16-mixed is not supported by the model summary",
     "Couldn't infer the batch indices fetched from your dataloader",
+    # Under DDP, for gnnscale's own per-rank figures: each rank's epoch time, throughput and
+    # memory, and its mean training loss (a reduction every step would cost a collective).
+    "It is recommended to use `self.log('perf/",
+    "It is recommended to use `self.log('train/loss'",
 )
 
 

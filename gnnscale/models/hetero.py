@@ -409,7 +409,7 @@ class HeteroSAGE(HeteroGNN):
         """Accuracy on the target type's validation nodes."""
         out, y, _ = self._seeds(batch)
         self.val_acc(out, y)
-        self.log("val/loss", F.cross_entropy(out, y), batch_size=y.numel())
+        self.log("val/loss", F.cross_entropy(out, y), batch_size=y.numel(), sync_dist=True)
         self.log("val/acc", self.val_acc, prog_bar=True, batch_size=y.numel())
 
     def test_step(self, batch: HeteroData, batch_idx: int) -> None:
