@@ -300,6 +300,7 @@ RECIPES: tuple[Recipe, ...] = (
             "--model.init_args.num_rbf=16",
             "--model.init_args.optimizer.init_args.lr=0.005",
             "--trainer.accumulate_grad_batches=1",
+            "--model.init_args.lr_scheduler.init_args.T_max=12",  # the schedule over the run
         ),
         tiny_prepare=("--atoms.num_graphs=1500", "--chunk_graphs=500"),
         # As shipped, 3 epochs of 1M graphs (hours on 2 CPU cores): the figures train 2 epochs
