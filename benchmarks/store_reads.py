@@ -5,8 +5,9 @@ minutes; run at full size only when named). The graph is ``ondisk-large``'s, reu
 lies (``$GNNSCALE_LARGE_DIR/gnnscale-large-full``), else prepared (40 GiB, minutes). In one run:
 
 - the disk's own random-read rates: 4-KiB reads at random offsets of the feature file, direct
-  (past the page cache), by 1 thread, and by 32 before each fit (the device's rate drifted
-  between 49k and 80k reads/s within an hour here: the table divides by their median);
+  (past the page cache), by 1 thread, and by 32 before the first fit and after each (the
+  device's rate drifted between 43k and 80k reads/s within an hour here: each fit's reads are
+  set against the probes on either side of it, the cold gathers against their median);
 - cold gathers of random feature rows: one ``index_select`` against 32 threads
   (``gnnscale.stores.reads``);
 - which rows a cache should hold: two sampling passes over the training seeds; the share of the
@@ -243,12 +244,13 @@ def measure(size: str, workdir: Path) -> dict:
     prepare_graph(folder, size)
     x_bytes = (folder / "x.bin").stat().st_size
     seconds, rows = (1.0, 2_000) if tiny else (15.0, 40_000)
-    deep: list[float] = []  # the depth-32 rate, probed before each fit: it drifts by a third
+    # The depth-32 rate, probed before the first fit and after each: it drifts by a third within
+    # the run, so each fit is set against the probes on either side of it.
+    deep: list[float] = []
 
     def probe() -> None:
         deep.append(disk_rate(folder / "x.bin", DEPTH, seconds))
 
-    probe()
     r: dict = {
         "x_gib": x_bytes / 2**30,
         "ram_gib": psutil.virtual_memory().total / 2**30,
@@ -270,12 +272,13 @@ def measure(size: str, workdir: Path) -> dict:
         label = f"default + feature cache of {fraction:.0%} (`feature_cache_gib: {gib:.2f}`)"
         runs[label] = [two, f"--data.init_args.feature_cache_gib={gib:.4f}"]
     r["fits"] = {}
+    probe()
     for i, (label, flags) in enumerate(runs.items()):
-        probe()
         r["fits"][label] = fit(folder, workdir, f"run{i}", *flags)
-    for mode, label in PYG_LABELS.items():
         probe()
+    for mode, label in PYG_LABELS.items():
         r["fits"][label] = pyg_loop(folder, mode)
+        probe()
     r["deep"] = deep
     return r
 
@@ -284,19 +287,20 @@ def _table(r: dict) -> str:
     disk1, disk32 = r["disk"][1], statistics.median(r["deep"])
     lines = [
         "| reads | first epoch (cold), s | second epoch, s | feature cache hit rate (second) "
-        "| device reads/s while busy (% of depth 32) | fit, whole run, s | peak private "
+        "| device reads/s while busy (% of depth 32 around it) | fit, whole run, s | peak private "
         "memory, trainer / largest worker | val / test acc |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     base = None
-    for label, f in r["fits"].items():
+    for i, (label, f) in enumerate(r["fits"].items()):
+        around = (r["deep"][i] + r["deep"][i + 1]) / 2  # the probes before and after this row
         first = f["epoch_s"][0]
         base = base or first
         second = f"{f['epoch_s'][1]:,.1f}" if len(f["epoch_s"]) > 1 else "-"
         hits = f"{f['hit_rate'][-1]:.0%}" if f["hit_rate"] else "-"
         lines.append(
             f"| {label} | {first:,.1f} ({base / first:.1f}x) | {second} | {hits} "
-            f"| {f['busy_reads_per_s']:,.0f} ({f['busy_reads_per_s'] / disk32:.0%}) "
+            f"| {f['busy_reads_per_s']:,.0f} ({f['busy_reads_per_s'] / around:.0%}) "
             f"| {f['fit_s']:,.0f} | {f['private_mb']:,.0f} / {f['worker_mb']:,.0f} MiB "
             + (f"| {f['val_acc']:.3f} / {f['test_acc']:.3f} |" if "val_acc" in f else "| - |")
         )
@@ -307,7 +311,7 @@ def _table(r: dict) -> str:
         "|---|---:|",
         f"| random 4-KiB direct reads, 1 thread (queue depth 1) | {disk1:,.0f} |",
         f"| random 4-KiB direct reads, {DEPTH} threads (queue depth {DEPTH}): median of "
-        f"{len(r['deep'])} probes, one before each fit ({min(r['deep']):,.0f} to "
+        f"{len(r['deep'])} probes, before the first fit and after each ({min(r['deep']):,.0f} to "
         f"{max(r['deep']):,.0f}) | {disk32:,.0f} |",
         f"| cold random feature rows, one `index_select` | {g1:,.0f} |",
         f"| cold random feature rows, {DEPTH} threads (`gnnscale.stores.reads.gather`) | "
@@ -348,7 +352,8 @@ def blocks(tiny: bool) -> list[Block]:
             "every layer), then the loader alone; one cold epoch each, its whole run the "
             "script's, start-up included, with no validation. Device reads: the median of the "
             "one-second rates above 1,000 reads/s of the disk that holds the graph "
-            f"(`/sys/dev/block`), against the median of its depth-{DEPTH} rates probed here. "
+            f"(`/sys/dev/block`), against the mean of its depth-{DEPTH} rates probed just "
+            "before and after the row (the disk's rate drifts within the run). "
             "Policies: two sampling passes over the training seeds at the recipe's fan-out, "
             "without features; each cache holds 10% or 25% of the rows, chosen from the first "
             "pass, and is scored on the second.",
