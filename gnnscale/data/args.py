@@ -63,7 +63,8 @@ class LoaderArgs:
             raise ConfigError(f"--data.loader.num_workers must be >= 0 (got {self.num_workers})")
         if self.persistent_workers and self.num_workers == 0:
             raise ConfigError(
-                "--data.loader.persistent_workers needs --data.loader.num_workers > 0"
+                "--data.loader.persistent_workers needs --data.loader.num_workers > 0: to load "
+                "in the training process, also set --data.loader.persistent_workers=false"
             )
 
     @property
