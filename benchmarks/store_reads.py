@@ -20,8 +20,9 @@ lies (``$GNNSCALE_LARGE_DIR/gnnscale-large-full``), else prepared (40 GiB, minut
   first cold, the second with what the caches kept); the device's reads per second while each
   ran, its private memory, the cache's hit rate;
 - a user's own loop (docs/stores.md): PyG's ``NeighborLoader`` over ``gnnscale.stores.open(folder,
-  read_threads=32)`` with gnnscale's sampler, one loader worker, one cold epoch: the store's
-  reads against the DataModule's.
+  read_threads=32)`` with gnnscale's sampler, one loader worker, one cold epoch, training and
+  then the loader alone; and the loader alone over the store with a 10% feature cache and two
+  workers, two epochs: the store's reads against the DataModule's.
 """
 
 from __future__ import annotations
