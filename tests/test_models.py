@@ -737,6 +737,24 @@ def test_layerwise_inference_equals_pygs(tmp_path, monkeypatch, name):
     torch.testing.assert_close(layerwise_inference(model.gnn, batch), ours)
 
 
+@requires_sampler
+def test_a_layerwise_batch_stays_in_host_memory_on_its_way_to_the_device(tmp_path):
+    """Lightning's transfer would copy the whole feature matrix (a prepared graph's whole file)
+    to the GPU; layer-wise inference moves each one-hop batch's rows itself. A sampled batch
+    still moves ("meta" stands for the GPU)."""
+    dm = NeighborDataModule(root=tmp_path, batch_size=64, num_neighbors=[5, 5], synthetic=TINY)
+    dm.setup("fit")
+    model = GraphSAGE(TINY.num_features, 5)
+    meta = torch.device("meta")
+    layerwise = next(iter(dm.val_dataloader()))
+    assert isinstance(layerwise, LayerwiseBatch)
+    moved = model.transfer_batch_to_device(layerwise, meta, 0)
+    assert moved.x.device.type == moved.y.device.type == "cpu"
+    assert moved.x.data_ptr() == layerwise.x.data_ptr()  # not copied either
+    sampled = model.transfer_batch_to_device(next(iter(dm.train_dataloader())), meta, 0)
+    assert sampled.x.device == sampled.edge_index.device == meta
+
+
 class _shuffled_edges:
     """A loader whose batches list their edges in a random order."""
 

@@ -179,6 +179,19 @@ class NodeClassifier(L.LightningModule):
         """``batch`` as exact layer-wise inference reads it: the first layer's input is ``x``."""
         return batch
 
+    def transfer_batch_to_device(
+        self, batch: Any, device: torch.device, dataloader_idx: int
+    ) -> Any:
+        """Every batch to ``device``; a layer-wise one's whole-graph tensors stay in host memory.
+
+        Lightning would copy all of ``x`` (a prepared graph's whole feature file) to the GPU;
+        :func:`layerwise_inference` moves each one-hop batch's rows there itself, as PyG's
+        ``inference`` does.
+        """
+        if isinstance(batch, LayerwiseBatch):
+            return batch
+        return super().transfer_batch_to_device(batch, device, dataloader_idx)
+
     def _logits(self, batch: Data | LayerwiseBatch) -> tuple[Tensor, Tensor]:
         if isinstance(batch, LayerwiseBatch):
             batch, sparse = self.layerwise_input(batch), self.sparse_aggregation
