@@ -173,7 +173,8 @@ def _parquet_edges(path: Path) -> Edges:
     edges = Edges(str(path), num_rows, chunks)
     if features:
         first = pq.ParquetFile(parts[0]).schema_arrow
-        dtype = np.result_type(*(first.field(n).type.to_pandas_dtype() for n in features))
+        empty = (pyarrow.array([], type=first.field(n).type) for n in features)
+        dtype = np.result_type(*(column.to_numpy().dtype for column in empty))  # pandas-free
 
         def rows(size: int) -> Iterator[np.ndarray]:
             for part, start, batch in batches(size, features):
