@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Literal, cast
+from typing import Any, Literal, cast, get_type_hints
 
 import lightning as L
 import torch
@@ -37,6 +37,11 @@ class _SAGE(nn.Module):
             if i < len(self.convs) - 1:
                 x = self.dropout(x.relu())
         return x
+
+
+# Resolved, not strings (``from __future__ import annotations``): torch.fx before torch 2.6
+# cannot write a string annotation into the code ``to_hetero`` generates.
+_SAGE.forward.__annotations__ = get_type_hints(_SAGE.forward)
 
 
 def target_only(
