@@ -100,6 +100,8 @@ def test_a_damaged_checkpoint_is_refused_naming_the_whole_one_beside_it(tmp_path
     with pytest.raises(ConfigError, match="no whole checkpoint lies beside it"):
         io.load_checkpoint(last)
 
+    if not hasattr(torch.serialization, "set_crc32_options"):  # torch before 2.6
+        return
     torch.serialization.set_crc32_options(False)  # saved without checksums: nothing to check
     try:
         io.save_checkpoint({"w": torch.ones(10)}, tmp_path / "unchecked.ckpt")
