@@ -13,6 +13,7 @@ import os
 import signal
 import struct
 import subprocess
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -162,9 +163,11 @@ def run_or_show_stacks(
     """``subprocess.run(argv, capture_output=True, text=True)`` that fails with stacks on a hang.
 
     The command runs with ``PYTHONFAULTHANDLER=1``, which every process it forks inherits
-    (ranks, loader workers). If it has not finished after ``timeout`` seconds, each process of
-    its tree gets ``SIGABRT``, so that each Python process prints every thread's stack to the
-    shared stderr; the test then fails with that stderr's tail: where the run was stuck.
+    (ranks, loader workers). If it has not finished after ``timeout`` seconds, every process of
+    its tree is stopped, then each, the deepest first, gets ``SIGABRT`` and is let die before
+    the next, so that each Python process prints every thread's stack to the shared stderr in
+    turn (sent at once, two stacks came out mixed character by character); the test then fails
+    with that stderr's tail: where the run was stuck.
 
     Args:
         argv: The command.
@@ -181,9 +184,14 @@ def run_or_show_stacks(
         tree = [psutil.Process(proc.pid)]
         with contextlib.suppress(psutil.Error):
             tree += tree[0].children(recursive=True)
-        for process in reversed(tree):  # the deepest first: none is reaped before it prints
+        for process in tree:  # all stopped first: none moves on when another one dies
+            with contextlib.suppress(psutil.Error):
+                process.suspend()
+        for process in reversed(tree):  # the deepest first, one at a time: stacks not mixed
             with contextlib.suppress(psutil.Error):
                 process.send_signal(signal.SIGABRT)
+                process.resume()
+                _wait_until_dead(process)
         try:
             out, err = proc.communicate(timeout=30)
         except subprocess.TimeoutExpired:
@@ -196,3 +204,15 @@ def run_or_show_stacks(
             f"sent SIGABRT, and its stderr ends with their stacks:\n{err[-20000:]}"
         )
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def _wait_until_dead(process: psutil.Process, timeout: float = 10.0) -> None:
+    """Until ``process`` has exited (a zombie counts: its parent may be stopped), or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if process.status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.02)
