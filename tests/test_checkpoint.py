@@ -52,7 +52,7 @@ def test_a_failed_save_leaves_the_previous_checkpoint_whole(tmp_path):
     io = StreamingCheckpointIO()
     path = tmp_path / "sub" / "last.ckpt"
     io.save_checkpoint({"step": 1, "w": torch.arange(3)}, path)
-    with pytest.raises(Exception, match="pickle"):
+    with pytest.raises(Exception, match="pickle|local object"):  # Python 3.13: the latter
         io.save_checkpoint({"step": 2, "w": torch.arange(3), "bad": lambda: 0}, path)
     assert list(path.parent.iterdir()) == [path]  # no temporary file left behind
     plain = tmp_path / "plain"
