@@ -65,8 +65,6 @@ class Recipe:
         tiny: CLI overrides that make it a CPU run of seconds on a generated graph.
         variants: README table rows: a label and the overrides of each (first: as shipped).
         figure_args: Overrides for every measured run, when the shipped run is too long here.
-        needs: What it cannot run without: a neighbour sampler (pyg-lib or torch-sparse), or
-            torch-sparse itself (GraphSAINT).
         processes: Training processes of one run (DDP ranks on one machine).
         tiny_prepare: Overrides of its ``prepare.yaml`` (if it has one) for the tiny run.
         prepare_command: The subcommand that runs its ``prepare.yaml``: ``prepare`` (one graph)
@@ -84,7 +82,6 @@ class Recipe:
     tiny: tuple[str, ...]
     variants: tuple[tuple[str, tuple[str, ...]], ...] = (("as shipped", ()),)
     figure_args: tuple[str, ...] = ()
-    needs: Literal["sampler", "torch_sparse", "nothing"] = "sampler"
     processes: int = 1
     tiny_prepare: tuple[str, ...] = ()
     prepare_command: Literal["prepare", "prepare-graphs"] = "prepare"
@@ -142,7 +139,6 @@ RECIPES: tuple[Recipe, ...] = (
             "--model.init_args.optimizer=torch.optim.Adam",
             "--model.init_args.optimizer.init_args.lr=0.01",
         ),
-        needs="nothing",
     ),
     Recipe(
         "neighbor_sage",
@@ -177,7 +173,6 @@ RECIPES: tuple[Recipe, ...] = (
                 ("--data.init_args.sampler=node", "--data.init_args.batch_size=6000"),
             ),
         ),
-        needs="torch_sparse",
     ),
     Recipe(
         "gat_attention_memory",
@@ -187,7 +182,6 @@ RECIPES: tuple[Recipe, ...] = (
             "--model.init_args.hidden_channels=64",
             "--trainer.max_epochs=30",
         ),
-        needs="nothing",
     ),
     Recipe(
         "sparse_embeddings",
@@ -311,7 +305,6 @@ RECIPES: tuple[Recipe, ...] = (
             "--trainer.limit_train_batches=200",
             *_NO_WORKERS,
         ),
-        needs="nothing",
         processes=2,
         prepare_command="prepare-graphs",
         task="graph",

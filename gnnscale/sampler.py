@@ -25,10 +25,22 @@ import torch
 import torch_geometric.typing
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch_geometric.sampler import NeighborSampler, NodeSamplerInput, SamplerOutput
+from torch_geometric.sampler import (
+    HeteroSamplerOutput,
+    NeighborSampler,
+    NodeSamplerInput,
+    SamplerOutput,
+)
 from torch_geometric.sampler.base import SubgraphType
 
-__all__ = ["HopSampler", "ReadsAhead", "describe", "sample_hops", "vectorized"]
+__all__ = [
+    "HopSampler",
+    "ReadsAhead",
+    "describe",
+    "sample_hops",
+    "sample_typed_hops",
+    "vectorized",
+]
 
 
 @runtime_checkable
@@ -66,7 +78,8 @@ def log_backend_once(sampler: str | None = None) -> None:
 def vectorized(sampler: str) -> bool:
     """Whether ``--data.loader.sampler`` ``sampler`` means :func:`sample_hops` on this install.
 
-    ``auto``: where pyg-lib is not installed (torch-sparse is the slow backend).
+    ``auto``: where pyg-lib is not installed (torch-sparse, PyG's other backend, is the slow
+    one, and neither is on PyPI).
     """
     return sampler == "vectorized" or (
         sampler == "auto" and not torch_geometric.typing.WITH_PYG_LIB
@@ -121,74 +134,183 @@ def _sample_edges(colptr: Tensor, frontier: Tensor, k: int, replace: bool) -> tu
     return position, owner
 
 
+def _add_new(known: Tensor, found: Tensor) -> tuple[Tensor, Tensor]:
+    """Local ids of ``found`` among ``known``, and the ids not known yet (in id order).
+
+    Known ids keep their positions; new ones take the next, in the order of their values (one
+    sort of both).
+    """
+    unique, inverse = torch.unique(torch.cat([known, found]), return_inverse=True)
+    local = torch.full_like(unique, -1)
+    count = known.numel()
+    local.index_copy_(0, inverse[:count], torch.arange(count, device=known.device))
+    new = local < 0
+    added = unique.masked_select(new)
+    local[new] = torch.arange(count, count + added.numel(), device=known.device)
+    return local.index_select(0, inverse[count:]), added
+
+
+def sample_typed_hops(
+    colptr: dict[Any, Tensor],
+    row: dict[Any, Tensor],
+    ends: dict[Any, tuple[Any, Any]],
+    seeds: dict[Any, Tensor],
+    fanouts: dict[Any, list[int]],
+    replace: bool = False,
+    num_nodes: dict[Any, int] | None = None,
+) -> HeteroSamplerOutput:
+    """Sample each edge type's ``fanouts[key][h]`` in-edges of the nodes hop ``h`` reached.
+
+    Hop ``h``, for every edge type whose destination type the last hop reached (hop 0: the
+    seeds), draws a uniform subset of each such node's in-edges; the sources found, across
+    every edge type into a node type, are relabelled with one sort per node type. Edge types
+    draw in the order of their keys, so a graph and its store give the same batch.
+
+    Args:
+        colptr: Each edge type's CSC pointer (``key``: any name, as PyG's rel strings).
+        row: Each edge type's CSC source nodes.
+        ends: Each edge type's (source, destination) node types.
+        seeds: Seed nodes by node type (distinct, unless ``num_nodes`` is given).
+        fanouts: In-edges per node at each hop, by edge type; ``-1``: all, ``0``: none.
+        replace: Draw with replacement.
+        num_nodes: Disjoint subgraphs, one per seed (PyG's ``disjoint=True``): every node type's
+            count. A node is then (its seed's position, its id), and ``batch`` says which seed.
+
+    Returns:
+        PyG's ``HeteroSamplerOutput`` keyed as the input: ``node`` by node type (seeds first,
+        then each hop's new nodes), ``row``/``col``/``edge`` by edge type (sources and targets
+        as positions in their type's ``node``; edges as CSC positions, grouped by target),
+        ``num_sampled_nodes`` and ``num_sampled_edges`` per hop; ``batch`` when disjoint.
+    """
+    types = list(dict.fromkeys([*seeds, *(t for pair in ends.values() for t in pair)]))
+    some = next(iter(seeds.values()))
+    empty = some.new_empty(0, dtype=torch.long)
+    # A node is a key: its id, or (disjoint) seed position * its type's count + its id.
+    known = {t: seeds[t].long() if t in seeds else empty for t in types}
+    if num_nodes is not None:
+        known = {t: torch.arange(k.numel()) * num_nodes[t] + k for t, k in known.items()}
+    first = dict.fromkeys(types, 0)  # where the last hop's nodes begin
+    counts = {t: [known[t].numel()] for t in types}
+    rows: dict[Any, list[Tensor]] = {key: [] for key in ends}
+    cols: dict[Any, list[Tensor]] = {key: [] for key in ends}
+    edges: dict[Any, list[Tensor]] = {key: [] for key in ends}
+    num_edges: dict[Any, list[int]] = {key: [] for key in ends}
+    num_hops = len(next(iter(fanouts.values()), []))
+    for h in range(num_hops):
+        found: dict[Any, list[tuple[Any, Tensor]]] = {}
+        for key in sorted(ends):  # draws in one order, however the graph lists its types
+            src, dst = ends[key]
+            frontier = known[dst][first[dst] :]
+            k = fanouts[key][h]
+            if k == 0 or not frontier.numel():
+                position = owner = empty
+            else:
+                at = frontier if num_nodes is None else frontier % num_nodes[dst]
+                position, owner = _sample_edges(colptr[key], at, k, replace)
+            source = row[key].index_select(0, position).long()
+            if num_nodes is not None:  # the source joins its target's subgraph
+                source = frontier.index_select(0, owner) // num_nodes[dst] * num_nodes[src] + source
+            cols[key].append(owner + first[dst])
+            edges[key].append(position)
+            num_edges[key].append(position.numel())
+            found.setdefault(src, []).append((key, source))
+        for t in types:
+            first[t] = known[t].numel()
+            parts = found.get(t, [])
+            if not parts:
+                counts[t].append(0)
+                continue
+            local, added = _add_new(known[t], torch.cat([source for _, source in parts]))
+            sizes = [source.numel() for _, source in parts]
+            for (key, _), ids in zip(parts, local.split(sizes), strict=True):
+                rows[key].append(ids)
+            known[t] = torch.cat([known[t], added])
+            counts[t].append(added.numel())
+
+    def joined(parts: dict[Any, list[Tensor]]) -> dict[Any, Tensor]:
+        return {key: torch.cat(p) if p else empty for key, p in parts.items()}
+
+    node, batch = known, None
+    if num_nodes is not None:
+        node = {t: k % num_nodes[t] for t, k in known.items()}
+        batch = {t: k // num_nodes[t] for t, k in known.items()}
+    return HeteroSamplerOutput(
+        node=node,
+        row=joined(rows),
+        col=joined(cols),
+        edge=joined(edges),
+        batch=batch,
+        num_sampled_nodes=counts,
+        num_sampled_edges=num_edges,
+    )
+
+
 def sample_hops(
-    colptr: Tensor, row: Tensor, seeds: Tensor, fanouts: list[int], replace: bool = False
+    colptr: Tensor,
+    row: Tensor,
+    seeds: Tensor,
+    fanouts: list[int],
+    replace: bool = False,
+    num_nodes: int | None = None,
 ) -> SamplerOutput:
     """Sample ``fanouts[h]`` in-neighbours of each node hop ``h`` reached (hop 0: ``seeds``).
+
+    :func:`sample_typed_hops` on a graph of one node and one edge type.
 
     Args:
         colptr: The graph's CSC pointer: node ``v``'s in-edges are ``colptr[v]:colptr[v + 1]``.
         row: The CSC's source nodes.
-        seeds: The batch's seed nodes (distinct).
+        seeds: The batch's seed nodes (distinct, unless ``num_nodes`` is given).
         fanouts: Neighbours per node at each hop; ``-1``: all of them.
         replace: Draw with replacement.
+        num_nodes: Disjoint subgraphs, one per seed: the graph's node count.
 
     Returns:
         PyG's ``SamplerOutput``: ``node`` (seeds first, then each hop's new nodes), ``row`` and
         ``col`` (each edge's source and target, as positions in ``node``), ``edge`` (positions
-        in the CSC), ``num_sampled_nodes`` and ``num_sampled_edges`` per hop.
+        in the CSC), ``num_sampled_nodes`` and ``num_sampled_edges`` per hop; ``batch`` (each
+        node's seed) when disjoint.
     """
-    seeds = seeds.long()
-    rows, cols, edges = [], [], []
-    num_nodes, num_edges = [seeds.numel()], []
-    known, first_new = seeds, 0  # every node so far, in local order; where the last hop begins
-    for k in fanouts:
-        frontier = known[first_new:]
-        position, owner = _sample_edges(colptr, frontier, k, replace)
-        source = row.index_select(0, position).long()
-        # Local ids: known nodes keep theirs; new ones follow, in the order of their global ids.
-        unique, inverse = torch.unique(torch.cat([known, source]), return_inverse=True)
-        local = torch.full_like(unique, -1)
-        count = known.numel()
-        local.index_copy_(0, inverse[:count], torch.arange(count, device=known.device))
-        new = local < 0
-        added = unique.masked_select(new)
-        ids = torch.arange(count, count + added.numel(), device=known.device)
-        local[new] = ids
-        rows.append(local.index_select(0, inverse[count:]))
-        cols.append(owner + first_new)
-        edges.append(position)
-        num_nodes.append(added.numel())
-        num_edges.append(position.numel())
-        first_new, known = known.numel(), torch.cat([known, added])
+    out = sample_typed_hops(
+        {0: colptr},
+        {0: row},
+        {0: (0, 0)},
+        {0: seeds},
+        {0: fanouts},
+        replace,
+        None if num_nodes is None else {0: num_nodes},
+    )
     return SamplerOutput(
-        node=known,
-        row=torch.cat(rows) if rows else seeds.new_empty(0),
-        col=torch.cat(cols) if cols else seeds.new_empty(0),
-        edge=torch.cat(edges) if edges else seeds.new_empty(0),
-        num_sampled_nodes=num_nodes,
-        num_sampled_edges=num_edges,
+        node=out.node[0],
+        row=out.row[0],
+        col=out.col[0],
+        edge=out.edge[0],
+        batch=None if out.batch is None else out.batch[0],
+        num_sampled_nodes=out.num_sampled_nodes[0],
+        num_sampled_edges=out.num_sampled_edges[0],
     )
 
 
 def describe(sampler: str) -> str:
     """Who samples neighbours under ``--data.loader.sampler`` ``sampler``, in a few words."""
-    backend = sampling_backend()
     if vectorized(sampler):
-        return f"gnnscale's vectorized sampler (heterogeneous graphs: {backend})"
-    return backend
+        return "gnnscale's vectorized sampler"
+    return sampling_backend()
 
 
 class HopSampler(NeighborSampler):
-    """PyG's ``NeighborSampler``; homogeneous uniform sampling by :func:`sample_hops`.
+    """PyG's ``NeighborSampler``, sampling uniformly by :func:`sample_typed_hops`.
 
-    Takes PyG's arguments; whatever :func:`sample_hops` does not cover goes to PyG's backend,
-    as does everything with ``vectorized`` set to false. Over a prepared folder's store pair
-    (``gnnscale.stores.open``) it reads each batch's neighbour lists ahead with the folder's
-    threads and checks the ids it drew (``MappedGraphStore.read_ahead``, ``check_sampled``).
-    There a batch's ``e_id`` costs a read of the folder's ``perm`` file per sampled edge
-    (random, and from the disk when the graph is larger than memory): ``edge_ids = False``
-    leaves it out, for batches whose model reads no edge features.
+    Homogeneous and heterogeneous graphs, joint or disjoint subgraphs, node and edge seeds
+    (``NeighborLoader``, ``LinkNeighborLoader`` with PyG's negatives). Takes PyG's arguments;
+    what it does not cover (time, edge weights, induced subgraphs) goes to PyG's backend, as
+    does everything with ``vectorized`` set to false.
+    Over a prepared folder's store pair (``gnnscale.stores.open``) it reads each batch's
+    neighbour lists ahead with the folder's threads and checks the ids it drew
+    (``MappedGraphStore.read_ahead``, ``check_sampled``). There a batch's ``e_id`` costs a read
+    of the folder's ``perm`` file per sampled edge (random, and from the disk when the graph is
+    larger than memory): ``edge_ids = False`` leaves it out, for batches whose model reads no
+    edge features.
     """
 
     vectorized = True
@@ -202,36 +324,82 @@ class HopSampler(NeighborSampler):
         self.store: ReadsAhead | None = data[1] if mapped else None
 
     def sample_from_nodes(self, inputs: NodeSamplerInput) -> Any:
-        """PyG's, read ahead and checked over a prepared folder's store pair."""
-        if self.store is None:
-            return super().sample_from_nodes(inputs)
-        if self.is_hetero:
-            fanout = self.num_neighbors.get_values(self.edge_types)
-        else:
-            fanout = {None: list(self.num_neighbors.values)}
-        self.store.read_ahead({inputs.input_type: inputs.node}, fanout)
-        out = super().sample_from_nodes(inputs)
-        self.store.check_sampled(out.node)
-        if not self.edge_ids:
+        """PyG's; without edge ids over a prepared folder if ``edge_ids`` is false."""
+        return self._without_edge_ids(super().sample_from_nodes(inputs))
+
+    def sample_from_edges(self, inputs: Any, neg_sampling: Any = None) -> Any:
+        """PyG's; without edge ids over a prepared folder if ``edge_ids`` is false."""
+        return self._without_edge_ids(super().sample_from_edges(inputs, neg_sampling))
+
+    def _without_edge_ids(self, out: Any) -> Any:
+        if self.store is not None and not self.edge_ids:
             out.edge = None  # PyG's loader then maps no edge through perm and sets no e_id
         return out
 
     def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
+        if self.store is None:
+            return self._draw(seed, seed_time, **kwargs)
+        if self.is_hetero:
+            fanout = self.num_neighbors.get_values(self.edge_types)
+        else:
+            fanout = {None: list(self.num_neighbors.values)}
+        self.store.read_ahead(seed if isinstance(seed, dict) else {None: seed}, fanout)
+        out = self._draw(seed, seed_time, **kwargs)
+        self.store.check_sampled(out.node)
+        return out
+
+    def _draw(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
         simple = (
             self.vectorized
-            and isinstance(seed, Tensor)
             and seed_time is None
             and self.node_time is None
             and getattr(self, "edge_time", None) is None
             and getattr(self, "edge_weight", None) is None
             and self.subgraph_type == SubgraphType.directional
-            and not self.disjoint
         )
         if not simple:
             return super()._sample(seed, seed_time, **kwargs)
-        out = sample_hops(
-            self.colptr, self.row, seed, list(self.num_neighbors.get_mapped_values()), self.replace
+        if not isinstance(seed, dict):
+            out = sample_hops(
+                self.colptr,
+                self.row,
+                seed,
+                list(self.num_neighbors.get_mapped_values()),
+                self.replace,
+                self.num_nodes if self.disjoint else None,
+            )
+            if self.sample_direction == "backward":
+                out.row, out.col = out.col, out.row
+            return out
+        ends = {key: (t[0], t[-1]) for t, key in self.to_rel_type.items()}
+        typed = sample_typed_hops(
+            self.colptr_dict,
+            self.row_dict,
+            ends,
+            seed,
+            self.num_neighbors.get_mapped_values(self.edge_types),
+            self.replace,
+            self.num_nodes if self.disjoint else None,
         )
+        row, col = typed.row, typed.col
         if self.sample_direction == "backward":
-            out.row, out.col = out.col, out.row
-        return out
+            row, col = col, row
+        # PyG's: rel strings back to edge types, and backward ones to the input's
+        keyed = [self.to_edge_type]
+        if self.sample_direction == "backward":
+            keyed.append(self.to_restored_edge_type)
+
+        def remap(d: dict[Any, Any]) -> dict[Any, Any]:
+            for mapping in keyed:
+                d = {mapping.get(k, k): v for k, v in d.items()}
+            return d
+
+        return HeteroSamplerOutput(
+            node=typed.node,
+            row=remap(row),
+            col=remap(col),
+            edge=remap(typed.edge),
+            batch=typed.batch,
+            num_sampled_nodes=typed.num_sampled_nodes,
+            num_sampled_edges=remap(typed.num_sampled_edges),
+        )

@@ -16,7 +16,7 @@ import torch_geometric.typing
 from torch import Tensor
 from torch_geometric.typing import SparseTensor
 
-__all__ = ["csr_adjacency", "torch_sparse_runs_on"]
+__all__ = ["csr_adjacency", "torch_sparse_runs_on", "valued_as"]
 
 warnings.filterwarnings("ignore", "Sparse CSR tensor support is in beta", UserWarning)
 warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled", UserWarning)
@@ -68,3 +68,15 @@ def csr_adjacency(
         return edge_index[:, :num_edges]
     ones = torch.ones(num_edges, dtype=x.dtype, device=col.device)
     return torch.sparse_csr_tensor(rowptr, col, ones, size=(num_dst, num_src))
+
+
+def valued_as(adj: Any, x: Tensor) -> Any:
+    """``adj`` (from :func:`csr_adjacency`) with values of ``x``'s dtype, for a product with ``x``.
+
+    A ``torch.sparse`` tensor's values are one dtype, and its product needs ``x``'s: under
+    autocast a later layer's rows are bf16 where the first layer's were fp32. torch-sparse's
+    ``SparseTensor`` and an edge list carry no values and come back as they are.
+    """
+    if isinstance(adj, Tensor) and adj.layout == torch.sparse_csr and adj.dtype != x.dtype:
+        return adj.to(x.dtype)
+    return adj

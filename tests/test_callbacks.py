@@ -14,7 +14,7 @@ from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE, Neig
 from gnnscale.callbacks import ThroughputMonitor
 from gnnscale.cli import main
 from gnnscale.measure import peak_rss_mb
-from gnnscale.testing import TINY, TINY_ARGS, cli_args, requires_sampler
+from gnnscale.testing import TINY, TINY_ARGS, cli_args
 
 
 def _rows(log_dir: Path, key: str) -> list[dict[str, str]]:
@@ -85,7 +85,6 @@ def test_dead_fraction_flags_a_broken_layer(tmp_path):
         assert math.isfinite(float(r["monitor/act_std/gnn.convs.1"]))
 
 
-@requires_sampler
 def test_counts_optimizer_steps_through_yaml_with_accumulation(tmp_path):
     cli = main(
         [
@@ -115,7 +114,6 @@ def test_counts_optimizer_steps_through_yaml_with_accumulation(tmp_path):
     assert all(float(r["monitor/act_std/gnn.convs.0"]) > 0 for r in rows)
 
 
-@requires_sampler
 def test_two_optimizers_log_once_per_step_at_the_x_axis_of_the_other_rows(tmp_path):
     # EmbeddingSAGE steps its two optimizers together, every 2 batches (manual optimization):
     # global_step counts 2 per step, Lightning's rows count batches.
@@ -180,7 +178,6 @@ def test_throughput_monitor_times_each_validation_of_a_fit_apart_from_training(t
     assert logged == pytest.approx(monitor.val_s) and all(s > 0 for s in logged)
 
 
-@requires_sampler
 @pytest.mark.parametrize("limit", [3, None])
 def test_throughput_monitor_logs_the_share_of_an_epoch_cut_short(tmp_path, limit):
     dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 5], batch_size=128)

@@ -28,8 +28,6 @@ from gnnscale.testing import (
     TINY,
     centroid_accuracy,
     cli_args,
-    requires_sampler,
-    requires_torch_sparse,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -97,17 +95,14 @@ def test_every_yaml_parses_through_the_cli(path, capsys, monkeypatch):
         pytest.param(
             "NeighborDataModule",
             ["--data.batch_size=256", "--data.num_neighbors=[10, 5]"],
-            marks=requires_sampler,
         ),
         pytest.param(
             "ClusterDataModule",
             ["--data.num_parts=20", "--data.clusters_per_batch=4"],
-            marks=requires_sampler,
         ),
         pytest.param(
             "SAINTDataModule",
             ["--data.batch_size=300", "--data.num_steps=5"],
-            marks=requires_torch_sparse,
         ),
     ],
 )
@@ -136,7 +131,6 @@ def test_fit_trains_and_tests_through_the_cli(tmp_path, data, extra, model):
     assert list((tmp_path / "runs").rglob("config.yaml"))  # resolved config saved with the run
 
 
-@requires_sampler
 def test_fanout_must_match_layers_and_is_refused_before_training(tmp_path):
     with pytest.raises(
         ValueError, match=r"--data.num_neighbors has 3 entries .* --model.num_layers is 2"
@@ -348,7 +342,6 @@ def test_a_malformed_environment_variable_is_one_line(tmp_path, monkeypatch, nam
     assert not (tmp_path / "runs").exists()
 
 
-@requires_sampler
 def test_a_recipe_fit_prints_no_warning_a_user_cannot_act_on_and_one_test_table(
     tmp_path, capsys, caplog
 ):
@@ -388,7 +381,6 @@ class AllocatorStages(L.Callback):
         self.stages.append(("test", len(self.CALLS)))
 
 
-@requires_sampler
 @pytest.mark.parametrize(
     ("args", "env", "switched"),
     [
@@ -433,7 +425,6 @@ def test_null_for_a_nested_key_on_the_command_line_is_one_line_naming_the_flag_t
         main([*config, "--data.init_args.loader.num_workers=null", "--print_config"])
 
 
-@requires_sampler
 def test_predict_stops_on_sigterm_with_143_and_leaves_no_file(tmp_path):
     """As fit does: a scheduler's SIGTERM stops it (it ran on and exited 0), and its writer
     leaves no half file."""
@@ -454,7 +445,6 @@ def test_predict_stops_on_sigterm_with_143_and_leaves_no_file(tmp_path):
     assert signal.getsignal(signal.SIGTERM) == before  # given back
 
 
-@requires_sampler
 def test_predict_into_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, monkeypatch):
     import errno
 
@@ -481,7 +471,6 @@ def test_predict_into_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, monke
     assert [p for p in runs if "predictions" in p.parts and p.is_file()] == []
 
 
-@requires_sampler
 @pytest.mark.parametrize("mode", ["layerwise", "sampled"])
 def test_predict_writes_each_nodes_class_to_parquet(tmp_path, mode):
     import pyarrow.parquet as pq

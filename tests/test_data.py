@@ -33,7 +33,7 @@ from gnnscale.data.loaders import RankShare
 from gnnscale.errors import ConfigError, GroupSettingError
 from gnnscale.handshake import BatchRequest
 from gnnscale.stores.manifest import split_labels
-from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
+from gnnscale.testing import TINY
 
 
 def test_synthetic_is_deterministic_homophilous_and_skewed():
@@ -274,7 +274,6 @@ def test_a_stray_label_does_not_make_a_huge_model(monkeypatch):
         _ = FullBatchDataModule().num_classes
 
 
-@requires_sampler
 def test_unlabelled_nodes_outside_the_splits_train(monkeypatch, tmp_path):
     """y = -1 on nodes in no split, as the label check's message recommends: they are sampled as
     neighbours, never scored."""
@@ -293,7 +292,6 @@ def test_unlabelled_nodes_outside_the_splits_train(monkeypatch, tmp_path):
     assert torch.isfinite(trainer.callback_metrics["train/loss_epoch"])
 
 
-@requires_sampler
 def test_a_datamodule_serving_two_fits_takes_each_fits_model(tmp_path):
     """The second model is one layer deeper than the fan-outs: refused, as for a fresh
     DataModule (the first fit's request was kept, and a 3-layer model got 2-hop batches)."""
@@ -318,13 +316,6 @@ def test_one_hot_labels(monkeypatch):
         _ = FullBatchDataModule().num_classes
 
 
-def test_edge_sampler_that_cannot_fit_is_refused(tmp_path):
-    dm = SAINTDataModule(root=tmp_path, sampler="edge", batch_size=10**9, synthetic=TINY)
-    with pytest.raises(ValueError, match="--data.sampler=edge needs .* Lower --data.batch_size"):
-        dm.setup("fit")
-
-
-@requires_sampler
 def test_num_parts_larger_than_graph(tmp_path):
     dm = ClusterDataModule(
         root=tmp_path, num_parts=5000, synthetic=SyntheticGraph(num_nodes=300, avg_degree=4)
@@ -337,7 +328,6 @@ def test_num_parts_larger_than_graph(tmp_path):
 # --- the batch contract: weights that make accumulation an unbiased per-node mean --------------
 
 
-@requires_sampler
 def test_neighbor_weights_are_uniform_per_training_node(tmp_path):
     dm = NeighborDataModule(root=tmp_path, batch_size=128, synthetic=TINY)
     dm.setup("fit")
@@ -350,7 +340,6 @@ def test_neighbor_weights_are_uniform_per_training_node(tmp_path):
     assert per_node.sum() == pytest.approx(int(train.sum()) / 128)  # about 1 per batch
 
 
-@requires_sampler
 def test_cluster_weights_are_uniform_although_batches_differ(tmp_path):
     dm = ClusterDataModule(root=tmp_path, num_parts=30, clusters_per_batch=4, synthetic=TINY)
     dm.setup("fit")
@@ -366,7 +355,6 @@ def test_cluster_weights_are_uniform_although_batches_differ(tmp_path):
     assert torch.allclose(weights, torch.full_like(weights, 8 / num_train))
 
 
-@requires_torch_sparse
 # The edge sampler is left out: its node_norm is heavy-tailed (rarely covered nodes weigh up
 # to thousands of times the mean), so a 40-batch mean is too noisy to test against 1.
 @pytest.mark.parametrize("sampler", ["node", "random_walk"])
@@ -380,7 +368,6 @@ def test_saint_weights_estimate_the_training_mean(tmp_path, sampler):
     assert list((tmp_path / "gnnscale_cache").glob("saint_*/*.pt"))  # statistics cached
 
 
-@requires_sampler
 def test_partition_cache_is_keyed_to_the_graph(tmp_path, caplog):
     small = SyntheticGraph(num_nodes=1000, avg_degree=6)
     ClusterDataModule(root=tmp_path, num_parts=10, clusters_per_batch=2, synthetic=small).setup(
@@ -402,7 +389,6 @@ def test_partition_cache_is_keyed_to_the_graph(tmp_path, caplog):
     assert len(list((tmp_path / "gnnscale_cache").rglob("*.pt"))) == 2
 
 
-@requires_sampler
 def test_pymetis_partition_is_balanced(tmp_path):
     dm = ClusterDataModule(root=tmp_path, num_parts=8, clusters_per_batch=2, synthetic=TINY)
     dm.setup("fit")
@@ -416,7 +402,6 @@ def test_root_for_synthetic_may_be_absent(tmp_path):
     assert dm.num_classes == 5
 
 
-@requires_sampler
 def test_neighbour_batches_come_hop_by_hop_with_a_csr_row_pointer(tmp_path):
     dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 4, 3], batch_size=64)
     dm.setup("fit")
@@ -447,7 +432,6 @@ def test_hop_layout_sorts_edges_it_is_given_out_of_order():
     assert batch.layout.num_sampled_edges == [3, 1]
 
 
-@requires_sampler
 @pytest.mark.parametrize("aggr", ["mean", "max"])
 def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(tmp_path, aggr):
     import copy
@@ -482,7 +466,6 @@ def test_the_loader_aggregates_the_first_layer_and_keeps_what_later_layers_read(
     assert batch.layout.num_sampled_edges == edges
 
 
-@requires_sampler
 @pytest.mark.parametrize("aggr", ["mean", "max"])
 def test_features_in_memory_are_aggregated_in_place_as_if_gathered_first(tmp_path, aggr):
     import copy
@@ -517,7 +500,6 @@ def test_features_in_memory_are_aggregated_in_place_as_if_gathered_first(tmp_pat
     assert in_place.num_nodes == expected.num_nodes < whole.num_nodes
 
 
-@requires_sampler
 @pytest.mark.parametrize("source", ["prepared", "bfloat16"])
 def test_features_not_read_in_place_reach_the_model_whole(tmp_path, source):
     """Where the loader would gather every row first, the model aggregates its first layer."""
@@ -544,7 +526,6 @@ def _sage(norm=None, aggr="mean", **speed):
     return lambda: GraphSAGE(TINY.num_features, 5, norm=norm, aggr=aggr, speed=SpeedTricks(**speed))
 
 
-@requires_sampler
 @pytest.mark.parametrize(
     ("model", "aggregated"),
     [
@@ -582,7 +563,6 @@ def test_only_a_model_that_takes_it_gets_its_first_layer_from_the_loader(
         assert (batch.num_nodes < sum(batch.layout.num_sampled_nodes)) == aggregated
 
 
-@requires_sampler
 @pytest.mark.parametrize("mode", ["sampled", "layerwise"])
 def test_loaders_share_one_copy_of_the_graph_and_keep_their_fanouts(tmp_path, mode):
     eval_args = EvalArgs(
@@ -607,7 +587,6 @@ def test_loaders_share_one_copy_of_the_graph_and_keep_their_fanouts(tmp_path, mo
     assert batch.layout.num_sampled_nodes[1] <= 64 * 10
 
 
-@requires_sampler
 def test_sampled_evaluation_under_ddp_scores_every_node_once(tmp_path):
     # 299 validation nodes over 2 ranks: Lightning's DistributedSampler would repeat one to give
     # both ranks 150; each rank's RankShare loader takes its own share, which Lightning keeps.
@@ -648,7 +627,6 @@ def test_a_dataset_that_cannot_be_downloaded_is_one_line(tmp_path, monkeypatch):
         load_dataset("Cora", tmp_path)
 
 
-@requires_sampler
 def test_sampled_evaluation_draws_the_same_neighbourhoods_every_time(tmp_path):
     """Each evaluation batch is sampled under its own seed: the same batches at every epoch,
     with or without workers, and the model's random stream is not moved."""
@@ -672,7 +650,6 @@ def test_sampled_evaluation_draws_the_same_neighbourhoods_every_time(tmp_path):
     assert len(first) > 1 and first == draws(0) == draws(2)
 
 
-@requires_sampler
 def test_validation_on_a_fixed_subset_of_its_nodes(tmp_path):
     """``eval.val_nodes``: the same random subset of the validation nodes every time, in any
     DataModule; the test scores its whole split; more than there are means all of them."""
@@ -701,7 +678,6 @@ def test_validation_on_a_fixed_subset_of_its_nodes(tmp_path):
         EvalArgs(val_nodes=0)
 
 
-@requires_sampler
 @pytest.mark.parametrize("mode", ["full", "layerwise"])
 def test_whole_graph_evaluation_under_ddp_scores_and_predicts_each_node_once(tmp_path, mode):
     # Each rank's own batch (Lightning's predict sampler would give the one batch to rank 0

@@ -20,7 +20,7 @@ from registry import RECIPES, REPO, recipe
 
 from gnnscale import SpeedTricks
 from gnnscale.cli import main
-from gnnscale.testing import cli_args, requires_torch_sparse
+from gnnscale.testing import cli_args
 
 MARKERS = re.compile(r"<!-- (\w+):begin -->")
 
@@ -78,7 +78,6 @@ def _run_section(name: str, folder: Path) -> tuple[str, str | None]:
 
 
 @pytest.mark.slow
-@requires_torch_sparse
 def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_path):
     import figures
 

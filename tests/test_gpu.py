@@ -38,9 +38,9 @@ from gnnscale import GraphSAGE, NeighborDataModule, make_synthetic_graph
 from gnnscale.cli import main
 from gnnscale.data import LoaderArgs
 from gnnscale.measure import read_metrics
-from gnnscale.testing import TINY, TINY_ARGS, centroid_accuracy, requires_cuda, requires_sampler
+from gnnscale.testing import TINY, TINY_ARGS, centroid_accuracy, requires_cuda
 
-pytestmark = [pytest.mark.gpu, requires_cuda, requires_sampler]
+pytestmark = [pytest.mark.gpu, requires_cuda]
 
 HETERO_TINY = recipe("hetero_node_classification").tiny  # the smoke test's settings
 

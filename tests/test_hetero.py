@@ -17,7 +17,7 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import read_metrics
-from gnnscale.testing import centroid_accuracy, requires_sampler, run_or_show_stacks
+from gnnscale.testing import centroid_accuracy, run_or_show_stacks
 
 # 8 classes; features alone reach about 0.4 (the nearest centroid), the graph much more.
 TINY = SyntheticRecommender(
@@ -48,7 +48,6 @@ def _in_degree(dm, edge_type):
     return torch.bincount(dm.data[edge_type].edge_index[1], minlength=dm.num_nodes[dst_type])
 
 
-@requires_sampler
 def test_per_edge_type_fanouts_are_respected():
     # Different numbers per edge type and per hop: a loader giving every type one list fails.
     fanout = {
@@ -122,7 +121,6 @@ def test_the_model_is_built_for_the_graph_spec_and_reads_an_older_checkpoints():
         HeteroSAGE(dm.num_classes, dataclasses.replace(spec, target=RATES))
 
 
-@requires_sampler
 def test_half_precision_features_enter_autocast_without_a_float32_copy():
     # A store's float16 rows: under bf16 autocast the input layer gets them as bf16 (a float32
     # copy first is a batch's features at twice their stored size, cast again by autocast),
@@ -150,7 +148,6 @@ def test_half_precision_features_enter_autocast_without_a_float32_copy():
     assert seen[-1] == torch.float32
 
 
-@requires_sampler
 @pytest.mark.parametrize("project_after_mean", [True, False])
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
 def test_layers_on_the_rows_read_next_give_the_seeds_what_every_row_gives(
@@ -187,7 +184,6 @@ def test_layers_on_the_rows_read_next_give_the_seeds_what_every_row_gives(
         torch.testing.assert_close(grads[0][name].to_dense(), grads[1][name].to_dense())
 
 
-@requires_sampler
 def test_training_loader_is_seeded_and_resumable():
     dm = _dm()
 
@@ -206,7 +202,6 @@ def test_training_loader_is_seeded_and_resumable():
     assert bool(dm.data["item"].train_mask[a].all())  # seeds are training items
 
 
-@requires_sampler
 def test_seed_logits_depend_on_neighbours_of_other_types():
     """Changing one user's or one category's embedding moves the logits of the items it links.
 
@@ -249,7 +244,6 @@ def _fit_and_test(model, dm, epochs):
     return result["test/acc"]
 
 
-@requires_sampler
 def test_learns_from_the_graph_beyond_the_features():
     L.seed_everything(0)
     dm = _dm()
@@ -263,7 +257,6 @@ def test_learns_from_the_graph_beyond_the_features():
     assert acc > bar + 0.3, f"GNN {acc:.3f}, features alone {bar:.3f}"
 
 
-@requires_sampler
 def test_gnnscale_fit_runs_the_recipe_and_its_checkpoint_reloads(tmp_path, monkeypatch):
     entry = recipe("hetero_node_classification")
     monkeypatch.chdir(tmp_path)
@@ -311,7 +304,6 @@ def _dblp_like(num=60):
     return data
 
 
-@requires_sampler
 def test_a_real_dataset_by_name_loads_from_its_folder(tmp_path, monkeypatch):
     # No network here: PyG's DBLP class is replaced by a stand-in with its schema; what is
     # tested is the wiring (name, folder, labelled type, featureless type), not the download.
@@ -407,7 +399,6 @@ split = {k: items[k].nonzero().view(-1).tolist() for k in ("train_mask", "test_m
 
 
 @pytest.mark.slow
-@requires_sampler
 def test_ddp_on_two_processes_trains_and_tests_every_item_once(tmp_path):
     """Two CPU ranks (gloo, forked). 300 training items in batches of 128 make 3 batches: rank
     1 repeats one to draw as many as rank 0, and that repeat weighs 0, so every item trains once
@@ -440,7 +431,6 @@ def _same_batches(first, second):
             assert torch.equal(a[t].edge_index, b[t].edge_index), t
 
 
-@requires_sampler
 def test_two_validation_passes_sample_the_same_batches():
     """Sampled validation is a function of the weights alone: the same neighbourhoods at every
     epoch, whatever the global random stream did in between (``SeededSampling``)."""
@@ -450,7 +440,6 @@ def test_two_validation_passes_sample_the_same_batches():
     _same_batches(first, list(dm.val_dataloader()))
 
 
-@requires_sampler
 def test_predict_writes_each_target_nodes_class_once(tmp_path):
     """Every item once, under its id; at full fan-out (exact) the test items' rows give the
     test accuracy."""

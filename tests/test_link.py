@@ -19,7 +19,7 @@ from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.link import top_destinations
 from gnnscale.plan import _batch_nodes
 from gnnscale.stores import link_split
-from gnnscale.testing import TINY_ARGS, requires_sampler, run_or_show_stacks
+from gnnscale.testing import TINY_ARGS, run_or_show_stacks
 
 TINY = SyntheticRecommender(
     num_users=600, num_items=300, num_categories=20, num_communities=5, interactions_per_user=12
@@ -58,7 +58,6 @@ def _keys(index, num_dst=TINY.num_items):
     return set(pair_keys(index, num_dst).tolist())
 
 
-@requires_sampler
 @pytest.mark.parametrize("neighbors", ["uniform", "pinsage"])
 def test_no_validation_or_test_edge_reaches_a_training_batch(neighbors):
     dm = _dm(neighbors=neighbors, num_hard_negatives=1)
@@ -110,7 +109,6 @@ def test_the_graph_spec_names_the_relations_the_split_graphs_have(neighbors):
         LinkPredictor(dataclasses.replace(spec, target="item"))
 
 
-@requires_sampler
 def test_per_edge_type_fanouts_are_respected():
     fanout = {
         "user__rates__item": [3, 3],
@@ -214,7 +212,6 @@ def test_popularity_counts_each_destination_across_chunks(monkeypatch):
     assert counts.tolist() == [1.0, 4.0, 1.0, 0.0, 3.0]
 
 
-@requires_sampler
 @pytest.mark.parametrize("project_after_mean", [False, True])
 def test_layers_on_the_rows_read_next_score_the_pairs_as_every_row_does(project_after_mean):
     dm = _dm(num_hard_negatives=1)  # hard negatives end anywhere in the batch's subgraph
@@ -243,7 +240,6 @@ def test_layers_on_the_rows_read_next_score_the_pairs_as_every_row_does(project_
             torch.testing.assert_close(p.grad.to_dense(), q.grad.to_dense(), msg=name)
 
 
-@requires_sampler
 def test_hard_negatives_come_from_the_batch_and_are_not_edges():
     dm = _dm(num_negatives=0, num_hard_negatives=2)
     known = _keys(
@@ -276,7 +272,6 @@ def test_pinsage_neighbours_are_the_most_visited_and_share_the_community():
     assert same > 0.7, same
 
 
-@requires_sampler
 def test_the_same_seed_draws_the_same_batches():
     def first(seed):
         dm = _dm(num_hard_negatives=1)
@@ -289,7 +284,6 @@ def test_the_same_seed_draws_the_same_batches():
     assert not torch.equal(first(0), first(1))
 
 
-@requires_sampler
 def test_the_model_ranks_well_above_popularity_with_either_neighbours():
     """Recall@20 on held-out ratings: the GNN against recommending the most popular items.
 
@@ -315,7 +309,6 @@ def test_the_model_ranks_well_above_popularity_with_either_neighbours():
     assert sum(recalls["pinsage"]) >= 0.9 * sum(recalls["uniform"]), recalls
 
 
-@requires_sampler
 def test_a_homogeneous_dataset_is_one_node_and_one_edge_type(cora_root):
     """Cora's citations as links: both directions of an edge are one pair, never leaked."""
     torch.manual_seed(0)
@@ -384,7 +377,6 @@ train = store.edge_label_index[:, store.edge_label == 1].T.tolist()
 
 
 @pytest.mark.slow
-@requires_sampler
 def test_ddp_on_two_processes_trains_every_edge_once_and_evaluates_as_one(tmp_path):
     """Two CPU ranks (gloo, forked): each trains a disjoint share of the supervision edges.
 
@@ -416,7 +408,6 @@ def test_ddp_on_two_processes_trains_every_edge_once_and_evaluates_as_one(tmp_pa
     assert abs(mean_of_means - recall) > 1e-4, (mean_of_means, recall)
 
 
-@requires_sampler
 def test_two_evaluations_embed_with_the_same_neighbourhoods():
     """The embedding loaders of ranking evaluation sample under a seed of each batch's position:
     validation is a function of the weights alone (``SeededSampling``)."""
@@ -437,7 +428,6 @@ def test_two_evaluations_embed_with_the_same_neighbourhoods():
                 assert torch.equal(a[t].edge_index, b[t].edge_index), (node_type, t)
 
 
-@requires_sampler
 def test_predict_recommends_each_users_top_k_unknown_items(tmp_path):
     """Every user's 10 best-scored items among those it has no edge to in the whole graph."""
     import pyarrow.parquet as pq
@@ -473,7 +463,6 @@ def test_predict_recommends_each_users_top_k_unknown_items(tmp_path):
     torch.testing.assert_close(written, scores.topk(k).values)
 
 
-@requires_sampler
 def test_predict_gives_a_user_with_fewer_than_k_unknown_items_only_those(tmp_path):
     """k above the item count: each user's rows are its unknown items, every one, best first."""
     import pyarrow.parquet as pq
@@ -528,7 +517,6 @@ def test_a_monitor_of_a_ranking_metric_the_run_does_not_log_is_refused(tmp_path,
     assert not (tmp_path / "runs").exists()
 
 
-@requires_sampler
 def test_sampled_candidates_embed_only_the_nodes_the_ranking_reads():
     """With ``eval.candidates``, evaluation embeds the sources, the candidates and the scored
     pairs' ends only, each row that node's own embedding (every neighbour taken: it does not

@@ -28,7 +28,8 @@ from gnnscale.batch import LayerwiseBatch
 from gnnscale.errors import ConfigError
 from gnnscale.models import fast
 from gnnscale.models.dropout import Dropout
-from gnnscale.testing import TINY, requires_sampler, requires_torch_sparse
+from gnnscale.sampler import HopSampler
+from gnnscale.testing import TINY, requires_torch_sparse
 
 
 def _trainer(tmp_path, max_epochs, **kwargs) -> L.Trainer:
@@ -97,9 +98,9 @@ MODELS = {
     "dm_name",
     [
         "full",
-        pytest.param("neighbor", marks=requires_sampler),
-        pytest.param("cluster", marks=requires_sampler),
-        pytest.param("saint", marks=requires_torch_sparse),
+        pytest.param("neighbor"),
+        pytest.param("cluster"),
+        "saint",
     ],
 )
 def test_trains_well_above_mlp(tmp_path, dm_name, model_name, mlp_accuracy):
@@ -152,7 +153,6 @@ def test_a_plateau_schedule_keeps_the_rate_while_validation_improves(tmp_path):
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.01
 
 
-@requires_sampler
 def test_sampled_evaluation_agrees_with_exact(tmp_path):
     L.seed_everything(0)
     dm = NeighborDataModule(root=tmp_path, num_neighbors=[10, 10], batch_size=128, synthetic=TINY)
@@ -165,7 +165,6 @@ def test_sampled_evaluation_agrees_with_exact(tmp_path):
     assert abs(exact - sampled) < 0.03
 
 
-@requires_sampler
 def test_sampled_validation_leaves_the_test_exact(tmp_path):
     """``eval.val_mode=sampled``: each epoch's validation samples (the training fan-out), the
     test stays layer-wise; the estimate is near the exact validation accuracy."""
@@ -274,7 +273,6 @@ TARGET_ONLY = {
 }
 
 
-@requires_sampler
 @pytest.mark.parametrize("name", TARGET_ONLY)
 def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
     batch = _neighbour_batch(tmp_path)
@@ -292,7 +290,6 @@ def test_target_only_layers_keep_the_seed_logits(tmp_path, name):
     torch.testing.assert_close(seeds, everything, rtol=1e-4, atol=1e-5)
 
 
-@requires_sampler
 @pytest.mark.parametrize("model_class", [GraphSAGE, GATv2])
 def test_a_batch_norm_model_evaluates_only_the_rows_read_next(tmp_path, model_class):
     # In eval mode a BatchNorm applies its running statistics to each row on its own, so the
@@ -322,7 +319,6 @@ def test_a_batch_norm_model_evaluates_only_the_rows_read_next(tmp_path, model_cl
     assert trimmed.shape == (nodes[0] + nodes[1], 5)  # the last layer's inputs
 
 
-@requires_sampler
 @pytest.mark.parametrize("name", TARGET_ONLY)
 def test_target_only_layers_keep_the_gradients(tmp_path, name):
     # Training mode without dropout (the masks would differ): the targets' rows of each layer
@@ -340,7 +336,6 @@ def test_target_only_layers_keep_the_gradients(tmp_path, name):
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-4, atol=1e-6)
 
 
-@requires_sampler
 @pytest.mark.parametrize("sparse", [True, False])
 def test_bucketed_rows_change_no_output_or_gradient(tmp_path, sparse):
     # Rows added to reach a multiple of m have no edges and nothing reads their outputs.
@@ -368,7 +363,6 @@ def test_bucketed_rows_change_no_output_or_gradient(tmp_path, sparse):
     torch.testing.assert_close(results[1][1], results[0][1], rtol=1e-4, atol=1e-6)
 
 
-@requires_sampler
 @pytest.mark.parametrize("num_layers", [1, 2, 3])
 @pytest.mark.parametrize(("aggr", "bucket"), [("mean", 0), ("mean", 7), ("max", 0)])
 def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
@@ -407,7 +401,6 @@ def test_a_first_layer_aggregated_by_the_loader_keeps_logits_and_gradients(
         assert not torch.allclose(model(changed, batch.edge_index, batch.layout), results[1][0])
 
 
-@requires_sampler
 def test_a_first_layer_aggregate_reaches_only_a_model_that_takes_it(tmp_path):
     import copy
 
@@ -447,7 +440,6 @@ SPEED_SWITCHES = [("sage", name) for name in [f.name for f in fields(SpeedTricks
 SPEED_SWITCHES += [("gatv2", name) for name in [f.name for f in fields(LayerSpeedTricks)]]
 
 
-@requires_sampler
 @pytest.mark.parametrize(("model", "name"), SPEED_SWITCHES)
 def test_each_speed_switch_changes_the_path_not_the_results(tmp_path, model, name):
     """Each trick of a model's ``speed`` group, switched, takes another path to the same seed
@@ -510,7 +502,6 @@ def test_a_negative_row_multiple_is_refused():
         SpeedTricks(bucket_rows=-1)
 
 
-@requires_sampler
 @pytest.mark.parametrize("backend", ["torch_sparse", "torch.sparse"])
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_sparse_aggregation_matches_scatter_in_a_training_step(
@@ -603,7 +594,6 @@ def test_relu_dropout_in_one_pass_saves_only_its_output(dtype):
     assert torch.equal(dropout.eval()(x, relu=True), torch.relu(x))
 
 
-@requires_torch_sparse
 @pytest.mark.parametrize("dm_name", ["cluster", "saint"])
 def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, dm_name):
     dm = DATAMODULES[dm_name][0](tmp_path)
@@ -622,7 +612,6 @@ def test_subgraph_batches_aggregate_on_their_csr_as_the_scatter_does(tmp_path, d
     torch.testing.assert_close(outputs[0], outputs[1], rtol=1e-4, atol=1e-5)
 
 
-@requires_torch_sparse
 @pytest.mark.parametrize("dm_name", ["cluster", "saint"])
 @pytest.mark.parametrize("norm", [None, "batch_norm"])
 def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, dm_name, norm):
@@ -656,7 +645,6 @@ def test_subgraph_batches_bucketed_rows_change_no_output_or_gradient(tmp_path, d
     assert (results[0][2].numel() > 0) == (norm is not None)  # running averages compared
 
 
-@requires_torch_sparse
 def test_auto_bucket_rows_pad_subgraph_batches_in_bf16_on_a_cpu_only(tmp_path):
     """``bucket_rows: auto``, the default, rounds a Cluster-GCN batch's rows up to 1,024s where
     its products run in bf16 on a CPU, where it paid; in fp32, and on a neighbour batch in
@@ -685,7 +673,6 @@ def test_auto_bucket_rows_pad_subgraph_batches_in_bf16_on_a_cpu_only(tmp_path):
     assert computed(neighbours, bf16=True) == computed(neighbours, bf16=False)
 
 
-@requires_sampler
 @pytest.mark.parametrize(
     "name", ["sage-sparse", "sage-max", "gatv2", "gatv2-linear-head", "sage-batch-norm"]
 )
@@ -709,7 +696,10 @@ def test_layerwise_inference_equals_pygs(tmp_path, monkeypatch, name):
             norm.module.running_var.uniform_(0.5, 2)
     ours = layerwise_inference(model.gnn, batch, sparse=model.sparse_aggregation)
     assert ours.shape == (TINY.num_nodes, 5)
-    pygs = NeighborLoader(dm.data, num_neighbors=[-1], batch_size=97)  # PyG's reads loader.data.x
+    full = HopSampler(dm.data, [-1])
+    pygs = NeighborLoader(
+        dm.data, [-1], batch_size=97, neighbor_sampler=full
+    )  # PyG's reads .data.x
     torch.testing.assert_close(ours, model.gnn.inference(pygs), rtol=1e-4, atol=1e-5)
     if model.sparse_aggregation:  # the sparse product, on edges in any order: the scatter's
         from gnnscale.models import fast
@@ -732,12 +722,11 @@ def test_layerwise_inference_equals_pygs(tmp_path, monkeypatch, name):
         assert len(calls) == 6 * len(with_shuffled_edges.loader)
     # The loader's order does not matter: each seed's row is written where it belongs.
     batch.loader = NeighborLoader(
-        batch.loader.data, num_neighbors=[-1], batch_size=97, shuffle=True
+        batch.loader.data, [-1], batch_size=97, shuffle=True, neighbor_sampler=full
     )
     torch.testing.assert_close(layerwise_inference(model.gnn, batch), ours)
 
 
-@requires_sampler
 def test_a_layerwise_batch_stays_in_host_memory_on_its_way_to_the_device(tmp_path):
     """Lightning's transfer would copy the whole feature matrix (a prepared graph's whole file)
     to the GPU; layer-wise inference moves each one-hop batch's rows itself. A sampled batch
@@ -798,7 +787,6 @@ torch.save({"out": out, "seeds": seeds, "mask": batch.mask, "predicted": predict
 """
 
 
-@requires_sampler
 @pytest.mark.parametrize("backend", ["gloo", "nccl"])
 def test_layerwise_inference_under_ddp_computes_each_node_once(tmp_path, backend):
     """Two processes each compute half the nodes per layer, and both end with every node's

@@ -10,14 +10,11 @@ import jupytext
 import pytest
 from nbclient import NotebookClient
 
-from gnnscale.testing import requires_sampler
-
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 
 
 @pytest.mark.slow
-@requires_sampler
 @pytest.mark.parametrize("source", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes_and_plots(source, tmp_path):
     # As scripts/build_notebooks.py runs them, in a temporary folder so the clone stays clean.

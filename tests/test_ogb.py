@@ -19,10 +19,10 @@ from torch_geometric.loader import NeighborLoader
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, stores
 from gnnscale.errors import ConfigError
 from gnnscale.prepare import prepare_main
+from gnnscale.sampler import HopSampler
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.ogb import prepare_ogb
 from gnnscale.stores.prepared import PreparedGraph
-from gnnscale.testing import requires_sampler
 
 SPLITS = {"train": "train", "val": "valid", "test": "test"}  # ours: OGB's file
 SCHEME = {"ogbn-arxiv": "time", "ogbn-products": "sales_ranking", "ogbn-papers100M": "time"}
@@ -160,7 +160,8 @@ def mag_download(root):
 def _batches(data, seed, **kwargs):
     torch.manual_seed(seed)
     is_sorted = isinstance(data, (Data, HeteroData))  # in memory: edges already by destination
-    return list(NeighborLoader(data, shuffle=True, is_sorted=is_sorted, **kwargs))
+    sampler = HopSampler(data, kwargs["num_neighbors"], is_sorted=is_sorted)
+    return list(NeighborLoader(data, shuffle=True, neighbor_sampler=sampler, **kwargs))
 
 
 def _same_batches(out, data, edges):
@@ -204,7 +205,6 @@ def _same_graph(out, data):
         assert torch.equal(tensor, data[key]) and tensor.dtype == data[key].dtype, key
 
 
-@requires_sampler
 @pytest.mark.parametrize("name", ["ogbn-arxiv", "ogbn-products"])
 def test_a_csv_download_prepares_to_the_graph_in_memory(tmp_path, name):
     """Small chunks (64 edges, 128 rows): boundaries fall inside pyarrow's blocks and across."""
@@ -221,7 +221,6 @@ def test_a_csv_download_prepares_to_the_graph_in_memory(tmp_path, name):
     _same_batches(out, data, edges)
 
 
-@requires_sampler
 @pytest.mark.parametrize(
     ("compressed", "column_major"),
     [(False, False), (True, False), (False, True), (True, True)],
@@ -241,7 +240,6 @@ def test_a_papers100m_npz_download_prepares_to_the_graph_in_memory(
     _same_batches(out, data, torch.from_numpy(g["edges"]))
 
 
-@requires_sampler
 def test_the_mag_download_prepares_to_the_heterogeneous_graph_in_memory(tmp_path):
     """With each relation between two types reversed (``rev_<rel>``), as ToUndirected adds."""
     data = mag_download(tmp_path)
@@ -273,7 +271,6 @@ def test_the_mag_download_prepares_to_the_heterogeneous_graph_in_memory(tmp_path
             assert torch.equal(a[edge_type].edge_index, b[edge_type].edge_index), edge_type
 
 
-@requires_sampler
 def test_the_mag_download_trains_its_papers_from_the_folder(tmp_path):
     """Every node type receives messages (authors through rev_writes): the hetero model trains
     (to_hetero failed on authors, never a destination, before reverses were written)."""

@@ -33,11 +33,12 @@ from gnnscale.data.synthetic import write_streamed_synthetic
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import anon_mb, read_metrics, trim_heap
+from gnnscale.sampler import HopSampler
 from gnnscale.stores import atomic, reads, writing
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.writing import write_graph
-from gnnscale.testing import TINY, centroid_accuracy, cli_args, requires_sampler
+from gnnscale.testing import TINY, centroid_accuracy, cli_args
 
 SAMPLED = ["--data.eval.mode=sampled", "--data.eval.num_neighbors=[-1,-1]"]
 
@@ -53,7 +54,6 @@ def _fit(folder, *extra):
     return read_metrics(folder / "runs")
 
 
-@requires_sampler
 def test_prepared_graph_trains_exactly_like_the_same_graph_in_memory(tmp_path, tiny_prepared):
     """Same seed, same batches, same losses: the mapped CSC and features are PyG's own."""
     args = [
@@ -86,7 +86,6 @@ def test_prepared_graph_trains_exactly_like_the_same_graph_in_memory(tmp_path, t
     assert "perf/cache_hit_rate" not in disk
 
 
-@requires_sampler
 def test_threaded_reads_give_the_batches_of_one_mapped_gather(tiny_prepared, monkeypatch):
     """Features read by many threads (in the loader's worker) are those PyG's gather reads."""
     monkeypatch.setattr(reads, "MIN_ROWS", 8)
@@ -117,7 +116,6 @@ def test_threaded_reads_give_the_batches_of_one_mapped_gather(tiny_prepared, mon
     assert PreparedGraph(tiny_prepared).threads == 1  # by default: a graph the cache keeps
 
 
-@requires_sampler
 def test_the_feature_cache_keeps_to_its_budget_and_holds_rows_the_sampler_draws(tmp_path):
     """Measured: the cache's tensors and the process's growth while filling it stay within the
     budget (plus the pass's counts, one int32 per node); its rows are far more of a training
@@ -207,7 +205,6 @@ def test_streamed_synthetic_is_a_learnable_graph_built_chunk_by_chunk(tmp_path):
     assert torch.equal(again.data.x, data.x) and torch.equal(again.csc[1], row)
 
 
-@requires_sampler
 def test_streamed_synthetic_needs_the_edges(tmp_path):
     cfg = SyntheticGraph(
         num_nodes=4000, avg_degree=12, num_features=32, num_classes=5, feature_noise=4.0
@@ -266,23 +263,25 @@ def test_a_damaged_colptr_is_refused_even_when_only_sizes_are_checked(
         PreparedGraph(tiny_prepared, verify="size")
 
 
-@requires_sampler
 @pytest.mark.parametrize("bad", [10**9, -1])
 def test_a_damaged_row_is_refused_when_a_batch_gathers_it(tiny_prepared, bad):
     """A neighbour id out of range in ``row.bin`` (its sizes are right: ``verify: size`` opens
-    it) is one error naming the file, from PyG's loader on the store and from the DataModule.
-    With PyG's loader on the store, one hop: an id sampled before the last hop is expanded by
-    PyG's sampler before any check (a crash); the DataModule checks it first, at two hops.
-    The feature store cannot tell a sampler's ids from its caller's: it names both."""
+    it) is one error naming the file, from PyG's loader with gnnscale's sampler on the store and
+    from the DataModule, which check the ids each batch drew. A gather of such an id from the
+    feature store itself (PyG's own sampler, one hop) is refused too: the store cannot tell a
+    sampler's ids from its caller's, and names both."""
     row = np.memmap(tiny_prepared / "row.bin", dtype=np.int64, mode="r+")
     row[5] = bad  # an in-neighbour of node 0
     row.flush()
     del row
     message = rf"holds node {bad:,}, outside 0..2,999 .*{tiny_prepared / 'row.bin'} holds a damaged"
     fs, gs = stores.open(tiny_prepared, verify="size")
-    loader = NeighborLoader((fs, gs), num_neighbors=[-1], input_nodes=torch.arange(10))
-    with pytest.raises(IndexError, match=rf"an index given to the store .*{message}"):
+    sampler = HopSampler((fs, gs), [-1])
+    loader = NeighborLoader((fs, gs), [-1], input_nodes=torch.arange(10), neighbor_sampler=sampler)
+    with pytest.raises(PreparedGraphError, match=message):
         next(iter(loader))
+    with pytest.raises(IndexError, match=rf"an index given to the store .*{message}"):
+        fs.get_tensor(None, "x", torch.tensor([0, bad]))
     dm = NeighborDataModule(
         "prepared", tiny_prepared, [-1, -1], 16, eval=EvalArgs(mode="sampled"), verify="size"
     )
@@ -315,7 +314,6 @@ def test_prepared_graph_is_refused_where_it_would_be_copied(tiny_prepared):
         NeighborDataModule("prepared", tiny_prepared, eval=EvalArgs("sampled", val_mode="full"))
 
 
-@requires_sampler
 def test_layerwise_evaluation_of_a_prepared_graph_is_the_in_memory_graphs(
     tmp_path, tiny_prepared, monkeypatch
 ):
@@ -432,7 +430,6 @@ def test_killed_prepare_leaves_nothing_prepared_and_is_redone(tmp_path):
 # --- memory: the batch, not the graph --------------------------------------------------------
 
 
-@requires_sampler
 @pytest.mark.slow  # writes a 1 GiB feature file
 def test_training_from_a_large_prepared_file_stays_out_of_private_memory(tmp_path):
     cfg = SyntheticGraph(num_nodes=2_000_000, avg_degree=5, num_features=128, train_fraction=0.01)
@@ -510,7 +507,6 @@ def _torchrun(*args: str) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", *args]
 
 
-@requires_sampler
 @pytest.mark.slow
 @pytest.mark.parametrize("machines", [1, 2], ids=["2 ranks on one machine", "2 machines"])
 def test_torchrun_ranks_train_from_one_prepared_folder(tmp_path, tiny_prepared, machines):
@@ -608,7 +604,6 @@ def test_a_disk_that_fills_leaves_one_line_and_nothing_half_written(tmp_path):
     assert torch.load(tmp_path / "last.ckpt")["w"].shape == (10,)  # the earlier one, intact
 
 
-@requires_sampler
 def test_the_planners_batch_size_advice_samples_a_prepared_graph_as_it_trains(tiny_prepared):
     """The mean batch that ``gnnscale plan``'s advice sizes is sampled by the DataModule's own
     sampler: from a prepared folder, the same batches as in memory (it sampled seeds alone,

@@ -17,7 +17,7 @@ from gnnscale.data.graphs import AtomGraphs, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.plan import _suggest, format_plan
 from gnnscale.stores.writing import write_graph
-from gnnscale.testing import TINY, TINY_ARGS, requires_sampler
+from gnnscale.testing import TINY, TINY_ARGS
 
 NEIGHBOR = ["--config", str(recipe("neighbor_sage").config)]
 # Runs a recipe command (Recipe.argv) and prints the peak resident memory of its process.
@@ -58,7 +58,6 @@ def _plan_and_fit(tmp_path, name, *args):
     return out["plan"], _mib("PEAK", out["fit"])
 
 
-@requires_sampler
 def test_plan_counts_each_hop_and_adds_up(tmp_path):
     plan = _plan(tmp_path, "--data.batch_size=64")
     assert len(plan.batches) == 3
@@ -77,7 +76,6 @@ def test_plan_counts_each_hop_and_adds_up(tmp_path):
     assert not plan.suggestions  # no budget given
 
 
-@requires_sampler
 def test_plan_counts_the_batches_each_process_draws(tmp_path):
     whole = _plan(tmp_path, "--data.batch_size=64").batches_per_epoch
     assert whole > 4
@@ -111,7 +109,6 @@ def _plan_in_new_process(tmp_path, *extra):
 
 
 @pytest.mark.slow
-@requires_sampler
 def test_budget_suggestion_fits_when_planned_again(tmp_path):
     big = ("--data.batch_size=256", "--model.init_args.hidden_channels=1024")
     sampled = "--data.eval.mode=sampled"
@@ -179,7 +176,6 @@ DOMINANT = {
 
 
 @pytest.mark.slow
-@requires_sampler
 @pytest.mark.parametrize("dominant", list(DOMINANT))
 def test_plan_predicts_the_measured_peak_within_25_percent(tmp_path, dominant):
     args = [
@@ -201,7 +197,6 @@ def test_plan_predicts_the_measured_peak_within_25_percent(tmp_path, dominant):
 
 
 @pytest.mark.slow
-@requires_sampler
 @pytest.mark.parametrize("checkpoint_io", ["streaming", "lightning"])
 def test_plan_counts_saving_and_loading_a_large_embedding_table(tmp_path, checkpoint_io):
     # sparse_embeddings with a 500k x 128 table: 244 MiB, 732 MiB with its SparseAdam moments.
@@ -264,8 +259,8 @@ def _tiny(name, tmp_path):
 @pytest.mark.parametrize(
     "name,eval_mode",
     [
-        pytest.param("link_prediction_pinsage", "ranking", marks=requires_sampler),
-        pytest.param("hetero_node_classification", "sampled", marks=requires_sampler),
+        pytest.param("link_prediction_pinsage", "ranking"),
+        pytest.param("hetero_node_classification", "sampled"),
         ("many_graphs_on_disk", "batches"),
     ],
 )
@@ -376,8 +371,8 @@ def _sized_args(name, tmp_path):
 @pytest.mark.parametrize(
     "name",
     [
-        pytest.param("link_prediction_pinsage", marks=requires_sampler),
-        pytest.param("hetero_node_classification", marks=requires_sampler),
+        pytest.param("link_prediction_pinsage"),
+        pytest.param("hetero_node_classification"),
         "many_graphs_on_disk",
     ],
 )
@@ -398,8 +393,6 @@ def test_plan_predicts_link_and_graph_peaks_within_25_percent(tmp_path, name):
     assert abs(planned / measured - 1) <= 0.25, (planned, measured)
 
 
-@requires_sampler
-@requires_sampler
 def test_a_plan_from_a_prepared_folder_advises_only_what_applies_to_one(tmp_path):
     """A prepared folder refuses --data.preprocess: the plan's advice for a budget the data
     alone exceeds names the prepare-time setting instead; its features are mapped, not held."""

@@ -24,8 +24,6 @@ from gnnscale.testing import (
     TINY,
     cli_args,
     damage_a_weight,
-    requires_sampler,
-    requires_torch_sparse,
     run_or_show_stacks,
 )
 
@@ -73,16 +71,12 @@ def _values(rows: list[dict[str, str]], key: str) -> list[tuple[str, str, str]]:
 @pytest.mark.parametrize(
     ("name", "signal"),
     [
-        pytest.param("neighbor_sage", "SIGTERM", marks=requires_sampler),
-        pytest.param("neighbor_sage", "SIGKILL", marks=[requires_sampler, pytest.mark.slow]),
-        pytest.param("cluster_gcn", "SIGKILL", marks=[requires_sampler, pytest.mark.slow]),
-        pytest.param("graphsaint", "SIGTERM", marks=[requires_torch_sparse, pytest.mark.slow]),
-        pytest.param(
-            "hetero_node_classification", "SIGKILL", marks=[requires_sampler, pytest.mark.slow]
-        ),
-        pytest.param(
-            "link_prediction_pinsage", "SIGTERM", marks=[requires_sampler, pytest.mark.slow]
-        ),
+        pytest.param("neighbor_sage", "SIGTERM"),
+        pytest.param("neighbor_sage", "SIGKILL", marks=pytest.mark.slow),
+        pytest.param("cluster_gcn", "SIGKILL", marks=pytest.mark.slow),
+        pytest.param("graphsaint", "SIGTERM", marks=pytest.mark.slow),
+        pytest.param("hetero_node_classification", "SIGKILL", marks=pytest.mark.slow),
+        pytest.param("link_prediction_pinsage", "SIGTERM", marks=pytest.mark.slow),
         pytest.param("many_graphs_on_disk", "SIGKILL", marks=pytest.mark.slow),
         pytest.param("many_graphs_on_disk", "SIGTERM", marks=pytest.mark.slow),
     ],
@@ -145,7 +139,6 @@ def test_ckpt_path_last_without_a_saved_run_is_refused(tmp_path):
         main([*args, "--ckpt_path=last"])
 
 
-@requires_sampler
 def test_each_rank_draws_its_share_of_the_same_epoch_and_resumes_at_a_batch(tmp_path):
     dm = NeighborDataModule(root=tmp_path, batch_size=64, num_neighbors=[5, 5], synthetic=TINY)
     dm.setup("fit")
@@ -174,7 +167,6 @@ def test_each_rank_draws_its_share_of_the_same_epoch_and_resumes_at_a_batch(tmp_
     assert padding == [[False] * len(ranks[0]), [False] * (len(ranks[1]) - 1) + [True]]
 
 
-@requires_sampler
 def test_an_epochs_order_is_not_listed_whole_before_its_first_batch():
     """Of 2M items in batches of 4, drawing one batch lists no more than its own indices (the
     whole order as Python integers: 175 MB here; at 100M link training edges, GiBs a rank)."""
@@ -352,7 +344,6 @@ def test_a_process_that_asked_dies_with_its_parent_or_at_once_if_it_is_gone():
 
 
 @pytest.mark.slow
-@requires_sampler
 @pytest.mark.parametrize("launcher", ["fork", "spawn", "torchrun"])
 def test_sigkill_to_the_launcher_of_ddp_ranks_stops_every_rank_saved(tmp_path, launcher):
     """A SIGKILL cannot be passed on. torchrun's ranks (sessions of their own) waited in gloo
@@ -408,7 +399,6 @@ def _tail(path: Path) -> str:
 
 
 @pytest.mark.slow
-@requires_sampler
 @pytest.mark.parametrize("target", ["launcher", "rank 1"])
 def test_sigterm_to_a_ddp_job_stops_every_rank_saved_and_it_resumes(tmp_path, target):
     """Forked DDP ranks (the multi_gpu_ddp recipe on CPU): a SIGTERM to the launching process
@@ -453,7 +443,6 @@ def test_sigterm_to_a_ddp_job_stops_every_rank_saved_and_it_resumes(tmp_path, ta
     assert _values(_rows(last.parents[1]), "test/acc")
 
 
-@requires_sampler
 def test_a_resume_onto_a_folder_prepared_again_is_refused_and_onto_a_moved_one_is_not(tmp_path):
     """A checkpoint records its prepared folder's contents (a digest of its files' checksums):
     the same path prepared again from another graph no longer resumes without a word."""

@@ -4,14 +4,14 @@ import math
 import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
-from torch_geometric.loader import NeighborLoader
+from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler import NeighborSampler
 
 import gnnscale.sampler as gsampler
 from gnnscale import LoaderArgs, NeighborDataModule, make_synthetic_graph
 from gnnscale.handshake import BatchRequest
 from gnnscale.sampler import HopSampler, sample_hops
-from gnnscale.testing import TINY, requires_sampler
+from gnnscale.testing import TINY, requires_torch_sparse
 
 
 def _csc(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,31 +111,27 @@ def test_pygs_loader_gets_the_input_graphs_edge_ids(graph):
     assert batch.num_sampled_nodes[0] == 32
 
 
-@requires_sampler
-def test_what_it_does_not_cover_goes_to_pygs_backend(graph, monkeypatch):
+@requires_torch_sparse
+def test_switched_off_it_leaves_sampling_to_pygs_backend(graph, monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("sample_hops was called")
 
-    monkeypatch.setattr(gsampler, "sample_hops", refuse)
-    hetero = HeteroData()
-    hetero["a"].num_nodes = graph.num_nodes
-    hetero["a", "to", "a"].edge_index = graph.edge_index
-    batch = next(iter(NeighborLoader(hetero, [3], input_nodes="a", batch_size=8)))
-    assert batch["a"].batch_size == 8
+    monkeypatch.setattr(gsampler, "sample_typed_hops", refuse)
     off = HopSampler(graph, [3])
     off.vectorized = False
     batch = next(iter(NeighborLoader(graph, [3], batch_size=8, neighbor_sampler=off)))
     assert batch.batch_size == 8
 
 
-@pytest.mark.parametrize("choice,used", [("auto", True), ("vectorized", True), ("pyg", False)])
+@pytest.mark.parametrize(
+    "choice,used",
+    [("auto", True), ("vectorized", True), pytest.param("pyg", False, marks=requires_torch_sparse)],
+)
 def test_the_loader_switch(tmp_path, monkeypatch, choice, used):
     calls = []
     real = gsampler.sample_hops
     monkeypatch.setattr(gsampler, "sample_hops", lambda *a, **k: calls.append(1) or real(*a, **k))
     monkeypatch.setattr(gsampler.torch_geometric.typing, "WITH_PYG_LIB", False)
-    if not used and not gsampler.torch_geometric.typing.WITH_TORCH_SPARSE:
-        pytest.skip("PyG's sampling needs torch-sparse or pyg-lib")
     dm = NeighborDataModule(
         root=tmp_path,
         synthetic=TINY,
@@ -148,3 +144,164 @@ def test_the_loader_switch(tmp_path, monkeypatch, choice, used):
     batch = next(iter(dm.train_dataloader()))
     assert batch.layout.num_sampled_nodes[0] == 64
     assert bool(calls) == used
+
+
+def _typed_graph(seed: int = 0) -> HeteroData:
+    """Users, items, tags: every node type reached two ways, degrees from 0 to dozens."""
+    g = torch.Generator().manual_seed(seed)
+    data = HeteroData()
+    for t, n in (("user", 300), ("item", 200), ("tag", 20)):
+        data[t].x = torch.randn(n, 3, generator=g)
+    buys = torch.stack(
+        [torch.randint(0, 300, (3000,), generator=g), torch.randint(0, 150, (3000,), generator=g)]
+    )
+    tagged = torch.stack(
+        [torch.randint(0, 200, (600,), generator=g), torch.randint(0, 20, (600,), generator=g)]
+    )
+    data["user", "buys", "item"].edge_index = buys
+    data["item", "bought_by", "user"].edge_index = buys.flip(0)
+    data["item", "has", "tag"].edge_index = tagged
+    data["tag", "of", "item"].edge_index = tagged.flip(0)
+    return data
+
+
+TYPED_FANOUT = {
+    ("user", "buys", "item"): [4, 2],
+    ("item", "bought_by", "user"): [3, -1],
+    ("item", "has", "tag"): [5, 0],
+    ("tag", "of", "item"): [2, 3],
+}
+
+
+def _check_typed_batch(data, out, seeds, fanout, replace=False):
+    """What every heterogeneous batch holds: PyG's contract, fan-outs, real edges, hops."""
+    node, counts = out.node, out.num_sampled_nodes
+    for t, seed in seeds.items():
+        assert torch.equal(node[t][: seed.numel()], seed)
+    for t, ids in node.items():
+        assert ids.unique().numel() == ids.numel(), t  # every node once, per type
+        assert sum(counts[t]) == ids.numel()
+    bounds = {t: [0, *itertools.accumulate(c)] for t, c in counts.items()}
+    for edge_type, k in fanout.items():
+        src_t, _, dst_t = edge_type
+        row, col, edge = out.row[edge_type], out.col[edge_type], out.edge[edge_type]
+        # In-edges of their target: the sampler's CSC positions, mapped through perm by PyG.
+        sampler = NeighborSampler(data, {edge_type: [-1] for edge_type in fanout})
+        key = sampler.to_rel_type[edge_type]
+        colptr, csc_row = sampler.colptr_dict[key], sampler.row_dict[key]
+        assert torch.equal(csc_row[edge], node[src_t][row])
+        dst = node[dst_t][col]
+        assert bool(((edge >= colptr[dst]) & (edge < colptr[dst + 1])).all())
+        assert sum(out.num_sampled_edges[edge_type]) == edge.numel()
+        first = 0
+        for h, count in enumerate(out.num_sampled_edges[edge_type]):
+            c = col[first : first + count]
+            lo, hi = bounds[dst_t][h], bounds[dst_t][h + 1]  # targets: the last hop's nodes
+            assert bool(((c >= lo) & (c < hi)).all())
+            assert bool((row[first : first + count] < bounds[src_t][h + 2]).all())
+            degree = (colptr[1:] - colptr[:-1])[node[dst_t][lo:hi]]
+            drawn = torch.bincount(c - lo, minlength=hi - lo)
+            want = degree if k[h] < 0 else degree.clamp(max=k[h])
+            if replace and k[h] > 0:
+                want = torch.where(degree > 0, k[h], 0)
+            assert torch.equal(drawn, want), (edge_type, h)
+            if not replace:
+                pairs = c * (edge.max() + 1) + edge[first : first + count]
+                assert pairs.unique().numel() == count
+            first += count
+
+
+@pytest.mark.parametrize("replace", [False, True])
+def test_typed_hops_draw_each_edge_types_fanout_from_the_last_hops_nodes(replace):
+    data = _typed_graph()
+    sampler = HopSampler(data, TYPED_FANOUT, replace=replace)
+    seeds = {"user": torch.randperm(300)[:40], "tag": torch.tensor([3, 7])}
+    out = sampler._sample(seeds)
+    _check_typed_batch(data, out, seeds, TYPED_FANOUT, replace)
+    assert set(out.node) == {"user", "item", "tag"}
+    assert out.num_sampled_nodes["item"][0] == 0 and out.num_sampled_nodes["item"][1] > 0
+
+
+def test_typed_hops_through_pygs_loader_give_the_input_graphs_edges():
+    data = _typed_graph()
+    buys = ("user", "buys", "item")
+    data[buys].edge_attr = torch.arange(data[buys].num_edges)
+    loader = NeighborLoader(
+        data,
+        TYPED_FANOUT,
+        input_nodes="user",
+        batch_size=16,
+        neighbor_sampler=HopSampler(data, TYPED_FANOUT),
+    )
+    batch = next(iter(loader))
+    assert batch["user"].batch_size == 16
+    for edge_type in TYPED_FANOUT:
+        store = batch[edge_type]
+        src, dst = (
+            batch[edge_type[0]].n_id[store.edge_index[0]],
+            batch[edge_type[2]].n_id[store.edge_index[1]],
+        )
+        assert torch.equal(torch.stack([src, dst]), data[edge_type].edge_index[:, store.e_id])
+    assert torch.equal(batch[buys].edge_attr, batch[buys].e_id)
+    assert torch.equal(batch["item"].x, data["item"].x[batch["item"].n_id])
+
+
+def test_link_batches_carry_their_pairs_and_negatives():
+    data = _typed_graph()
+    buys = ("user", "buys", "item")
+    pairs = data[buys].edge_index[:, :200]
+    loader = LinkNeighborLoader(
+        data,
+        TYPED_FANOUT,
+        edge_label_index=(buys, pairs),
+        neg_sampling="binary",
+        batch_size=32,
+        neighbor_sampler=HopSampler(data, TYPED_FANOUT),
+    )
+    batch = next(iter(loader))
+    store = batch[buys]
+    assert store.edge_label.tolist() == [1.0] * 32 + [0.0] * 32
+    users, items = batch["user"].n_id, batch["item"].n_id
+    label_pairs = torch.stack([users[store.edge_label_index[0]], items[store.edge_label_index[1]]])
+    assert torch.equal(label_pairs[:, :32], pairs[:, store.input_id])
+    # Each pair's ends are seeds: both have their neighbourhoods sampled.
+    for t, ends in (("user", store.edge_label_index[0]), ("item", store.edge_label_index[1])):
+        assert bool((ends < batch[t].num_sampled_nodes[0]).all())
+
+
+def test_disjoint_subgraphs_are_each_seeds_own():
+    data = _typed_graph()
+    sampler = HopSampler(data, TYPED_FANOUT, disjoint=True)
+    seeds = {"user": torch.tensor([5, 5, 9])}  # a seed twice: two subgraphs
+    out = sampler._sample(seeds)
+    for t in out.node:  # a node once per subgraph, in as many subgraphs as reach it
+        key = out.batch[t] * 1000 + out.node[t]
+        assert key.unique().numel() == key.numel()
+    for edge_type in TYPED_FANOUT:  # an edge stays within its seed's subgraph
+        src_t, _, dst_t = edge_type
+        row, col = out.row[edge_type], out.col[edge_type]
+        assert torch.equal(out.batch[src_t][row], out.batch[dst_t][col])
+    users = out.node["user"][out.batch["user"] == 0]
+    again = out.node["user"][out.batch["user"] == 1]
+    assert users[0] == again[0] == 5
+    # A seed's subgraph is what the joint sampler would draw from it alone.
+    torch.manual_seed(0)
+    alone = HopSampler(data, TYPED_FANOUT)._sample({"user": torch.tensor([9])})
+    torch.manual_seed(0)
+    both = HopSampler(data, TYPED_FANOUT, disjoint=True)._sample({"user": torch.tensor([9])})
+    for t in alone.node:
+        assert torch.equal(alone.node[t].sort().values, both.node[t].sort().values)
+
+
+def test_what_it_does_not_cover_goes_to_pygs_sampler(monkeypatch):
+    data = _typed_graph()
+    calls = []
+    monkeypatch.setattr(
+        NeighborSampler, "_sample", lambda self, seed, *a, **k: calls.append(seed) or 1 / 0
+    )
+    induced = HopSampler(data, TYPED_FANOUT, subgraph_type="induced")
+    with pytest.raises(ZeroDivisionError):
+        induced._sample({"user": torch.tensor([1])})
+    assert len(calls) == 1
+    HopSampler(data, TYPED_FANOUT)._sample({"user": torch.tensor([1])})
+    assert len(calls) == 1

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from torch_geometric.data import Data, HeteroData, TensorAttr
+from torch_geometric.index import index2ptr
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.nn import GraphSAGE as PyGSAGE
 
@@ -48,7 +49,7 @@ from gnnscale.stores import reads
 from gnnscale.stores.manifest import PreparedGraphError, split_labels
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph
 from gnnscale.stores.writing import write_graph
-from gnnscale.testing import TINY, centroid_accuracy, requires_sampler, run_or_show_stacks
+from gnnscale.testing import TINY, centroid_accuracy, run_or_show_stacks
 
 SPLITS = ("train", "val", "test")
 RELATIONS = {  # (src, rel, dst): edges; "inst" has no features and no labels
@@ -130,6 +131,8 @@ def heterogeneous(tmp_path):
 def _batches(data, seed, **kwargs):
     torch.manual_seed(seed)
     is_sorted = isinstance(data, (Data, HeteroData))  # in memory: edges already by destination
+    if "neighbor_sampler" not in kwargs:
+        kwargs["neighbor_sampler"] = HopSampler(data, kwargs["num_neighbors"], is_sorted=is_sorted)
     return list(NeighborLoader(data, shuffle=True, is_sorted=is_sorted, **kwargs))
 
 
@@ -165,7 +168,6 @@ def test_stores_never_import_the_data_package():
             assert "gnnscale" not in names, path.name  # the package's __init__ imports data
 
 
-@requires_sampler
 @pytest.mark.parametrize(("read_threads", "cache_bytes"), READS, ids=READ_IDS)
 def test_pygs_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_memory(
     tmp_path, homogeneous, read_threads, cache_bytes, monkeypatch
@@ -195,7 +197,6 @@ def test_pygs_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_mem
     _check_cache(fs, cache_bytes)
 
 
-@requires_sampler
 def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
     """A graph written from memory with its edges in no order: a batch's ``e_id`` indexes its
     ``edge_index`` as PyG's loaders in memory do. Edges already by destination (the generated
@@ -207,7 +208,12 @@ def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
     assert "perm" in PreparedGraph(folder).manifest["files"]
     fs, gs = stores.open(folder)
     torch.manual_seed(0)
-    loader = NeighborLoader((fs, gs), num_neighbors=[4, 2], input_nodes=torch.arange(300))
+    loader = NeighborLoader(
+        (fs, gs),
+        num_neighbors=[4, 2],
+        input_nodes=torch.arange(300),
+        neighbor_sampler=HopSampler((fs, gs), [4, 2]),
+    )
     for batch in loader:
         ends = batch.n_id[batch.edge_index]
         assert torch.equal(shuffled.edge_index[:, batch.e_id], ends)
@@ -215,7 +221,6 @@ def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
     assert "perm" not in PreparedGraph(streamed).manifest["files"]
 
 
-@requires_sampler
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["used in place", "copied"])
 def test_edge_features_from_the_store_are_the_in_memory_loaders(tmp_path, homogeneous, dtype):
     """``edge_attr.npy`` beside the edges, gathered by each batch's ``e_id``: what PyG's loader
@@ -240,7 +245,6 @@ def test_edge_features_from_the_store_are_the_in_memory_loaders(tmp_path, homoge
     assert "edge_attr" not in _batches((fs, gs), 1, **kwargs)[0]  # PyG's loader alone: none
 
 
-@requires_sampler
 def test_heterogeneous_edge_features_from_the_store_are_the_in_memory_link_loaders(
     tmp_path, heterogeneous
 ):
@@ -268,6 +272,7 @@ def test_heterogeneous_edge_features_from_the_store_are_the_in_memory_link_loade
             shuffle=True,
             transform=transform,
             is_sorted=source is data,
+            neighbor_sampler=HopSampler(source, fanout, is_sorted=source is data),
         )
         return list(loader)
 
@@ -278,7 +283,6 @@ def test_heterogeneous_edge_features_from_the_store_are_the_in_memory_link_loade
         assert "edge_attr" not in b["paper", "cites", "paper"]
 
 
-@requires_sampler
 @pytest.mark.parametrize("relation", [None, ("author", "writes", "paper")], ids=["homo", "hetero"])
 def test_seed_edges_are_mapped_pairs_that_give_pygs_link_batches(tmp_path, request, relation):
     """PyG's loader given an edge type stacks the whole COO in memory; ``seed_edges`` maps the
@@ -301,7 +305,12 @@ def test_seed_edges_are_mapped_pairs_that_give_pygs_link_batches(tmp_path, reque
     def batches(edge_label_index, share=False):
         torch.manual_seed(5)
         loader = LinkNeighborLoader(
-            (fs, gs), fanout, edge_label_index=edge_label_index, batch_size=512, shuffle=True
+            (fs, gs),
+            fanout,
+            edge_label_index=edge_label_index,
+            batch_size=512,
+            shuffle=True,
+            neighbor_sampler=HopSampler((fs, gs), fanout),
         )
         if share:  # docs/stores.md: the loader's clone of the pairs dropped for the mapped ones
             loader.input_data.row, loader.input_data.col = pairs[0], pairs[1]
@@ -357,7 +366,6 @@ def edge_featured(tmp_path):
     return memory, out, kwargs
 
 
-@requires_sampler
 def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(edge_featured):
     """``--model.edge_dim``: the loaders give each batch its edges' features, sliced by PyG in
     memory and gathered by ``e_id`` from a folder; the same weights after an epoch, and the
@@ -398,7 +406,6 @@ def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(edge_feat
         plain.setup("fit")
 
 
-@requires_sampler
 def test_a_folders_batches_carry_edge_ids_only_for_a_model_that_reads_edge_features(
     edge_featured,
 ):
@@ -434,7 +441,6 @@ def test_edge_features_are_checked_as_node_features_are(tmp_path, homogeneous):
     assert not (tmp_path / "store").exists()
 
 
-@requires_sampler
 def test_edge_ids_are_the_inputs_when_the_edges_fit_one_chunk(tmp_path, homogeneous):
     """A relation read in one chunk (under 4M edges at the default chunk size) was taken for
     one already in CSC order: sorted by destination within the chunk, its slots always ran
@@ -445,7 +451,11 @@ def test_edge_ids_are_the_inputs_when_the_edges_fit_one_chunk(tmp_path, homogene
     assert "perm" in PreparedGraph(out).manifest["files"]
     fs, gs = stores.open(out)
     torch.manual_seed(0)
-    for batch in NeighborLoader((fs, gs), num_neighbors=[4, 2], input_nodes=torch.arange(100)):
+    sampler = HopSampler((fs, gs), [4, 2])
+    loader = NeighborLoader(
+        (fs, gs), [4, 2], input_nodes=torch.arange(100), neighbor_sampler=sampler
+    )
+    for batch in loader:
         assert torch.equal(edge_index[:, batch.e_id], batch.n_id[batch.edge_index])
     np.save(folder / "edge_index.npy", by_destination(edge_index).numpy())  # in CSC order
     assert (
@@ -461,7 +471,6 @@ def test_a_feature_cache_needs_the_fan_out_it_is_drawn_with(tmp_path, homogeneou
         stores.open(out, feature_cache_gib=-1, num_neighbors=[2])
 
 
-@requires_sampler
 def test_pygs_link_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_in_memory(
     tmp_path, homogeneous
 ):
@@ -479,6 +488,7 @@ def test_pygs_link_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_i
             shuffle=True,
             neg_sampling_ratio=1.0,
             is_sorted=source is data,
+            neighbor_sampler=HopSampler(source, [5, 3], is_sorted=source is data),
         )
         return list(loader)
 
@@ -489,7 +499,6 @@ def test_pygs_link_neighbor_loader_on_the_store_gives_the_batches_of_the_graph_i
             assert torch.equal(a[key], b[key]), key
 
 
-@requires_sampler
 @pytest.mark.parametrize(("read_threads", "cache_bytes"), READS, ids=READ_IDS)
 def test_a_heterogeneous_store_gives_the_batches_of_the_graph_in_memory(
     tmp_path, heterogeneous, read_threads, cache_bytes, monkeypatch
@@ -576,7 +585,7 @@ def test_the_streamed_csc_is_the_one_pyg_builds_with_a_stable_sort(tmp_path, hom
     order = edge_index[1].sort(stable=True).indices
     colptr, row = graph.csc
     assert torch.equal(row, edge_index[0, order])
-    assert torch.equal(colptr, torch.ops.torch_sparse.ind2ptr(edge_index[1, order], 500))
+    assert torch.equal(colptr, index2ptr(edge_index[1, order], 500))
     assert torch.equal(graph.data.train_mask, data.train_mask)
 
 
@@ -731,7 +740,6 @@ def _npy_folder(data, folder):
     return folder
 
 
-@requires_sampler
 def test_a_graph_prepared_from_npy_by_the_cli_trains_above_its_features_alone(tmp_path):
     """``gnnscale prepare --source Npy``, then the node DataModule and a plain PyG loop on
     ``(fs, gs)``: both need the edges to beat the nearest-centroid rule of the features."""
@@ -764,7 +772,12 @@ def test_a_graph_prepared_from_npy_by_the_cli_trains_above_its_features_alone(tm
     net = PyGSAGE(32, 64, num_layers=2, out_channels=5)
     optimizer = torch.optim.Adam(net.parameters(), lr=0.01)
     train = NeighborLoader(
-        (fs, gs), [10, 10], input_nodes=data.train_mask, batch_size=128, shuffle=True
+        (fs, gs),
+        [10, 10],
+        input_nodes=data.train_mask,
+        batch_size=128,
+        shuffle=True,
+        neighbor_sampler=HopSampler((fs, gs), [10, 10]),
     )
     for _ in range(4):
         for batch in train:
@@ -774,14 +787,17 @@ def test_a_graph_prepared_from_npy_by_the_cli_trains_above_its_features_alone(tm
             optimizer.step()
     correct = 0
     with torch.no_grad():
-        for batch in NeighborLoader((fs, gs), [-1, -1], input_nodes=data.test_mask, batch_size=512):
+        full = HopSampler((fs, gs), [-1, -1])
+        test = NeighborLoader(
+            (fs, gs), [-1, -1], input_nodes=data.test_mask, batch_size=512, neighbor_sampler=full
+        )
+        for batch in test:
             pred = net(batch.x, batch.edge_index)[: batch.batch_size].argmax(-1)
             correct += int((pred == batch.y[: batch.batch_size]).sum())
     plain = correct / int(data.test_mask.sum())
     assert plain > bar + 0.1, (plain, bar)
 
 
-@requires_sampler
 def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp_path):
     """The recommender graph of the hetero tests, saved as .npy, prepared, trained from disk:
     the DataModule reads types, sizes and classes from the folder, and the model learns from
@@ -853,7 +869,6 @@ def test_a_heterogeneous_folders_target_labels_are_checked_as_a_graph_in_memory(
     assert dm.num_classes == int(y.max()) + 1
 
 
-@requires_sampler
 def test_the_heterogeneous_datamodules_feature_cache_changes_no_batch(tmp_path):
     """With a cache, a training epoch's batches are those without one (the pass that fills it
     moves no draw), and the batches say how many of their rows it held."""
@@ -925,7 +940,6 @@ def _link_store(tmp_path, cfg):
     return stores.prepare_npy(folder, tmp_path / "store"), data
 
 
-@requires_sampler
 def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
     """The parts RandomLinkSplit gives, streamed: validation and test edges (and their
     reverses) never reach a training batch, supervision edges are not passed messages on, each
@@ -975,7 +989,6 @@ def test_a_link_split_streamed_from_a_store_does_not_leak(tmp_path):
     assert again.links.folder == dm.links.folder and dm.links.folder.stat().st_mtime_ns == mtime
 
 
-@requires_sampler
 def test_the_link_datamodules_feature_cache_changes_no_batch(tmp_path):
     """As the hetero DataModule's: the pass that fills it (around the training edges' ends, on
     the training graph) moves no draw, and batches say how many of their rows it held."""
@@ -1000,7 +1013,6 @@ def test_the_link_datamodules_feature_cache_changes_no_batch(tmp_path):
         LinkDataModule(feature_cache_gib=1.0)
 
 
-@requires_sampler
 def test_links_trained_from_a_store_rank_well_above_popularity(tmp_path):
     cfg = SyntheticRecommender(num_users=2000, num_items=800, num_categories=40, num_communities=8)
     out, _ = _link_store(tmp_path, cfg)
@@ -1197,7 +1209,6 @@ torch.distributed.destroy_process_group()
 """
 
 
-@requires_sampler
 @pytest.mark.slow
 def test_two_torchrun_ranks_train_links_from_one_store_as_one_process_would(tmp_path):
     """Two ranks (torchrun: each opens the folder itself) share one prepared store and the split
@@ -1288,12 +1299,12 @@ def _spawned_batches(folder, context):
         batch_size=50,
         num_workers=1,
         multiprocessing_context=context,
+        neighbor_sampler=HopSampler((fs, gs), [5, 3]),
     )
     torch.manual_seed(0)  # the workers' seeds (a generator of its own would not pickle)
     return list(loader)
 
 
-@requires_sampler
 def test_the_stores_pickle_as_their_files_so_a_spawned_worker_maps_them(tmp_path):
     """Pickled, the store pair is its files' names, not their contents (a worker or a DDP rank
     started with ``spawn`` maps the files again and shares the page cache's copy), and a
@@ -1438,7 +1449,6 @@ def test_a_fit_checks_a_prepared_folders_labels_from_their_counts(
     assert "item" in PreparedGraph(hetero_out).manifest["split_labels"] and not read
 
 
-@requires_sampler
 def test_heterogeneous_predict_from_a_folder_gives_the_predictions_in_memory(tmp_path):
     """Every target node once, as in memory (it was PyG's traceback: a store's node count is
     not inferred for seeds of None)."""
@@ -1469,7 +1479,6 @@ def test_heterogeneous_predict_from_a_folder_gives_the_predictions_in_memory(tmp
     assert classes["disk"] == classes["memory"]
 
 
-@requires_sampler
 def test_a_damaged_or_stale_link_split_is_written_again_and_a_second_writer_waits(tmp_path):
     """A split is derived data: one truncated, or made from other settings, is written again
     (it was reported, and `prepare` then kept it); a DataModule that finds another process
@@ -1511,7 +1520,6 @@ def test_a_damaged_or_stale_link_split_is_written_again_and_a_second_writer_wait
     thread.join()
 
 
-@requires_sampler
 @pytest.mark.parametrize("verify", ["size", "full"])
 @pytest.mark.parametrize("damaged", ["label_index.bin", "item__rev_rates__user/row.bin"])
 def test_a_link_split_holding_a_damaged_id_is_written_again(tmp_path, verify, damaged, capsys):
@@ -1537,7 +1545,6 @@ def test_a_link_split_holding_a_damaged_id_is_written_again(tmp_path, verify, da
     assert len(list(dm.train_dataloader())) > 0
 
 
-@requires_sampler
 def test_a_link_split_whose_known_keys_leave_the_key_range_is_written_again(tmp_path, capsys):
     """Known keys are sorted, so their ends bound them: a damaged last one is found at open."""
     out, _ = _link_store(tmp_path, LINK_TINY)

@@ -43,11 +43,11 @@ class LoaderArgs:
         pin_memory: Page-lock batches so host-to-GPU copies are faster and asynchronous.
         persistent_workers: Keep workers alive between epochs instead of forking them again
             (with ``auto``: where it gives a worker).
-        sampler: Who samples neighbours on a homogeneous graph. ``vectorized``: gnnscale's
-            ``HopSampler``, a hop's draws for all its nodes in a few tensor operations.
-            ``pyg``: PyG's backend (pyg-lib, else torch-sparse, which makes a tensor of every
-            random draw: several times slower). ``auto``: PyG's with pyg-lib installed, else
-            ``vectorized``. Heterogeneous graphs always sample with PyG's backend.
+        sampler: Who samples neighbours. ``vectorized``: gnnscale's ``HopSampler``, a hop's
+            draws for all its nodes (of every edge type) in a few tensor operations. ``pyg``:
+            PyG's backend (pyg-lib, else torch-sparse, which makes a tensor of every random
+            draw: several times slower; neither is on PyPI). ``auto``: PyG's with pyg-lib
+            installed, else ``vectorized``.
     """
 
     num_workers: int | Literal["auto"] = 0

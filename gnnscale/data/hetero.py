@@ -40,7 +40,7 @@ from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.memory import MemoryProfile, proportional_batches
-from gnnscale.sampler import log_backend_once
+from gnnscale.sampler import describe, log_backend_once, vectorized
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -323,7 +323,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
 
     def setup(self, stage: str) -> None:
         """Check the fan-outs against the graph's edge types and the model's depth."""
-        log_backend_once()
+        log_backend_once(describe(self.loader.sampler))
         self._configure_from_trainer()
 
     def _loader(
@@ -336,6 +336,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
             seeds = torch.arange(self.num_nodes[self.target_type])
         sampler = source.sampler(per_type, share_memory=self.loader.workers > 0)
         sampler.edge_ids = False  # the heterogeneous models read no edge features
+        sampler.vectorized = vectorized(self.loader.sampler)
         return NeighborLoader(
             source.loader_input(),  # type: ignore[arg-type]
             num_neighbors=per_type,  # type: ignore[arg-type]

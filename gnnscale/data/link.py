@@ -66,7 +66,7 @@ from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import GraphSpec
 from gnnscale.memory import MemoryProfile, proportional_batches
-from gnnscale.sampler import log_backend_once
+from gnnscale.sampler import HopSampler, describe, log_backend_once, vectorized
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -325,7 +325,7 @@ class LinkDataModule(HeteroGraphData):
 
     def setup(self, stage: str) -> None:
         """Split, check the fan-outs against the model."""
-        log_backend_once()
+        log_backend_once(describe(self.loader.sampler))
         self._configure_from_trainer()
 
     def memory_profile(self) -> MemoryProfile:
@@ -353,8 +353,9 @@ class LinkDataModule(HeteroGraphData):
                 self.num_nodes[target[2]],
                 self.num_hard_negatives,
             )
+        graph = self.links.input("train")
         loader = LinkNeighborLoader(
-            self.links.input("train"),  # type: ignore[arg-type]
+            graph,  # type: ignore[arg-type]
             num_neighbors=self.fanout(),  # type: ignore[arg-type]
             edge_label_index=(target, label_index),
             edge_label=label,
@@ -362,6 +363,7 @@ class LinkDataModule(HeteroGraphData):
             if self.num_negatives
             else None,
             batch_size=self.batch_size,
+            neighbor_sampler=self._sampler(graph, self.fanout()),
             transform=self._opened.count_held(),
             generator=torch.Generator(),
             **self.loader.kwargs(),
@@ -371,6 +373,12 @@ class LinkDataModule(HeteroGraphData):
         # graph's own) instead.
         loader.input_data.row, loader.input_data.col = label_index[0], label_index[1]
         return resumable(self.trainer, loader, shuffle=True, transform=transform)
+
+    def _sampler(self, graph: Any, fanout: dict[EdgeType, list[int]]) -> HopSampler:
+        """A sampler over ``graph`` as ``--data.loader.sampler`` says."""
+        sampler = HopSampler(graph, fanout, share_memory=self.loader.workers > 0)
+        sampler.vectorized = vectorized(self.loader.sampler)
+        return sampler
 
     def _eval(self, stage: Literal["val", "test", "predict"]) -> Any:
         """The one evaluation step of ``stage``.
@@ -417,12 +425,14 @@ class LinkDataModule(HeteroGraphData):
         fanout = self.fanout()
         if self.eval.num_neighbors is not None:
             fanout = {t: list(self.eval.num_neighbors) for t in fanout}
+        sampler = self._sampler(graph, fanout)
         loaders = {
             t: NeighborLoader(
                 graph,
                 num_neighbors=fanout,  # type: ignore[arg-type]
                 input_nodes=t if embedded is None else (t, embedded[t]),
                 batch_size=self.eval.batch_size,
+                neighbor_sampler=sampler,
                 **self.loader.kwargs(),
             )
             for t in dict.fromkeys((src_type, dst_type))

@@ -8,19 +8,11 @@ import math
 from pathlib import Path
 from typing import Any, Literal
 
-import psutil
 import torch
-import torch_geometric.typing
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch_geometric.data import Data
-from torch_geometric.loader import (
-    ClusterData,
-    ClusterLoader,
-    GraphSAINTEdgeSampler,
-    GraphSAINTNodeSampler,
-    GraphSAINTRandomWalkSampler,
-)
+from torch_geometric.loader import ClusterData, ClusterLoader
 
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_positive
 from gnnscale.data.node import NodeDataModule
@@ -29,6 +21,7 @@ from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
 from gnnscale.measure import trim_heap
 from gnnscale.memory import proportional_batches
+from gnnscale.saint import SAINTLoader
 from gnnscale.stores.cache import cached_folder, check_writable
 
 
@@ -180,7 +173,9 @@ class ClusterDataModule(NodeDataModule):
 class SAINTDataModule(NodeDataModule):
     """GraphSAINT: batches are sampled subgraphs, debiased by the paper's normalisation.
 
-    Not from a prepared graph: PyG's GraphSAINT samplers hold the whole adjacency in memory.
+    Not from a prepared graph: the samplers hold the whole adjacency in memory. Subgraphs come
+    from :class:`gnnscale.saint.SAINTLoader` (PyG's samplers and normalisation in tensor
+    operations, no torch-sparse).
 
     ``node_norm`` (estimated from ``sample_coverage`` pre-sampled subgraphs and cached under
     ``root/gnnscale_cache``) weights each training node's loss. ``edge_norm`` would rescale
@@ -202,7 +197,7 @@ class SAINTDataModule(NodeDataModule):
         eval: How validation and test are computed.
     """
 
-    _not_on_disk = "PyG's GraphSAINT samplers hold the whole adjacency in memory"
+    _not_on_disk = "GraphSAINT's samplers hold the whole adjacency in memory"
 
     def __init__(
         self,
@@ -229,54 +224,42 @@ class SAINTDataModule(NodeDataModule):
         self.sample_coverage = sample_coverage
 
     def _setup_train(self) -> None:
-        if not torch_geometric.typing.WITH_TORCH_SPARSE:
-            raise ImportError("GraphSAINT samplers need torch-sparse: see the README's install")
         data = self.data
-        if self.sampler == "edge":
-            # PyG draws each sampled edge with a full pass over a [batch_size, num_edges] random
-            # matrix (and its log): memory grows with batch_size * num_edges.
-            need = 2 * self.batch_size * data.num_edges * 4
-            free = psutil.virtual_memory().available
-            if need > free / 2:
-                raise ConfigError(
-                    f"--data.sampler=edge needs {need / 2**30:.1f} GiB per subgraph here: PyG's "
-                    f"GraphSAINTEdgeSampler draws a [batch_size, num_edges] random matrix "
-                    f"({self.batch_size} x {data.num_edges:,}). Lower --data.batch_size to at most "
-                    f"{int(free / 2 / (8 * data.num_edges))}, or use --data.sampler=random_walk "
-                    "or node"
-                )
         self._train_fraction = float(data.train_mask.float().mean())
         self._save_dir: Path | None = None
         if self.sample_coverage > 0:
             # num_steps only sets the epoch length, so it stays out of the key.
+            # "norm.pt": the normalisation as tensors alone (caches of PyG's pickles differ)
             key = _graph_key(
-                data, "saint", self.sampler, self.batch_size, self.walk_length, self.sample_coverage
+                data,
+                "saint",
+                "norm.pt",
+                self.sampler,
+                self.batch_size,
+                self.walk_length,
+                self.sample_coverage,
             )
             self._save_dir = self.cache_dir / f"saint_{key}"
             check_writable(self.cache_dir, "--data.root")
 
     def train_dataloader(self) -> ResumableLoader:
         """``num_steps`` sampled subgraphs (normalisation computed once, then read from cache)."""
-        params: dict[str, Any] = {"batch_size": self.batch_size, "num_steps": self.num_steps}
-        cls: type = GraphSAINTNodeSampler
-        if self.sampler == "edge":
-            cls = GraphSAINTEdgeSampler
-        elif self.sampler == "random_walk":
-            cls, params["walk_length"] = GraphSAINTRandomWalkSampler, self.walk_length
 
-        def sampler(save_dir: Path | None) -> Any:
-            return cls(
+        def sampler(save_dir: Path | None) -> SAINTLoader:
+            return SAINTLoader(
                 self.data,
+                self.batch_size,
+                self.sampler,
+                walk_length=self.walk_length,
+                num_steps=self.num_steps,
                 sample_coverage=self.sample_coverage,
-                save_dir=None if save_dir is None else str(save_dir),
-                log=False,
-                **params,
+                save_dir=save_dir,
                 **self.loader.kwargs(),
             )
 
         if self._save_dir is None:
             return self._resumable(sampler(None), shuffle=False, transform=self._subgraph_layout())
-        cached_folder(self._save_dir, sampler, "GraphSAINT normalisation")
+        cached_folder(self._save_dir, sampler, "GraphSAINT normalisation")  # type: ignore[arg-type]
         loader = sampler(self._save_dir)  # reads the normalisation back
         bad = int((~torch.isfinite(loader.node_norm)).sum())
         if bad:

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+import torch_geometric.typing
 from torch import Tensor
 from torch_geometric import nn as pyg_nn
 from torch_geometric.index import index2ptr
@@ -27,10 +28,13 @@ from torch_geometric.index import index2ptr
 from gnnscale.batch import HopLayout, SubgraphLayout
 from gnnscale.errors import ConfigError
 from gnnscale.models.dropout import Dropout
-from gnnscale.sparse import csr_adjacency
+from gnnscale.sparse import csr_adjacency, valued_as
 
-# The reductions a sparse-dense product computes (PyG's ``spmm``); others scatter.
-SPARSE_AGGRS = ("mean", "max", "min", "sum")
+# The reductions a sparse-dense product computes (PyG's ``spmm``); others scatter. (Without
+# torch-sparse, a CPU product is torch.sparse's, which has no bf16 "sum": there, sums scatter.)
+SPARSE_AGGRS: tuple[str, ...] = ("mean", "max", "min", "sum")
+if not torch_geometric.typing.WITH_TORCH_SPARSE:
+    SPARSE_AGGRS = ("mean", "max", "min")
 
 
 @dataclass(frozen=True)
@@ -346,7 +350,7 @@ def padded_forward(
     """
     xs = []
     for i, (conv, norm) in enumerate(zip(gnn.convs, gnn.norms, strict=True)):
-        x = conv(x, adj)
+        x = conv(x, valued_as(adj, x))
         if i < gnn.num_layers - 1 or gnn.jk_mode is not None:  # as BasicGNN.forward
             x = _between_layers(gnn, norm, x, num_rows)
             xs.append(x)

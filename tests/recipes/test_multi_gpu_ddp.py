@@ -14,7 +14,7 @@ import sys
 import pytest
 from registry import recipe
 
-from gnnscale.testing import requires_sampler, run_or_show_stacks
+from gnnscale.testing import run_or_show_stacks
 
 SCRIPT = """
 import json, sys
@@ -64,7 +64,6 @@ def test_accuracy_is_reduced_from_counts_over_unequal_shards(tmp_path):
 
 
 @pytest.mark.slow
-@requires_sampler
 def test_predict_under_ddp_writes_each_node_once_with_one_process_classes(tmp_path):
     """The recipe's ranks each predict their block of nodes (exact, layer-wise) into a file of
     their own: together every node once, with the classes one process predicts."""

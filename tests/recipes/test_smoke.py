@@ -33,18 +33,15 @@ from gnnscale.prepare import prepare_graphs_main, prepare_main
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.testing import (
     centroid_accuracy,
-    requires_sampler,
-    requires_torch_sparse,
     run_or_show_stacks,
 )
 
-NEEDS = {"sampler": [requires_sampler], "torch_sparse": [requires_torch_sparse], "nothing": []}
 MARGIN = 0.1  # over the features-only rule, in test accuracy
 
 
 RECIPE_PARAMS = [
     # DDP forks processes; a minute here, so in the slow tier.
-    pytest.param(r, id=r.name, marks=[*NEEDS[r.needs], *([pytest.mark.slow] * (r.processes > 1))])
+    pytest.param(r, id=r.name, marks=[pytest.mark.slow] * (r.processes > 1))
     for r in RECIPES
 ]
 
@@ -126,7 +123,6 @@ def test_every_recipe_folder_is_registered():
     assert folders == {r.name for r in RECIPES}
 
 
-@requires_sampler
 def test_readme_quick_start_command(tmp_path, monkeypatch):
     """The README's main command, with tiny settings appended, trains and tests."""
     readme = (REPO / "README.md").read_text()
@@ -146,7 +142,7 @@ SWAPPABLE = ("neighbor_sage", "cluster_gcn", "graphsaint")
     "recipe",
     [
         # The neighbour recipe in the fast tier, the other two in the slow one.
-        pytest.param(r, id=r.name, marks=[*NEEDS[r.needs], *[pytest.mark.slow] * (i > 0)])
+        pytest.param(r, id=r.name, marks=[pytest.mark.slow] * (i > 0))
         for i, r in enumerate(r for r in RECIPES if r.name in SWAPPABLE)
     ],
 )

@@ -11,7 +11,6 @@ import torch
 from gnnscale import EmbeddingSAGE, NeighborDataModule, SyntheticGraph
 from gnnscale.cli import main
 from gnnscale.data import EvalArgs
-from gnnscale.testing import requires_sampler
 
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "sparse_embeddings"
 TINY = [
@@ -67,7 +66,6 @@ def _metrics(log_dir: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-@requires_sampler
 @pytest.mark.parametrize("embedding_device", ["model", "cpu"])
 def test_sparse_embeddings_recipe(tmp_path, embedding_device):
     cli = main(
@@ -119,7 +117,6 @@ def test_cpu_table_stays_on_host_when_the_model_moves():
     assert all(p.device.type == "meta" for p in model.gnn.parameters())
 
 
-@requires_sampler
 def test_layerwise_evaluation_reads_the_table_as_sampling_at_full_fanout_does(tmp_path):
     # The table, not x, is the first layer's input: exact layer-wise logits of the test nodes
     # equal those of sampled evaluation over their whole two-hop neighbourhoods.
