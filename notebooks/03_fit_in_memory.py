@@ -57,6 +57,7 @@ from gnnscale import (
     SyntheticGraph,
     make_synthetic_graph,
 )
+from gnnscale.sampler import HopSampler
 
 NUM_NODES = 200_000  # the main graph
 AVG_DEGREE = 10
@@ -120,7 +121,12 @@ data = make_synthetic_graph(
     SyntheticGraph(num_nodes=NUM_NODES, avg_degree=AVG_DEGREE, num_features=NUM_FEATURES)
 )
 loader = NeighborLoader(
-    data, num_neighbors=FANOUTS, batch_size=BATCH_SIZE, input_nodes=data.train_mask, shuffle=True
+    data,
+    num_neighbors=FANOUTS,
+    batch_size=BATCH_SIZE,
+    input_nodes=data.train_mask,
+    shuffle=True,
+    neighbor_sampler=HopSampler(data, FANOUTS),  # PyG's sampler, no pyg-lib or torch-sparse
 )
 sampler_tensors = [v for v in vars(loader.node_sampler).values() if torch.is_tensor(v)]
 actual = {
@@ -248,7 +254,7 @@ for dtype in ("float32", "bfloat16", "float16"):
 
 # %% [markdown]
 # **Edge indices.** int32 would halve `edge_index` and the sampler's copy, but PyG's support is
-# uneven. What this installation accepts (a PyG or torch-sparse upgrade may change it):
+# uneven. What this installation accepts (a PyG upgrade may change it):
 
 
 # %%
@@ -266,7 +272,10 @@ ei32 = small.edge_index.int()
 
 
 def first_batch(graph: Data, fanouts: list[int], batch_size: int) -> Data:
-    return next(iter(NeighborLoader(graph, num_neighbors=fanouts, batch_size=batch_size)))
+    sampler = HopSampler(graph, fanouts)
+    return next(
+        iter(NeighborLoader(graph, fanouts, batch_size=batch_size, neighbor_sampler=sampler))
+    )
 
 
 for conv in (SAGEConv(16, 8), GCNConv(16, 8), GATv2Conv(16, 8)):

@@ -1,7 +1,8 @@
 """A prepared folder as PyG's ``(FeatureStore, GraphStore)`` pair, every tensor memory-mapped.
 
     fs, gs = gnnscale.stores.open("data/my_graph")
-    loader = NeighborLoader((fs, gs), num_neighbors=[10, 5], input_nodes=train, batch_size=1024)
+    sampler = HopSampler((fs, gs), [10, 5])  # PyG's sampler, without pyg-lib or torch-sparse
+    loader = NeighborLoader((fs, gs), [10, 5], input_nodes=train, neighbor_sampler=sampler)
 
 PyG's ``NeighborLoader`` and ``LinkNeighborLoader`` take any such pair (cuGraph-PyG and other
 out-of-memory backends implement the same two interfaces). Here the graph store hands the
