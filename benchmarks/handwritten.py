@@ -14,6 +14,11 @@ after the last epoch (the recipes' ``eval.mode: layerwise``, batch size ``eval_b
 over the graph costs about as much as an epoch here, so both sides evaluate once. An epoch's time
 runs from the start of the loader loop to the end of its last optimizer step, like
 ``gnnscale.ThroughputMonitor``: sampling included, evaluation not.
+
+The loaders sample with PyG's own backend (pyg-lib, else torch-sparse) where one is installed.
+On an install from PyPI alone PyG has none, and a PyG user passes the sampler that runs there:
+gnnscale's ``HopSampler`` to ``NeighborLoader``, ``SAINTLoader`` for GraphSAINT
+(:func:`sampled_by`).
 """
 
 from __future__ import annotations
@@ -35,8 +40,22 @@ from torch_geometric.utils import degree
 
 from gnnscale import SyntheticGraph, make_synthetic_graph
 from gnnscale.measure import saved_tensor_bytes
+from gnnscale.saint import SAINTLoader
+from gnnscale.sampler import HopSampler, sampling_backend
 
-__all__ = ["train_cluster", "train_neighbor", "train_saint"]
+__all__ = ["sampled_by", "train_cluster", "train_neighbor", "train_saint"]
+
+
+def sampled_by() -> str:
+    """Who samples the loops' batches on this install."""
+    backend = sampling_backend()
+    return f"PyG's {backend}" if backend != "none" else "gnnscale's HopSampler and SAINTLoader"
+
+
+def _neighbors(data: Data, num_neighbors: list[int], **kwargs: Any) -> NeighborLoader:
+    """PyG's ``NeighborLoader``; given ``HopSampler`` where PyG has no sampling backend."""
+    sampler = HopSampler(data, num_neighbors) if sampling_backend() == "none" else None
+    return NeighborLoader(data, num_neighbors=num_neighbors, neighbor_sampler=sampler, **kwargs)
 
 
 def _device() -> torch.device:
@@ -109,16 +128,16 @@ def train_neighbor(spec: dict[str, Any]) -> dict[str, Any]:
     device, m, d = _device(), spec["model"], spec["data"]
     data = _graph(spec)
     kwargs = spec["loader"]
-    train_loader = NeighborLoader(
+    train_loader = _neighbors(
         data,
+        d["num_neighbors"],
         input_nodes=data.train_mask,
-        num_neighbors=d["num_neighbors"],
         batch_size=d["batch_size"],
         shuffle=True,
         **kwargs,
     )
-    subgraph_loader = NeighborLoader(
-        copy.copy(data), num_neighbors=[-1], batch_size=spec["eval_batch_size"], **kwargs
+    subgraph_loader = _neighbors(
+        copy.copy(data), [-1], batch_size=spec["eval_batch_size"], **kwargs
     )
     model = GraphSAGE(
         data.num_features,
@@ -188,9 +207,7 @@ def train_cluster(spec: dict[str, Any]) -> dict[str, Any]:
     train_loader = ClusterLoader(
         cluster_data, batch_size=d["clusters_per_batch"], shuffle=True, **kwargs
     )
-    subgraph_loader = NeighborLoader(
-        data, num_neighbors=[-1], batch_size=spec["eval_batch_size"], **kwargs
-    )
+    subgraph_loader = _neighbors(data, [-1], batch_size=spec["eval_batch_size"], **kwargs)
 
     def build(num_layers: int) -> GraphSAGE:
         return GraphSAGE(
@@ -323,18 +340,20 @@ def train_saint(spec: dict[str, Any]) -> dict[str, Any]:
         data.edge_weight = 1.0 / degree(col, data.num_nodes)[col]  # in-degree normalisation
     Path(spec["cache_dir"]).mkdir(parents=True, exist_ok=True)  # node_norm/edge_norm, once
     kwargs = spec["loader"]
-    loader = GraphSAINTRandomWalkSampler(
-        data,
+    saint = dict(
         batch_size=d["batch_size"],
         walk_length=d["walk_length"],
         num_steps=d["num_steps"],
         sample_coverage=d["sample_coverage"],
         save_dir=spec["cache_dir"],
-        log=False,
         **kwargs,
     )
-    subgraph_loader = NeighborLoader(
-        copy.copy(data), num_neighbors=[-1], batch_size=spec["eval_batch_size"], **kwargs
+    if sampling_backend() == "none":
+        loader: Any = SAINTLoader(data, sampler="random_walk", **saint)
+    else:
+        loader = GraphSAINTRandomWalkSampler(data, log=False, **saint)
+    subgraph_loader = _neighbors(
+        copy.copy(data), [-1], batch_size=spec["eval_batch_size"], **kwargs
     )
     classes = int(data.y.max()) + 1
     model: torch.nn.Module
