@@ -53,8 +53,9 @@ from on_disk_large import (
     trainer_and_worker,
 )
 from torch_geometric.data import Data
-from torch_geometric.sampler import NeighborSampler, NodeSamplerInput
+from torch_geometric.sampler import NodeSamplerInput
 
+from gnnscale.sampler import HopSampler
 from gnnscale.stores import reads
 from gnnscale.stores.prepared import PreparedGraph
 
@@ -121,7 +122,7 @@ def policies(folder: Path, fractions: tuple[float, ...]) -> dict[str, list[float
     colptr, row = graph.csc
     n = graph.manifest["num_nodes"]
     empty = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1)
-    sampler = NeighborSampler(empty, [15, 10])  # the recipe's fan-out
+    sampler = HopSampler(empty, [15, 10])  # the recipe's fan-out, as the DataModule samples
     sampler.num_nodes, sampler.colptr, sampler.row, sampler.perm = n, colptr, row, None
     train = graph.data.train_mask.nonzero().view(-1)
 
