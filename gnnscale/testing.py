@@ -24,7 +24,7 @@ import lightning as L
 import psutil
 import pytest
 import torch
-from torch_geometric.data import Data
+from torch_geometric.data import Data, HeteroData
 
 from gnnscale.data.synthetic import SyntheticGraph
 
@@ -39,6 +39,7 @@ __all__ = [
     "requires_cuda",
     "requires_torch_sparse",
     "run_or_show_stacks",
+    "users_items_tags",
     "with_package",
 ]
 
@@ -210,3 +211,40 @@ def _wait_until_dead(process: psutil.Process, timeout: float = 10.0) -> None:
         except psutil.NoSuchProcess:
             return
         time.sleep(0.02)
+
+
+def users_items_tags(
+    sizes: tuple[int, int, int],
+    num_buys: int,
+    bought_items: int,
+    num_tagged: int,
+    features: int,
+    seed: int = 0,
+) -> HeteroData:
+    """A small heterogeneous graph for sampler tests: users buy items, items have tags.
+
+    Every node type is reached two ways (each relation and its reverse); the first
+    ``bought_items`` items are the only ones bought, so the rest have no user in-edges.
+    """
+    g = torch.Generator().manual_seed(seed)
+    data = HeteroData()
+    for t, n in zip(("user", "item", "tag"), sizes, strict=True):
+        data[t].x = torch.randn(n, features, generator=g)
+    users, items, tags = sizes
+    buys = torch.stack(
+        [
+            torch.randint(0, users, (num_buys,), generator=g),
+            torch.randint(0, bought_items, (num_buys,), generator=g),
+        ]
+    )
+    tagged = torch.stack(
+        [
+            torch.randint(0, items, (num_tagged,), generator=g),
+            torch.randint(0, tags, (num_tagged,), generator=g),
+        ]
+    )
+    data["user", "buys", "item"].edge_index = buys
+    data["item", "bought_by", "user"].edge_index = buys.flip(0)
+    data["item", "has", "tag"].edge_index = tagged
+    data["tag", "of", "item"].edge_index = tagged.flip(0)
+    return data

@@ -18,7 +18,7 @@ from torch_geometric.loader import (
 from gnnscale import SyntheticGraph, make_synthetic_graph
 from gnnscale.saint import SAINTLoader
 from gnnscale.sampler import HopSampler
-from gnnscale.testing import requires_torch_sparse
+from gnnscale.testing import requires_torch_sparse, users_items_tags
 
 pytestmark = requires_torch_sparse
 
@@ -26,21 +26,7 @@ SMALL = SyntheticGraph(num_nodes=400, avg_degree=6, num_features=4, num_classes=
 
 
 def _hetero() -> HeteroData:
-    g = torch.Generator().manual_seed(0)
-    data = HeteroData()
-    for t, n in (("user", 200), ("item", 120), ("tag", 15)):
-        data[t].x = torch.randn(n, 2, generator=g)
-    buys = torch.stack(
-        [torch.randint(0, 200, (1500,), generator=g), torch.randint(0, 100, (1500,), generator=g)]
-    )
-    tags = torch.stack(
-        [torch.randint(0, 120, (300,), generator=g), torch.randint(0, 15, (300,), generator=g)]
-    )
-    data["user", "buys", "item"].edge_index = buys
-    data["item", "bought_by", "user"].edge_index = buys.flip(0)
-    data["item", "has", "tag"].edge_index = tags
-    data["tag", "of", "item"].edge_index = tags.flip(0)
-    return data
+    return users_items_tags((200, 120, 15), 1500, 100, 300, features=2)
 
 
 def _samplers(data, fanout, **kwargs):

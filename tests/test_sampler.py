@@ -11,7 +11,7 @@ import gnnscale.sampler as gsampler
 from gnnscale import LoaderArgs, NeighborDataModule, make_synthetic_graph
 from gnnscale.handshake import BatchRequest
 from gnnscale.sampler import HopSampler, sample_hops
-from gnnscale.testing import TINY, requires_torch_sparse
+from gnnscale.testing import TINY, requires_torch_sparse, users_items_tags
 
 
 def _csc(data: Data) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,21 +148,7 @@ def test_the_loader_switch(tmp_path, monkeypatch, choice, used):
 
 def _typed_graph(seed: int = 0) -> HeteroData:
     """Users, items, tags: every node type reached two ways, degrees from 0 to dozens."""
-    g = torch.Generator().manual_seed(seed)
-    data = HeteroData()
-    for t, n in (("user", 300), ("item", 200), ("tag", 20)):
-        data[t].x = torch.randn(n, 3, generator=g)
-    buys = torch.stack(
-        [torch.randint(0, 300, (3000,), generator=g), torch.randint(0, 150, (3000,), generator=g)]
-    )
-    tagged = torch.stack(
-        [torch.randint(0, 200, (600,), generator=g), torch.randint(0, 20, (600,), generator=g)]
-    )
-    data["user", "buys", "item"].edge_index = buys
-    data["item", "bought_by", "user"].edge_index = buys.flip(0)
-    data["item", "has", "tag"].edge_index = tagged
-    data["tag", "of", "item"].edge_index = tagged.flip(0)
-    return data
+    return users_items_tags((300, 200, 20), 3000, 150, 600, features=3, seed=seed)
 
 
 TYPED_FANOUT = {
