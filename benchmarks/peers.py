@@ -39,6 +39,7 @@ from typing import Any
 
 import harness
 import numpy as np
+import peers_tasks
 import torch
 from blocks import Block
 from registry import REPO, recipe
@@ -54,6 +55,7 @@ PEER_SCRIPT = REPO / "benchmarks" / "peer_dgl.py"
 PEER_PACKAGES = ("torch==2.2.1", "numpy<2", "dgl==2.1.0", "pandas<2.3", "pydantic", "pyyaml")
 PEER_NO_DEPS = ("torchdata==0.7.1", "psutil")
 FP32 = "--trainer.precision=32-true"
+TASKS = {"hetero": "heterogeneous node classification", "link": "link prediction"}
 TOOLS = {"gnnscale": "gnnscale", "dgl": "DGL 2.1.0 `NeighborSampler`", "graphbolt": "GraphBolt"}
 
 
@@ -245,7 +247,8 @@ def measure_all(tiny: bool, workdir: Path) -> dict[str, Any]:
     profiles = {"gnnscale": profile_gnnscale(tiny)}
     for tool in ("dgl", "graphbolt"):
         profiles[tool] = _peer(python, graph, tool, 0, tiny, profile=True)
-    return {"sizes": sizes, "results": results, "profiles": profiles}
+    tasks = {task: peers_tasks.measure_task(task, python, tiny, workdir) for task in TASKS}
+    return {"sizes": sizes, "results": results, "profiles": profiles, "tasks": tasks}
 
 
 def _median(runs: list[dict[str, Any]], key: str) -> float:
@@ -334,18 +337,23 @@ def blocks(tiny: bool) -> list[Block]:
         " start-up to the printed test accuracy (gnnscale's includes generating the graph).",
     ]
     short = [
-        "| fp32, 0 loader workers | gnnscale | DGL | GraphBolt |",
-        "|---|---:|---:|---:|",
-        f"| s/epoch, training | {ours:.2f} | {dgl:.2f} | {gb:.2f} |",
-        "| whole run, s | "
-        + " | ".join(
-            f"{_median(res[(t, 0)], 'wall_s'):.0f}" for t in ("gnnscale", "dgl", "graphbolt")
-        )
-        + " |",
-        "",
-        summary,
+        "| training s/epoch, fp32, 0 loader workers | gnnscale | DGL | GraphBolt "
+        "| gnnscale / DGL |",
+        "|---|---:|---:|---:|---:|",
+        f"| neighbor_sage | {ours:.2f} | {dgl:.2f} | {gb:.2f} | {ours / dgl:.2f}x |",
     ]
+    task_blocks = []
+    for task, title in TASKS.items():
+        t = m["tasks"][task]
+        mine = _median(t["results"][("gnnscale", "fp32", 0)], "epoch_s")
+        theirs = _median(t["results"][("dgl", "fp32", 0)], "epoch_s")
+        name = peers_tasks.RECIPE[task]
+        short.append(f"| {name} ({title}) | {mine:.2f} | {theirs:.2f} | – | {mine / theirs:.2f}x |")
+        text = "\n".join(peers_tasks.task_lines(task, t))
+        task_blocks.append(Block(Path("benchmarks/README.md"), f"peers-{task}", text))
+    short += ["", summary]
     return [
         Block(Path("benchmarks/README.md"), "peers", "\n".join(lines)),
+        *task_blocks,
         Block(Path("README.md"), "peers", "\n".join(short)),
     ]
