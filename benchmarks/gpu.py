@@ -1,12 +1,11 @@
 """The recipes on one GPU: what a user waits for, and the planner's CUDA peak against the fit's.
 
 Written by ``python benchmarks/figures.py gpu`` (the ``gpu`` block of benchmarks/README.md) on a
-machine with CUDA; without one it writes nothing. No GPU has been lent to this project yet, so
-this section has never run: its first run is its test. For each recipe below, ``gnnscale plan``
-and then ``gnnscale fit`` run in fresh processes with ``--trainer.accelerator=gpu
---trainer.devices=1`` (and the recipe's ``figure_args``), each config otherwise as shipped
-(bf16 autocast; the loader workers of the config sample on the host). Meant to take under 10
-minutes on one H100.
+machine with CUDA; without one it writes nothing. This section has not yet run on a GPU: its
+first run is its test. For each recipe below, ``gnnscale plan`` and then ``gnnscale fit`` run
+in fresh processes with ``--trainer.accelerator=gpu --trainer.devices=1`` (and the recipe's
+``figure_args``), each config otherwise as shipped (bf16 autocast; the loader workers of the
+config sample on the host). Meant to take under 10 minutes on one H100.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ from gnnscale.stores.prepared import PreparedGraph
 
 ENTRY = recipe("on_disk_graph")
 # ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges, 128 features, 172 classes. Its
-# training split is 1.1% of the nodes; one epoch here trains on 0.1% (111k seeds) to fit the
-# session; validation and test score 2 batches of 1,024 seeds each.
+# training split is 1.1% of the nodes; one epoch here trains on 0.1% (111k seeds), so that a cold
+# epoch takes minutes and the section about an hour; validation and test score 2 batches of
+# 1,024 seeds each.
 GRAPH = {
     "full": {
         "num_nodes": 111_059_956,

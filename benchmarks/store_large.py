@@ -3,9 +3,9 @@
 Written by ``python benchmarks/figures.py store-large`` (on_disk_graph's ``store_large`` block:
 the node task) and ``store-large-links`` (its ``store_large_links`` block: the link task), each
 on a graph of its own; run only when named: about 50 GiB of disk, an hour or more each, so
-that the two halves can run in different sessions. MAG240M has 244M papers (768
-float16 features, 175 GB), 122M authors, 26k institutions; papers cite papers (5.3 per paper),
-authors write papers (3.2 per author) and are affiliated with institutions (0.36 per author).
+that each half can run on its own. MAG240M has 244M papers (768 float16 features, 175 GB),
+122M authors, 26k institutions; papers cite papers (5.3 per paper), authors write papers (3.2
+per author) and are affiliated with institutions (0.36 per author).
 Here the same shape at a twelfth of the counts, 20M papers, so that the paper features alone
 (29 GiB) exceed this machine's memory:
 

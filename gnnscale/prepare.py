@@ -270,7 +270,7 @@ def _function_main(
         raise ConfigError(renamed(str(err)) or argerrors.one_line(str(err), command)) from err
 
 
-# The options of ``gnnscale prepare`` before its sources were typed (CHANGELOG.md, session 35),
+# The options of ``gnnscale prepare`` before its sources were typed (before 0.2.0; CHANGELOG.md),
 # by their first key: what each became.
 _RENAMED = {
     "dataset": "--source CLASS",
@@ -330,7 +330,7 @@ def _old_form(message: str) -> str | None:
         f"{', '.join(f'--{k}' for k, _ in old)}: gnnscale prepare's old form; its graph is one "
         f"typed --source now: write {' '.join(new)} (sources: {sources}; their options: "
         "`gnnscale prepare --source.help CLASS`; in a config file: source: {class_path: CLASS, "
-        "init_args: {...}}; CHANGELOG.md, session 35)"
+        "init_args: {...}}; renamed in gnnscale 0.2.0: CHANGELOG.md)"
     )
 
 

@@ -104,7 +104,7 @@ class SameStepMemory(L.Callback):
     free pages go back first. glibc cannot go back to its dynamic threshold afterwards.
 
     - A run with one training batch an epoch (a full graph), from the start of training.
-      Measured at session 22 on the full-graph GATv2 recipe: 0.23-0.29 s/epoch with 42% of its
+      Measured at c64b9d2 on the full-graph GATv2 recipe: 0.23-0.29 s/epoch with 42% of its
       CPU time in the kernel; with freed memory kept, 0.08 s and 7%, its peak about 10% higher.
       Runs of sampled batches keep glibc's threshold: their tensors vary in size, and a heap
       that never gives back grew the neighbour recipe's peak by up to 38%.

@@ -169,7 +169,7 @@ def test_pinned_batches_reach_the_gpu_and_train_as_pageable_ones(tmp_path, pin):
     path = tmp_path / f"losses-{pin}.pt"
     torch.save(seen.losses, path)
     other = tmp_path / f"losses-{not pin}.pt"
-    if other.exists():  # both in one session: the same batches give the same first loss
+    if other.exists():  # both in one pytest run: the same batches give the same first loss
         assert seen.losses[0] == pytest.approx(torch.load(other)[0], rel=1e-3)
 
 

@@ -191,7 +191,7 @@ def test_sampled_validation_leaves_the_test_exact(tmp_path):
 
 # Mean of seeds 0-2 measured here (recipes/planetoid): GATv2 0.822 (0.832, 0.817, 0.817), and
 # 0.815 with its default attention dropout of 0. GraphSAGE, seeds 0-5 with two dropout mask
-# streams (one random byte an element, and since session 14 one bit): 0.794 over the 12 runs,
+# streams (one random byte an element, and now one bit): 0.794 over the 12 runs,
 # standard deviation 0.0064 a run, so 0.0037 for a 3-seed mean; seeds 0-2 alone gave 0.801 with
 # the byte masks and 0.797 with the bit masks, seeds 3-5 0.789 and 0.790. The targets sit about
 # two and a half of those below the means, which absorbs the seeds' luck and other CPUs' kernels.

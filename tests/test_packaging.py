@@ -1,6 +1,9 @@
-"""pyproject.toml's floors are the releases scripts/oldest_deps.txt pins, which the fast tier
-was run on (torch aside: install.sh installs its own)."""
+"""What the repository ships: pyproject.toml's floors are the releases scripts/oldest_deps.txt
+pins, which the fast tier was run on (torch aside: install.sh installs its own); and its text
+speaks of versions and commits, not of the work periods that made them."""
 
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -8,12 +11,58 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
-
 ROOT = Path(__file__).resolve().parent.parent
+# A work period named by its number ("## Session N" with N a number), or by "this", "last" and
+# the like before the word: history told by work period. The operating system's sessions
+# ("start_new_session", "ranks in sessions of their own") pass.
+WORK_SESSION = re.compile(
+    r"(?i)\bsessions?\s+\d|\b(this|that|last|next|previous|earlier)\s+session"
+)
+
+
+def work_session_mentions(files: dict[str, str]) -> list[str]:
+    """``path:line: text`` for each line of ``files`` (path -> text) naming a work session."""
+    return [
+        f"{path}:{number}: {line.strip()}"
+        for path, text in files.items()
+        for number, line in enumerate(text.splitlines(), 1)
+        if WORK_SESSION.search(line)
+    ]
+
+
+def tracked_text_files() -> dict[str, str]:
+    """Every file git tracks here that is text (binary files, with a NUL byte, left out)."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    files = {}
+    for path in listed.stdout.decode().split("\0"):
+        if path and (ROOT / path).is_file():
+            data = (ROOT / path).read_bytes()
+            if b"\0" not in data:
+                files[path] = data.decode("utf-8", errors="replace")
+    return files
+
+
+def test_no_file_tells_history_by_work_session():
+    files = tracked_text_files()
+    assert "CHANGELOG.md" in files and "gnnscale/cli.py" in files
+    assert work_session_mentions(files) == []
+
+
+def test_the_work_session_check_catches_what_it_is_for():
+    n = 49  # formatted in, so that this file holds no mention itself
+    found = work_session_mentions(
+        {
+            "CHANGELOG.md": f"## Session {n}\n- a figure (1.05 in sessions {n}, 40 and 38)\n",
+            "a.py": f"# Measured at session {n}\nx = 1  # this {'session'}'s run\n",
+            "b.py": "Popen(cmd, start_new_session=True)  # ranks in sessions of their own\n",
+        }
+    )
+    where = [mention.split(": ")[0] for mention in found]
+    assert where == ["CHANGELOG.md:1", "CHANGELOG.md:2", "a.py:1", "a.py:2"]
 
 
 def test_every_floor_is_the_release_the_oldest_deps_pin():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
     floors = {}
     for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]:
         requirement = Requirement(line)
