@@ -10,6 +10,7 @@ generated and never edited by hand.
 from __future__ import annotations
 
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -18,6 +19,22 @@ import nbformat
 from nbclient import NotebookClient
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+REPO = NOTEBOOKS.parent
+
+
+def without_machine_paths(notebook: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The outputs, with this machine's folders named for what they are.
+
+    A warning names its file: ``<site-packages>/...`` (and ``.`` for the checkout), not the
+    folders of the machine that built the notebook.
+    """
+    folders = {sysconfig.get_paths()["purelib"]: "<site-packages>", str(REPO): "."}
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            if output.get("output_type") == "stream":
+                for folder, name in folders.items():
+                    output["text"] = output["text"].replace(folder, name)
+    return notebook
 
 
 def execute(source: Path, cwd: Path | None = None, timeout_s: int = 900) -> nbformat.NotebookNode:
@@ -42,7 +59,7 @@ def main(paths: list[str]) -> None:
     sources = [Path(p).resolve() for p in paths] or sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
     for source in sources:
         start = time.perf_counter()
-        notebook = execute(source)
+        notebook = without_machine_paths(execute(source))
         target = source.with_suffix(".ipynb")
         nbformat.write(notebook, target)
         print(f"{target.relative_to(Path.cwd())}: {time.perf_counter() - start:.0f} s")
