@@ -1601,3 +1601,25 @@ def test_prepare_refuses_nan_features_and_overlapping_splits_naming_the_file(tmp
     assert left == ["npy"]  # nothing left behind
     np.save(arrays / "val.npy", np.arange(100, 200))
     stores.prepare_npy(arrays, tmp_path / "good")
+
+
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path, homogeneous):
+    out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (x,) = [name for name, entry in manifest["files"].items() if "path" in entry]  # in place
+    PreparedGraph(out)  # the recorded input, used in place: opened
+
+    def edited(change):
+        changed = copy.deepcopy(manifest)
+        change(changed["files"])
+        (out / "manifest.json").write_text(json.dumps(changed))
+        with pytest.raises(PreparedGraphError, match="outside the folder and not an input"):
+            PreparedGraph(out)
+
+    # Another file of the same bytes and time, not the input: would be read as the features.
+    other = tmp_path / "elsewhere.npy"
+    shutil.copy2(manifest["files"][x]["path"], other)
+    edited(lambda files: files[x].update(path=str(other)))
+    # A file of the folder named up and out of it.
+    shutil.copy2(out / "y.bin", tmp_path / "y.bin")
+    edited(lambda files: files.update({"../y": files.pop("y")}))
