@@ -1623,3 +1623,22 @@ def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path, homoge
     # A file of the folder named up and out of it.
     shutil.copy2(out / "y.bin", tmp_path / "y.bin")
     edited(lambda files: files.update({"../y": files.pop("y")}))
+
+
+def test_a_byte_changed_in_an_input_used_in_place_is_found_by_full_verification(
+    tmp_path, homogeneous
+):
+    out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
+    x = homogeneous[0] / "x.npy"
+    entry = PreparedGraph(out).manifest["files"]["x"]
+    assert entry["path"] == str(x.resolve()) and len(entry["crc32"]) == 1  # used in place
+    stat = x.stat()
+    with x.open("r+b") as f:  # one feature's byte, the file's size and time kept
+        f.seek(stat.st_size - 3)
+        byte = f.read(1)
+        f.seek(stat.st_size - 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(x, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    PreparedGraph(out, verify="size")  # size and time alone: as they were
+    with pytest.raises(PreparedGraphError, match=rf"{x.resolve()} is corrupted: bytes"):
+        PreparedGraph(out, verify="full")

@@ -197,10 +197,10 @@ def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[s
         file, offset = x.in_place
         stat = os.stat(file)
         _check_finite(x, chunk_bytes, lambda chunk: None)  # read once: nothing is copied
-        return {
-            "dtype": dtype,
-            "shape": list(x.shape),
-            "bytes": stat.st_size - offset,
+        # Its checksums, as a copied file's: `verify: full` finds a changed byte, where the
+        # size and modification time (checked at every open) would not.
+        checked = file_entry(Path(file), dtype, list(x.shape), offset)
+        return checked | {
             "path": str(Path(file).resolve()),
             "offset": offset,
             "mtime_ns": stat.st_mtime_ns,
