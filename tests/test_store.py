@@ -1642,3 +1642,11 @@ def test_a_byte_changed_in_an_input_used_in_place_is_found_by_full_verification(
     PreparedGraph(out, verify="size")  # size and time alone: as they were
     with pytest.raises(PreparedGraphError, match=rf"{x.resolve()} is corrupted: bytes"):
         PreparedGraph(out, verify="full")
+
+
+def test_features_of_width_zero_are_refused_before_anything_is_written(tmp_path, homogeneous):
+    folder = homogeneous[0]
+    np.save(folder / "x.npy", np.zeros((500, 0), dtype=np.float32))
+    with pytest.raises(PreparedGraphError, match=r"x.npy must hold a row of at least one feature"):
+        stores.prepare_npy(folder, tmp_path / "store")
+    assert not (tmp_path / "store").exists()

@@ -292,6 +292,12 @@ def check_inputs(nodes: dict[str | None, NodeInputs], edge_types: dict[Any, Edge
                     f"{array.where} has {array.shape[0]:,} rows where the node type has {n:,} "
                     "nodes; give one row per node"
                 )
+        if inputs.x is not None and 0 in tuple(inputs.x.shape)[1:]:
+            raise PreparedGraphError(
+                f"{inputs.x.where} must hold a row of at least one feature per node; it has "
+                f"shape {tuple(inputs.x.shape)}: give the features, or leave the file out (a "
+                "heterogeneous node type without features learns an embedding)"
+            )
         if inputs.y is not None and (len(inputs.y.shape) != 1 or inputs.y.dtype.kind not in "iu"):
             raise PreparedGraphError(
                 f"{inputs.y.where} must hold one integer label per node; it is "
