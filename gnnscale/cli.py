@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import inspect
 import os
 import shutil
@@ -40,7 +41,7 @@ from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.checkpoint import load as load_checkpoint
 from gnnscale.data.datasets import check_size
 from gnnscale.data.synthetic import SyntheticGraph
-from gnnscale.errors import ConfigError, GnnscaleError
+from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError
 from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
@@ -455,6 +456,28 @@ def run() -> None:
             message = message.rstrip().rsplit("\n", 1)[-1].partition(": ")[2]
         print(f"gnnscale: error: {message}", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:
+        line = _disk_refusal(err)
+        if line is None or os.environ.get("GNNSCALE_DEBUG"):
+            raise
+        print(f"gnnscale: error: {line}", file=sys.stderr)
+        sys.exit(1 if err.errno in NO_ROOM else 2)
+
+
+def _disk_refusal(err: OSError) -> str | None:
+    """One line for a folder that cannot be written (read-only, no permission, no room)."""
+    where = err.filename or "a file"
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"cannot write {where} ({err.strerror}): make that folder writable, or write "
+            "elsewhere (--trainer.logger.init_args.save_dir, --trainer.default_root_dir)"
+        )
+    if err.errno in NO_ROOM:
+        return (
+            f"no room to write {where} ({err.strerror}); what was saved before is intact: free "
+            "space there, then resume with --ckpt_path last"
+        )
+    return None
 
 
 if __name__ == "__main__":
