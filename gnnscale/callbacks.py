@@ -257,7 +257,10 @@ class PredictionWriter(BasePredictionWriter):
         super().__init__(write_interval="batch")
         self.folder = Path(folder) if folder is not None else None
         self._writer: Any = None  # a pyarrow.parquet.ParquetWriter once the first batch comes
-        self._partial = self._target = Path()
+        # None until a prediction starts: a failure before it has no file to discard (unlinking
+        # Path() raised IsADirectoryError and hid the failure itself).
+        self._partial: Path | None = None
+        self._target = Path()
 
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Choose the folder in rank 0 (the logger's version) and tell the other ranks."""
@@ -313,7 +316,8 @@ class PredictionWriter(BasePredictionWriter):
             with contextlib.suppress(Exception):  # a full disk may refuse the close too
                 self._writer.close()
             self._writer = None
-        self._partial.unlink(missing_ok=True)
+        if self._partial is not None:
+            self._partial.unlink(missing_ok=True)
 
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
@@ -323,7 +327,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Close the file, flush it to disk and give it its name."""
-        if self._writer is None:
+        if self._writer is None or self._partial is None:
             return
         with self._writing():
             self._writer.close()

@@ -9,6 +9,11 @@ each save raised the sparse_embeddings recipe's peak from 3.2 to 4.5 GiB. Lightn
 streaming saves to local disk (Lightning-AI/pytorch-lightning#21823, PR #21824); no release
 carries it yet (2.6.6 does not). Remove this module once the oldest supported Lightning does.
 
+Nothing in a checkpoint runs code: every load (:func:`load`, and Lightning's through
+:class:`StreamingCheckpointIO`) is ``torch.load(weights_only=True)``, which rebuilds tensors and
+plain values only, whatever torch's default; a checkpoint holding anything else (a pickled
+object, which unpickling would call) is refused in one line naming it.
+
 Damage is found before a checkpoint is used (:func:`damage`): ``torch.save`` writes a CRC-32 of
 every record of its zip archive, and ``torch.load`` never checks them, so a flipped byte in a
 weight loaded silently and showed up later as a NaN loss. Checking every record of a 768 MiB
@@ -18,6 +23,8 @@ checkpoint takes about 0.3 s from the page cache.
 from __future__ import annotations
 
 import os
+import pickle
+import re
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +37,7 @@ from lightning.fabric.utilities.types import _PATH
 
 from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, cause
 
-__all__ = ["StreamingCheckpointIO", "damage", "newest_whole", "refuse_damaged"]
+__all__ = ["StreamingCheckpointIO", "damage", "load", "newest_whole", "refuse_damaged"]
 
 
 class StreamingCheckpointIO(TorchCheckpointIO):
@@ -79,12 +86,45 @@ class StreamingCheckpointIO(TorchCheckpointIO):
         map_location: Callable | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Load ``path``, memory-mapped when it is a local file."""
+        """Load ``path``, memory-mapped when it is a local file; tensors and plain values only.
+
+        ``weights_only=False``, asked for explicitly, loads anything (a checkpoint you trust).
+        """
+        safe = weights_only is None or weights_only
         local = _local(path)
         if local is None or not local.is_file():
-            return super().load_checkpoint(path, map_location, weights_only)
+            with _refusing_code(path):
+                return super().load_checkpoint(path, map_location, safe)
         refuse_damaged(local)
-        return torch.load(local, map_location=map_location, weights_only=weights_only, mmap=True)
+        if not safe:
+            return torch.load(local, map_location=map_location, weights_only=False, mmap=True)
+        return load(local, map_location)
+
+
+def load(path: Path, map_location: Any = "cpu") -> Any:
+    """``path``'s tensors and plain values, memory-mapped; refused if it holds anything else."""
+    with _refusing_code(path):
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+
+
+class _refusing_code:
+    """Turns torch's refusal of a global in a ``weights_only`` load into one line."""
+
+    def __init__(self, path: _PATH) -> None:
+        self.path = path
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: Any, err: BaseException | None, tb: Any) -> None:
+        if isinstance(err, pickle.UnpicklingError) and "Weights only load failed" in str(err):
+            found = re.search(r"GLOBAL ([\w.]+)", str(err))  # "unsupported GLOBAL posix.system"
+            what = found.group(1) if found else "an object that is not a tensor or plain value"
+            raise ConfigError(
+                f"the checkpoint {self.path} holds {what}, which loading would run as code: "
+                "gnnscale loads checkpoints as tensors and plain values only; give a checkpoint "
+                "gnnscale saved, or load one you trust yourself (torch.load(weights_only=False))"
+            ) from None
 
 
 def _local(path: _PATH) -> Path | None:

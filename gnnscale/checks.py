@@ -9,7 +9,10 @@ Each is refused in one line (``ConfigError``) before any training step:
 - gradient accumulation over more batches than an epoch has (a full-graph loader has one):
   Lightning steps at the epoch's end on part of the gradient, still divided by the whole count;
 - ``--trainer.accumulate_grad_batches`` for a model that steps its own optimizers (Lightning
-  refuses it with a traceback; the model has its own setting).
+  refuses it with a traceback; the model has its own setting);
+- counts Lightning or torch would refuse with a traceback once the data is loaded (negative
+  epochs, steps or devices, a negative learning rate), and a ``fit`` that trains nothing
+  (zero epochs, steps or training batches: its test would report untrained weights).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ __all__ = [
     "check_monitors",
     "check_own_accumulation",
     "check_ranked_monitors",
+    "check_trainer_counts",
     "check_validation",
 ]
 
@@ -49,6 +53,53 @@ def check_validation(trainer: Any) -> None:
             f"({epochs}): validation would never run, so no best checkpoint is kept and the test "
             f"after fit reads the last weights; set it to at most {epochs}"
         )
+
+
+def check_trainer_counts(trainer: Any, model: Any, subcommand: str | None) -> None:
+    """Refuse counts Lightning or torch refuse late, and a ``fit`` that trains nothing.
+
+    ``trainer`` and ``model``: the config's keys (``model`` may be ``None``).
+    """
+    for key in ("max_epochs", "max_steps"):
+        value = trainer.get(key)
+        if isinstance(value, int) and value < -1:
+            raise ConfigError(f"--trainer.{key} must be -1 (no limit) or >= 0 (got {value})")
+        if subcommand == "fit" and value == 0:
+            raise ConfigError(
+                f"--trainer.{key}=0 trains nothing: the test after fit would score untrained "
+                "weights; give a count >= 1, or evaluate a checkpoint with `gnnscale test "
+                "--ckpt_path FILE`"
+            )
+    devices = trainer.get("devices")
+    if isinstance(devices, str) and devices.strip().lstrip("-").isdigit():
+        devices = int(devices)
+    if isinstance(devices, int) and (devices == 0 or devices < -1):
+        raise ConfigError(
+            f"--trainer.devices must be >= 1, -1 (every device) or auto (got {devices})"
+        )
+    limit = trainer.get("limit_train_batches")
+    if subcommand == "fit" and limit is not None and not isinstance(limit, bool) and limit <= 0:
+        raise ConfigError(
+            f"--trainer.limit_train_batches={limit:g} trains nothing: give a fraction in (0, 1] "
+            "or a count >= 1"
+        )
+    for name, lr in _learning_rates(model):
+        if lr < 0:
+            raise ConfigError(f"--model.{name}.init_args.lr must be >= 0 (got {lr})")
+
+
+def _learning_rates(model: Any) -> list[tuple[str, float]]:
+    """``(key, lr)`` of each optimizer the model's config names (``init_args.*optimizer``)."""
+    args = model.get("init_args") if model is not None and hasattr(model, "get") else None
+    if args is None or not hasattr(args, "items"):
+        return []
+    return [  # a Namespace's items are its flattened keys: optimizer.init_args.lr
+        (f"init_args.{key.removesuffix('.init_args.lr')}", float(lr))
+        for key, lr in args.items()
+        if key.endswith("optimizer.init_args.lr")
+        and isinstance(lr, int | float)
+        and not isinstance(lr, bool)
+    ]
 
 
 def check_monitors(callbacks: Iterable[L.Callback]) -> None:

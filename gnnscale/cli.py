@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import errno
 import inspect
 import os
 import shutil
@@ -26,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from jsonargparse import ArgumentError, DefaultHelpFormatter, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import BasePredictionWriter
@@ -38,9 +38,10 @@ from torch.multiprocessing import ProcessExitedException
 from gnnscale import argerrors, checks, runs, runtime
 from gnnscale.callbacks import PredictionWriter
 from gnnscale.checkpoint import StreamingCheckpointIO
+from gnnscale.checkpoint import load as load_checkpoint
 from gnnscale.data.datasets import check_size
 from gnnscale.data.synthetic import SyntheticGraph
-from gnnscale.errors import ConfigError, GnnscaleError
+from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError
 from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
@@ -181,6 +182,7 @@ class GnnscaleCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config.trainer
         runtime.check_precision(str(trainer.precision), str(trainer.accelerator), trainer.strategy)
+        checks.check_trainer_counts(config.trainer, config.get("model"), self.subcommand)
         if self.subcommand == "fit":
             checks.check_validation(config.trainer)
         data = getattr(config.get("data"), "init_args", None)
@@ -290,7 +292,7 @@ class GnnscaleCLI(LightningCLI):
             _ = each.version
         ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
         if ckpt_path and self.trainer.global_rank == 0:
-            saved = torch.load(ckpt_path, map_location="cpu", mmap=True, weights_only=False)
+            saved = load_checkpoint(Path(ckpt_path))
             last = _last_logged_step(saved)
             # What was logged after the checkpoint is trained, and logged, again.
             kept = _keep_csv_rows(self.trainer.logger, lambda row: row <= last)
@@ -307,8 +309,39 @@ class GnnscaleCLI(LightningCLI):
             _keep_csv_rows(self.trainer.logger, lambda step: True)
         # The path itself, not "best": Lightning would warn that the recipes keep two
         # ModelCheckpoint callbacks (the best by val/acc, and the last for resuming).
-        best = getattr(self.trainer.checkpoint_callback, "best_model_path", "")
-        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best or None)
+        best = _best_that_exists(self.trainer.checkpoint_callback)
+        self.trainer.test(self.model, datamodule=self.datamodule, ckpt_path=best)
+
+
+def _best_that_exists(callback: Any) -> str | None:
+    """The best checkpoint ``callback`` kept, as a file that exists (``None``: there is none).
+
+    A resumed run restores the callback's record from ``last.ckpt``, written before the last
+    validation: a better checkpoint may have replaced the one it names since (the run had
+    finished, or was killed in its final test). The best of those still on disk then, by the
+    callback's scores, else the newest one it saved.
+    """
+    best = getattr(callback, "best_model_path", "")
+    if not best or Path(best).is_file():
+        return best or None
+    kept = {p: s for p, s in callback.best_k_models.items() if Path(p).is_file()}
+    if kept:
+        pick = max if callback.mode == "max" else min
+        found = pick(kept, key=lambda p: float(kept[p]))
+    else:
+        last = f"{callback.CHECKPOINT_NAME_LAST}{callback.FILE_EXTENSION}"
+        saved = [
+            p for p in Path(callback.dirpath).glob(f"*{callback.FILE_EXTENSION}") if p.name != last
+        ]
+        if not saved:
+            rank_zero_info(
+                f"gnnscale: the best checkpoint {best} is gone; testing the last weights"
+            )
+            return None
+        found = str(max(saved, key=lambda p: p.stat().st_mtime))
+    rank_zero_info(f"gnnscale: the best checkpoint {best} was replaced since; testing {found}")
+    callback.best_model_path = found
+    return found
 
 
 def _last_logged_step(checkpoint: dict[str, Any]) -> int:
@@ -423,6 +456,28 @@ def run() -> None:
             message = message.rstrip().rsplit("\n", 1)[-1].partition(": ")[2]
         print(f"gnnscale: error: {message}", file=sys.stderr)
         sys.exit(2)
+    except OSError as err:
+        line = _disk_refusal(err)
+        if line is None or os.environ.get("GNNSCALE_DEBUG"):
+            raise
+        print(f"gnnscale: error: {line}", file=sys.stderr)
+        sys.exit(1 if err.errno in NO_ROOM else 2)
+
+
+def _disk_refusal(err: OSError) -> str | None:
+    """One line for a folder that cannot be written (read-only, no permission, no room)."""
+    where = err.filename or "a file"
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"cannot write {where} ({err.strerror}): make that folder writable, or write "
+            "elsewhere (--trainer.logger.init_args.save_dir, --trainer.default_root_dir)"
+        )
+    if err.errno in NO_ROOM:
+        return (
+            f"no room to write {where} ({err.strerror}); what was saved before is intact: free "
+            "space there, then resume with --ckpt_path last"
+        )
+    return None
 
 
 if __name__ == "__main__":

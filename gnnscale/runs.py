@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale import checkpoint
@@ -87,7 +86,9 @@ def _load(path: Path) -> dict[str, Any]:
         raise ConfigError(f"--ckpt_path {path} does not exist; give a saved .ckpt file or `last`")
     checkpoint.refuse_damaged(path)  # every record against its CRC-32
     try:  # memory-mapped: only what is read below comes from disk
-        loaded = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+        loaded = checkpoint.load(path)
+    except ConfigError:  # it holds code
+        raise
     except Exception as err:  # a truncated or damaged file
         raise ConfigError(
             f"--ckpt_path {path} cannot be read ({type(err).__name__}: {err}); it is damaged "

@@ -5,7 +5,8 @@ import pytest
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from gnnscale.checkpoint import StreamingCheckpointIO, damage
+from gnnscale import runs
+from gnnscale.checkpoint import StreamingCheckpointIO, damage, load
 from gnnscale.cli import main
 from gnnscale.errors import ConfigError
 from gnnscale.testing import cli_args, damage_a_weight
@@ -108,3 +109,58 @@ def test_a_damaged_checkpoint_is_refused_naming_the_whole_one_beside_it(tmp_path
     finally:
         torch.serialization.set_crc32_options(True)
     assert damage(tmp_path / "unchecked.ckpt") is None
+
+
+class _Runs:
+    """Unpickled, it runs ``command``: what a checkpoint from elsewhere may hold."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.command,))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_by_every_load(tmp_path):
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "x": _Runs(f"touch {marker}")}, evil)
+    # What broken code would do: load it as Lightning 2.6 on torch 2.5 and gnnscale's own reads
+    # did (weights_only=False), which runs the command.
+    torch.load(evil, weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+
+    refused = rf"the checkpoint {evil} holds (posix|os)\.system, which loading would run as code"
+    io = StreamingCheckpointIO()
+    with pytest.raises(ConfigError, match=refused):
+        io.load_checkpoint(evil)  # Lightning's loads (fit, test, predict with --ckpt_path)
+    with pytest.raises(ConfigError, match=refused):
+        io.load_checkpoint(evil, weights_only=None)  # torch 2.5's default would be False
+    with pytest.raises(ConfigError, match=refused):
+        runs._load(evil)  # gnnscale's check of a resumed run's settings
+    with pytest.raises(ConfigError, match=refused):
+        load(evil)
+    assert not marker.exists()
+    # Asked for explicitly, a trusted checkpoint loads whatever it holds.
+    io.load_checkpoint(evil, weights_only=False)
+    assert marker.exists()
+
+
+def test_fit_refuses_a_checkpoint_that_would_run_code_in_one_line(tmp_path):
+    marker = tmp_path / "ran"
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "x": _Runs(f"touch {marker}")}, evil)
+    args = ["fit", "--data=gnnscale.FullBatchDataModule", "--model=gnnscale.GraphSAGE"]
+    done = subprocess.run(
+        [sys.executable, "-m", "gnnscale.cli", *args, *cli_args(tmp_path), f"--ckpt_path={evil}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    lines = [line for line in done.stderr.splitlines() if "which loading would run" in line]
+    assert len(lines) == 1 and "Traceback" not in done.stderr
+    assert not marker.exists()

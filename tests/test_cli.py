@@ -1,4 +1,5 @@
 import csv
+import errno
 import math
 import os
 import re
@@ -471,6 +472,14 @@ def test_predict_into_a_full_disk_is_one_line_and_leaves_no_file(tmp_path, monke
     assert [p for p in runs if "predictions" in p.parts and p.is_file()] == []
 
 
+def test_a_predict_that_fails_before_its_first_write_leaves_the_failure_its_own_line():
+    from gnnscale.callbacks import PredictionWriter
+
+    # A full disk may fail the run before the writer has a file (its logger's folder): the
+    # cleanup then has nothing to remove (it unlinked Path(), '.', and raised IsADirectoryError).
+    PredictionWriter().on_exception(None, None, OSError(28, "No space left on device"))
+
+
 @pytest.mark.parametrize("mode", ["layerwise", "sampled"])
 def test_predict_writes_each_nodes_class_to_parquet(tmp_path, mode):
     import pyarrow.parquet as pq
@@ -536,3 +545,26 @@ def test_a_writers_option_is_taken_only_as_spelled_in_full(tmp_path, command):
     with pytest.raises(ConfigError, match="--ou="):
         command(flags[:2] if command is prepare_main else flags[::2])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "line"),
+    [
+        (errno.EROFS, 2, "cannot write /mnt/runs/x (Read-only file system): make that folder"),
+        (errno.ENOSPC, 1, "no room to write /mnt/runs/x (No space left on device); what was"),
+    ],
+)
+def test_a_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, code, status, line):
+    import gnnscale.cli as cli
+
+    def failing(*args, **kwargs):  # as Lightning's logger or a checkpoint save fails there
+        raise OSError(code, os.strerror(code), "/mnt/runs/x")
+
+    monkeypatch.setattr(cli, "main", failing)
+    monkeypatch.setattr(sys, "argv", ["gnnscale", "fit"])
+    monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
+    with pytest.raises(SystemExit) as stopped:
+        cli.run()
+    err = capsys.readouterr().err
+    assert stopped.value.code == status and err.startswith(f"gnnscale: error: {line}")
+    assert err.count("\n") == 1

@@ -701,3 +701,19 @@ def test_whole_graph_evaluation_under_ddp_scores_and_predicts_each_node_once(tmp
         first, second = scored[stage]
         assert first.any() and second.any() and not (first & second).any()
         assert torch.equal(first | second, whole)
+
+
+def test_node_features_of_width_zero_are_refused_naming_what_to_do():
+    from gnnscale.data.datasets import validate_graph
+
+    n = 10
+    masks = {
+        k: torch.zeros(n, dtype=torch.bool).index_fill_(0, torch.tensor([i]), True)
+        for i, k in enumerate(("train_mask", "val_mask", "test_mask"))
+    }
+    data = Data(x=torch.zeros(n, 0), y=torch.zeros(n, dtype=torch.long), **masks)
+    refused = r"node features of width 0 .* \(gnnscale.EmbeddingSAGE\)"
+    with pytest.raises(ConfigError, match=refused):
+        validate_graph(data, "mine")
+    y = torch.tensor([0, 1, 0, 1, 0, 1, 0, 1, 0, 1])
+    validate_graph(Data(x=torch.zeros(n, 1), y=y, **masks), "mine")  # one feature: fine

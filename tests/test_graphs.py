@@ -203,13 +203,14 @@ def test_prepare_graphs_refuses_a_disk_without_room_before_writing(store, tmp_pa
     free = usage._replace(free=1 << 30)
     monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: free)
     out = tmp_path / "atoms"
-    refused = r"--out .*atoms: the graph store needs about 2\.\d\d GiB and its disk has 1\.00 GiB"
+    refused = r"--out .*atoms: the graph store needs about 2\.\d\d GiB, and 2\.\d\d GiB free with"
+    refused += r" the margin kept \(5% and 64 MiB\); its disk has 1\.00 GiB free"
     with pytest.raises(GraphStoreError, match=refused):
         prepare_graphs_main(["--out", str(out), "--atoms.num_graphs=1000000"])  # as shipped
     assert list(tmp_path.iterdir()) == []  # nothing written, not even the lock
     # A killed prepare's partial folder is continued or removed: its bytes count as room.
     monkeypatch.setattr(atomic.shutil, "disk_usage", lambda path: usage._replace(free=0))
-    with pytest.raises(GraphStoreError, match="needs about 0.00 GiB and its disk has 0.00 GiB"):
+    with pytest.raises(GraphStoreError, match=r"needs about 0.00 GiB, and 0.06 GiB free with"):
         prepare_graphs(out=out, atoms=SMALL)
     partial = tmp_path / ".atoms.partial-999999"  # a dead writer's, of other settings
     partial.mkdir()

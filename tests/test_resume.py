@@ -482,3 +482,26 @@ def test_a_hung_command_fails_with_every_process_stack():
         run_or_show_stacks([sys.executable, "-c", code], timeout=10)
     assert "in stuck_in_the_child" in str(failed.value)  # the child's stack
     assert "in join" in str(failed.value)  # and its parent's
+
+
+def test_a_finished_run_resumed_from_last_tests_the_best_checkpoint_that_exists(tmp_path, caplog):
+    # last.ckpt is written every 5 steps, before an epoch's validation: when that validation
+    # finds a better model, the best checkpoint last.ckpt records is replaced on disk.
+    config = ["--config", str(recipe("neighbor_sage").config), *cli_args(tmp_path)]
+    config += ["--trainer.max_epochs=5", "--trainer.accumulate_grad_batches=1"]
+    config += ["--data.init_args.batch_size=256"]  # 2 steps an epoch: 5 and 10 (the last) save
+    first = main(["fit", *config])
+    best = Path(first.trainer.checkpoint_callback.best_model_path)
+    last = best.parent / "last.ckpt"
+    recorded = next(
+        state["best_model_path"]
+        for key, state in torch.load(last, weights_only=True)["callbacks"].items()
+        if "val/acc" in key
+    )
+    assert recorded != str(best) and not Path(recorded).exists()  # the case: stale in last.ckpt
+
+    with caplog.at_level("INFO"):
+        again = main(["fit", *config, "--ckpt_path=last"])  # nothing left to train
+    assert again.trainer.checkpoint_callback.best_model_path == str(best)
+    assert f"the best checkpoint {recorded} was replaced since; testing {best}" in caplog.text
+    assert again.trainer.callback_metrics["test/acc"] == first.trainer.callback_metrics["test/acc"]

@@ -1601,3 +1601,52 @@ def test_prepare_refuses_nan_features_and_overlapping_splits_naming_the_file(tmp
     assert left == ["npy"]  # nothing left behind
     np.save(arrays / "val.npy", np.arange(100, 200))
     stores.prepare_npy(arrays, tmp_path / "good")
+
+
+def test_a_manifest_naming_a_file_outside_its_folder_is_refused(tmp_path, homogeneous):
+    out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
+    manifest = json.loads((out / "manifest.json").read_text())
+    (x,) = [name for name, entry in manifest["files"].items() if "path" in entry]  # in place
+    PreparedGraph(out)  # the recorded input, used in place: opened
+
+    def edited(change):
+        changed = copy.deepcopy(manifest)
+        change(changed["files"])
+        (out / "manifest.json").write_text(json.dumps(changed))
+        with pytest.raises(PreparedGraphError, match="outside the folder and not an input"):
+            PreparedGraph(out)
+
+    # Another file of the same bytes and time, not the input: would be read as the features.
+    other = tmp_path / "elsewhere.npy"
+    shutil.copy2(manifest["files"][x]["path"], other)
+    edited(lambda files: files[x].update(path=str(other)))
+    # A file of the folder named up and out of it.
+    shutil.copy2(out / "y.bin", tmp_path / "y.bin")
+    edited(lambda files: files.update({"../y": files.pop("y")}))
+
+
+def test_a_byte_changed_in_an_input_used_in_place_is_found_by_full_verification(
+    tmp_path, homogeneous
+):
+    out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
+    x = homogeneous[0] / "x.npy"
+    entry = PreparedGraph(out).manifest["files"]["x"]
+    assert entry["path"] == str(x.resolve()) and len(entry["crc32"]) == 1  # used in place
+    stat = x.stat()
+    with x.open("r+b") as f:  # one feature's byte, the file's size and time kept
+        f.seek(stat.st_size - 3)
+        byte = f.read(1)
+        f.seek(stat.st_size - 3)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    os.utime(x, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    PreparedGraph(out, verify="size")  # size and time alone: as they were
+    with pytest.raises(PreparedGraphError, match=rf"{x.resolve()} is corrupted: bytes"):
+        PreparedGraph(out, verify="full")
+
+
+def test_features_of_width_zero_are_refused_before_anything_is_written(tmp_path, homogeneous):
+    folder = homogeneous[0]
+    np.save(folder / "x.npy", np.zeros((500, 0), dtype=np.float32))
+    with pytest.raises(PreparedGraphError, match=r"x.npy must hold a row of at least one feature"):
+        stores.prepare_npy(folder, tmp_path / "store")
+    assert not (tmp_path / "store").exists()

@@ -178,6 +178,12 @@ def validate_graph(
                 f"--data.dataset {dataset!r} has no {key!r}: gnnscale needs train, val and test "
                 "masks; choose a dataset with a public split or add the masks to the Data object"
             )
+    if data.x is not None and data.x.dim() == 2 and data.x.size(1) == 0:
+        raise ConfigError(
+            f"--data.dataset {dataset!r} has node features of width 0 (x of shape "
+            f"{tuple(data.x.shape)}): give at least one feature per node, or learn an embedding "
+            "per node instead (gnnscale.EmbeddingSAGE)"
+        )
     if int(data.train_mask.sum()) == 0:
         raise ConfigError(
             f"the training split of --data.dataset {dataset!r} is empty (after preprocessing); "

@@ -126,10 +126,12 @@ def check_room(
     """
     existing = next(p for p in [target, *target.parents] if p.exists())
     free = shutil.disk_usage(existing).free
-    if free < need * 1.05 + (64 << 20):
+    wanted = need * 1.05 + (64 << 20)  # 5% and 64 MiB for the manifest and the filesystem
+    if free < wanted:
         raise error(
-            f"--out {target}: {what} needs about {need / 2**30:.2f} GiB and its disk has "
-            f"{free / 2**30:.2f} GiB free; free space there or choose another --out"
+            f"--out {target}: {what} needs about {need / 2**30:.2f} GiB, and {wanted / 2**30:.2f} "
+            f"GiB free with the margin kept (5% and 64 MiB); its disk has {free / 2**30:.2f} GiB "
+            "free: free space there or choose another --out"
         )
 
 

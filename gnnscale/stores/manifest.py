@@ -88,11 +88,16 @@ class FileWriter:
         return {"dtype": self.dtype, "shape": shape, "bytes": self.size, "crc32": self.crcs}
 
 
-def file_entry(path: Path, dtype: str, shape: list[int]) -> dict[str, Any]:
-    """The manifest entry of a file written in place (not appended): read once to checksum it."""
-    crcs, size = [], path.stat().st_size
+def file_entry(path: Path, dtype: str, shape: list[int], offset: int = 0) -> dict[str, Any]:
+    """The manifest entry of a file written in place (not appended): read once to checksum it.
+
+    ``offset``: the checksums cover the bytes from there (an input used in place, its header
+    left out).
+    """
+    crcs, size = [], path.stat().st_size - offset
     buffer = memoryview(bytearray(1 << 20))  # one 1 MiB buffer, reused: the memory of a read
     with path.open("rb") as f:
+        f.seek(offset)
         for start in range(0, size, BLOCK_BYTES):
             crc, left = 0, min(BLOCK_BYTES, size - start)
             while left:
@@ -116,13 +121,15 @@ def check_file(
     if not path.is_file():
         raise PreparedGraphError(f"{path} is missing; prepare the graph again")
     size = path.stat().st_size
+    offset = entry.get("offset", 0)
     if "path" in entry:  # an input used in place: its data from offset to the end, unchanged
-        if size != entry["offset"] + entry["bytes"] or path.stat().st_mtime_ns != entry["mtime_ns"]:
+        if size != offset + entry["bytes"] or path.stat().st_mtime_ns != entry["mtime_ns"]:
             raise PreparedGraphError(
                 f"{path} changed since {folder} was prepared from it; prepare the graph again"
             )
-        return
-    if size != entry["bytes"]:
+        if "crc32" not in entry:  # recorded before in-place inputs were checksummed
+            return
+    elif size != entry["bytes"]:
         raise PreparedGraphError(
             f"{path} has {size:,} bytes where the manifest says {entry['bytes']:,} "
             "(truncated or overwritten); prepare the graph again"
@@ -134,10 +141,11 @@ def check_file(
         view = memoryview(mm)
         try:
             for i, expected in enumerate(entry["crc32"]):
-                if zlib.crc32(view[i * block : (i + 1) * block]) != expected:
+                start = offset + i * block
+                if zlib.crc32(view[start : start + block]) != expected:
                     raise PreparedGraphError(
-                        f"{path} is corrupted: bytes {i * block:,} to "
-                        f"{min((i + 1) * block, size):,} do not match their checksum; "
+                        f"{path} is corrupted: bytes {start:,} to "
+                        f"{min(start + block, size):,} do not match their checksum; "
                         "prepare the graph again"
                     )
         finally:

@@ -152,9 +152,33 @@ class PreparedGraph:
         return atomic.read_manifest(folder, FORMAT, "prepared graph", command, PreparedGraphError)
 
     def path(self, name: str) -> Path:
-        """Where file ``name`` lies: in the folder, or where an input file was used in place."""
+        """Where file ``name`` lies: in the folder, or where an input file was used in place.
+
+        Nothing else: a manifest naming a file outside the folder that is not one of the inputs
+        it records having been prepared from (an edited or damaged manifest) is refused.
+        """
         entry = self.manifest["files"][name]
-        return Path(entry["path"]) if "path" in entry else self.folder / f"{name}.bin"
+        if "path" not in entry:
+            path = self.folder / f"{name}.bin"
+            if self.folder.resolve() in path.resolve().parents:
+                return path
+        else:
+            path = Path(entry["path"])
+            if path.resolve() in self._inputs:
+                return path
+        raise PreparedGraphError(
+            f"the manifest of {self.folder} names {path} for its file {name!r}, outside the "
+            "folder and not an input it was prepared from; prepare the graph again"
+        )
+
+    @cached_property
+    def _inputs(self) -> set[Path]:
+        """The input files the manifest records having been prepared from (used in place)."""
+        source = self.manifest.get("source") or {}
+        root = source.get("root") or source.get("npy")
+        if not isinstance(root, str):
+            return set()
+        return {(Path(root) / rel).resolve() for rel in source.get("inputs", {})}
 
     def check_ids(self, node: Tensor, node_type: str | None = None, given: bool = False) -> None:
         """Refuse a sampled batch's node ids outside ``0..count - 1`` (a damaged ``row``).

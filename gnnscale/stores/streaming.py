@@ -197,10 +197,10 @@ def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[s
         file, offset = x.in_place
         stat = os.stat(file)
         _check_finite(x, chunk_bytes, lambda chunk: None)  # read once: nothing is copied
-        return {
-            "dtype": dtype,
-            "shape": list(x.shape),
-            "bytes": stat.st_size - offset,
+        # Its checksums, as a copied file's: `verify: full` finds a changed byte, where the
+        # size and modification time (checked at every open) would not.
+        checked = file_entry(Path(file), dtype, list(x.shape), offset)
+        return checked | {
             "path": str(Path(file).resolve()),
             "offset": offset,
             "mtime_ns": stat.st_mtime_ns,
@@ -292,6 +292,12 @@ def check_inputs(nodes: dict[str | None, NodeInputs], edge_types: dict[Any, Edge
                     f"{array.where} has {array.shape[0]:,} rows where the node type has {n:,} "
                     "nodes; give one row per node"
                 )
+        if inputs.x is not None and 0 in tuple(inputs.x.shape)[1:]:
+            raise PreparedGraphError(
+                f"{inputs.x.where} must hold a row of at least one feature per node; it has "
+                f"shape {tuple(inputs.x.shape)}: give the features, or leave the file out (a "
+                "heterogeneous node type without features learns an embedding)"
+            )
         if inputs.y is not None and (len(inputs.y.shape) != 1 or inputs.y.dtype.kind not in "iu"):
             raise PreparedGraphError(
                 f"{inputs.y.where} must hold one integer label per node; it is "
