@@ -37,6 +37,11 @@ def one_line(message: str, command: str = "gnnscale fit") -> str:
             class_path = match[1]
         elif line.startswith("Given value:"):
             given = line.removeprefix("Given value:").strip()
+        elif match := re.match(
+            r"Expected a typing\.Literal\[(.*?)\](?:\. Got value: (.*))?$", line
+        ):
+            choices = ", ".join(c.strip().strip("'\"") for c in match[1].split(","))
+            reasons.append(f"must be one of {choices}" + (f" (got {match[2]})" if match[2] else ""))
         elif not line.startswith(_NOISE):
             reasons.append(re.sub(r"<class '([\w.]+)'>", r"\1", line))
     if not keys:  # not about a key: "unrecognized arguments: ...", a missing config file, ...

@@ -219,4 +219,9 @@ def check_dataset(dataset: str, known: tuple[str, ...] | list[str]) -> None:
             "DIR`, from OGB's download unpacked in ROOT: docs/stores.md), then train with "
             f"--data.dataset prepared --data.root DIR{PREPARED_ONLY[dataset]}"
         )
-    raise ConfigError(f"--data.dataset {dataset!r} is not known; choose one of {', '.join(known)}")
+    raise ConfigError(
+        f"--data.dataset {dataset!r} is not known; choose one of {', '.join(known)}, or prepare "
+        "another graph first (gnnscale prepare --source Npy, Ogb, Dataset or Recommender "
+        "--out DIR; see gnnscale prepare --help) and train it with --data.dataset prepared "
+        "--data.root DIR"
+    )
