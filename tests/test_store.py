@@ -653,7 +653,7 @@ def test_a_heterogeneous_folder_missing_a_relation_or_a_count_is_refused(tmp_pat
     with pytest.raises(PreparedGraphError, match=r"num_nodes\.json: a node count is at least 0"):
         stores.prepare_npy(folder, tmp_path / "store")  # it blamed the edges: "outside 0..-6"
     (folder / "num_nodes.json").write_text(json.dumps({"inst": 0}))
-    with pytest.raises(PreparedGraphError, match="is given, but its node type has no nodes"):
+    with pytest.raises(PreparedGraphError, match=r"node type 'inst' has no nodes \(.*num_nodes"):
         stores.prepare_npy(folder, tmp_path / "store")
     assert not (tmp_path / "store").exists()
 
@@ -1648,5 +1648,18 @@ def test_features_of_width_zero_are_refused_before_anything_is_written(tmp_path,
     folder = homogeneous[0]
     np.save(folder / "x.npy", np.zeros((500, 0), dtype=np.float32))
     with pytest.raises(PreparedGraphError, match=r"x.npy must hold a row of at least one feature"):
+        stores.prepare_npy(folder, tmp_path / "store")
+    assert not (tmp_path / "store").exists()
+
+
+def test_an_empty_or_unreachable_node_type_is_refused_naming_the_file(tmp_path, heterogeneous):
+    folder = heterogeneous[0]
+    counts = folder / "num_nodes.json"
+    counts.write_text(json.dumps({"inst": COUNTS["inst"], "ghost": 0}))
+    with pytest.raises(PreparedGraphError, match=rf"node type 'ghost' has no nodes \({counts}\)"):
+        stores.prepare_npy(folder, tmp_path / "store")
+    counts.write_text(json.dumps({"inst": COUNTS["inst"], "ghost": 5}))
+    unreachable = rf"node type 'ghost' \({counts}\) is the destination of no edge type in"
+    with pytest.raises(PreparedGraphError, match=unreachable):
         stores.prepare_npy(folder, tmp_path / "store")
     assert not (tmp_path / "store").exists()

@@ -281,6 +281,18 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
         edges[tuple(parts)] = found
     if not edges:
         raise PreparedGraphError(f"{root / 'edges'} holds no <src>__<rel>__<dst> folder")
+    for t, inputs in nodes.items():
+        where = f"{root / 'num_nodes.json'}" if t in counts else f"{root / 'nodes' / str(t)}"
+        if inputs.num_nodes == 0:
+            raise PreparedGraphError(
+                f"node type {t!r} has no nodes ({where}): remove it, or give its nodes"
+            )
+        if not any(dst == t for _, _, dst in edges):
+            raise PreparedGraphError(
+                f"node type {t!r} ({where}) is the destination of no edge type in "
+                f"{root / 'edges'}: the models would pass it no messages; add a relation into "
+                f"it (<src>__<rel>__{t}, such as the reverse of one out of it) or remove it"
+            )
     return nodes, edges
 
 
