@@ -45,8 +45,8 @@ def _tail(path: Path, chars: int = 2000) -> str:
 def _run_section(name: str, folder: Path) -> tuple[str, str | None]:
     """One section of the figure command at tiny size: its output, and what went wrong if not ok.
 
-    Each section in a session of its own, its output to files: one that hangs is named, with the
-    processes it left running, and killed with all of them at its timeout.
+    Each section in a process group of its own, its output to files: one that hangs is named,
+    with the processes it left running, and killed with all of them at its timeout.
     """
     out, err = folder / f"{name}.out", folder / f"{name}.err"
     argv = [sys.executable, str(REPO / "benchmarks" / "figures.py"), name, "--size", "tiny"]

@@ -12,21 +12,19 @@ from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
-# A work period named by its number ("## Session N" with N a number), or by "this", "last" and
-# the like before the word: history told by work period. The operating system's sessions
-# ("start_new_session", "ranks in sessions of their own") pass.
-WORK_SESSION = re.compile(
-    r"(?i)\bsessions?\s+\d|\b(this|that|last|next|previous|earlier)\s+session"
-)
+# History told as a diary: a work period by its number, or by "this", "last" and the like
+# before the word. The operating system's meaning (process groups of their own) passes.
+WORD = "ses" + "sion"  # spelled apart, so that this file holds no mention itself
+DIARY = re.compile(rf"(?i)\b{WORD}s?\s+\d|\b(this|that|last|next|previous|earlier)\s+{WORD}")
 
 
-def work_session_mentions(files: dict[str, str]) -> list[str]:
-    """``path:line: text`` for each line of ``files`` (path -> text) naming a work session."""
+def diary_mentions(files: dict[str, str]) -> list[str]:
+    """``path:line: text`` for each line of ``files`` (path -> text) that reads as a diary."""
     return [
         f"{path}:{number}: {line.strip()}"
         for path, text in files.items()
         for number, line in enumerate(text.splitlines(), 1)
-        if WORK_SESSION.search(line)
+        if DIARY.search(line)
     ]
 
 
@@ -42,19 +40,19 @@ def tracked_text_files() -> dict[str, str]:
     return files
 
 
-def test_no_file_tells_history_by_work_session():
+def test_no_file_tells_history_as_a_diary():
     files = tracked_text_files()
     assert "CHANGELOG.md" in files and "gnnscale/cli.py" in files
-    assert work_session_mentions(files) == []
+    assert diary_mentions(files) == []
 
 
-def test_the_work_session_check_catches_what_it_is_for():
-    n = 49  # formatted in, so that this file holds no mention itself
-    found = work_session_mentions(
+def test_the_diary_check_catches_what_it_is_for():
+    n = 49
+    found = diary_mentions(
         {
-            "CHANGELOG.md": f"## Session {n}\n- a figure (1.05 in sessions {n}, 40 and 38)\n",
-            "a.py": f"# Measured at session {n}\nx = 1  # this {'session'}'s run\n",
-            "b.py": "Popen(cmd, start_new_session=True)  # ranks in sessions of their own\n",
+            "CHANGELOG.md": f"## {WORD.title()} {n}\n- a figure (1.05 in {WORD}s {n}, 40 and 38)\n",
+            "a.py": f"# Measured at {WORD} {n}\nx = 1  # this {WORD}'s run\n",
+            "b.py": f"Popen(cmd, start_new_{WORD}=True)  # ranks in {WORD}s of their own\n",
         }
     )
     where = [mention.split(": ")[0] for mention in found]
