@@ -291,6 +291,23 @@ class TreeRSS(threading.Thread):
             time.sleep(self.every)
 
 
+def measured(tree: TreeRSS, sizes: list, load_s: float, start: float, import_s: float) -> dict:
+    """What every peer run reports beside its own figures: batch sizes, memory, versions, time."""
+    tree.poll()  # the workers, still alive: they persist until the process exits
+    return {
+        "import_s": import_s,
+        "load_s": load_s,
+        "batch_nodes_mean": float(np.mean([n for n, _ in sizes])),
+        "batch_edges_mean": float(np.mean([e for _, e in sizes])),
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,  # KiB
+        # Live workers are absent from RUSAGE_CHILDREN (shutting GraphBolt's down stalls 5 s a
+        # loader), so this is the largest child's own peak (VmHWM: what it reports once reaped).
+        "children_peak_rss_mib": tree.worker_peak / 2**20,
+        "versions": {"dgl": dgl.__version__, "torch": torch.__version__, "numpy": np.__version__},
+        "wall_s": time.perf_counter() - start,
+    }
+
+
 def main() -> None:
     """Parse the flags, train (or profile), print the one PEER_RESULT line."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -375,24 +392,14 @@ def main() -> None:
         result |= {"epochs": args.epochs, "train_s": train_s, "val_s": val_s, "val_acc": val_acc}
         result |= {"test_acc": test_acc, "test_s": test_s}
 
-    tree.poll()  # the workers, still alive: they persist until the process exits
+    result |= measured(tree, sizes, load_s, START, IMPORT_S)
     kib = 1024  # ru_maxrss is in KiB on Linux
     result |= {
-        "import_s": IMPORT_S,
-        "load_s": load_s,
-        "batch_nodes_mean": float(np.mean([n for n, _ in sizes])),
-        "batch_edges_mean": float(np.mean([e for _, e in sizes])),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
-        # Live workers are absent from RUSAGE_CHILDREN (shutting GraphBolt's down stalls 5 s a
-        # loader), so this is the largest child's own peak (VmHWM: what it reports once reaped).
-        "children_peak_rss_mib": tree.worker_peak / 2**20,
         # RUSAGE_CHILDREN as is: numpy's import forks `lscpu` (through DGL's imports) and that
         # child counts the ~380 MiB it shares with this process.
         "rusage_children_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / kib,
         "tree_peak_rss_mib": tree.peak / 2**20,  # counts pages shared with workers twice
-        "versions": {"dgl": dgl.__version__, "torch": torch.__version__, "numpy": np.__version__},
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "wall_s": time.perf_counter() - START,
     }
     print("PEER_RESULT " + json.dumps(result), flush=True)
 

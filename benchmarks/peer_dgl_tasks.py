@@ -40,7 +40,6 @@ import argparse
 import contextlib
 import copy
 import json
-import resource
 import sys
 
 import dgl
@@ -48,7 +47,7 @@ import dgl.nn as dglnn
 import numpy as np
 import torch
 import torch.nn.functional as F
-from peer_dgl import TreeRSS
+from peer_dgl import TreeRSS, measured
 from torch import nn
 
 IMPORT_S = time.perf_counter() - START
@@ -495,18 +494,7 @@ def main() -> None:
         if args.task == "link":
             result["test_auc"] = job.auc
 
-    tree.poll()  # the workers, still alive: they persist until the process exits
-    kib = 1024  # ru_maxrss is in KiB on Linux
-    result |= {
-        "import_s": IMPORT_S,
-        "load_s": load_s,
-        "batch_nodes_mean": float(np.mean([n for n, _ in sizes])),
-        "batch_edges_mean": float(np.mean([e for _, e in sizes])),
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / kib,
-        "children_peak_rss_mib": tree.worker_peak / 2**20,
-        "versions": {"dgl": dgl.__version__, "torch": torch.__version__, "numpy": np.__version__},
-        "wall_s": time.perf_counter() - START,
-    }
+    result |= measured(tree, sizes, load_s, START, IMPORT_S)
     print("PEER_RESULT " + json.dumps(result), flush=True)
 
 
