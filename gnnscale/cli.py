@@ -443,8 +443,9 @@ def run() -> None:
     Refused input (:class:`ConfigError`) and a diverged run (:class:`TrainingDiverged`) are
     printed as one line, exit status 2; set ``GNNSCALE_DEBUG=1`` for the traceback.
     """
+    name = sys.argv[1] if sys.argv[1:] else ""
     try:
-        command, _ = SUBCOMMANDS.get(sys.argv[1] if sys.argv[1:] else "", (main, ""))
+        command, _ = SUBCOMMANDS.get(name, (main, ""))
         command()
     except GnnscaleError as err:
         if os.environ.get("GNNSCALE_DEBUG"):
@@ -457,21 +458,28 @@ def run() -> None:
         print(f"gnnscale: error: {message}", file=sys.stderr)
         sys.exit(2)
     except OSError as err:
-        line = _disk_refusal(err)
+        line = _disk_refusal(err, writes_a_store=name in SUBCOMMANDS)
         if line is None or os.environ.get("GNNSCALE_DEBUG"):
             raise
         print(f"gnnscale: error: {line}", file=sys.stderr)
         sys.exit(1 if err.errno in NO_ROOM else 2)
 
 
-def _disk_refusal(err: OSError) -> str | None:
-    """One line for a folder that cannot be written (read-only, no permission, no room)."""
+def _disk_refusal(err: OSError, writes_a_store: bool = False) -> str | None:
+    """One line for a folder that cannot be written (read-only, no permission, no room).
+
+    ``writes_a_store``: the command is ``prepare`` or ``prepare-graphs``, whose folder is
+    ``--out`` (they say a full disk in their own words).
+    """
     where = err.filename or "a file"
     if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return (
-            f"cannot write {where} ({err.strerror}): make that folder writable, or write "
-            "elsewhere (--trainer.logger.init_args.save_dir, --trainer.default_root_dir)"
+        fix = (
+            "make that folder writable, or write elsewhere (--out)"
+            if writes_a_store
+            else "make that folder writable, or write elsewhere "
+            "(--trainer.logger.init_args.save_dir, --trainer.default_root_dir)"
         )
+        return f"cannot write {where} ({err.strerror}): {fix}"
     if err.errno in NO_ROOM:
         return (
             f"no room to write {where} ({err.strerror}); what was saved before is intact: free "

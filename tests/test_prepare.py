@@ -9,8 +9,11 @@ flag.
 """
 
 import dataclasses
+import errno
+import os
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,3 +214,26 @@ def test_a_sources_refusal_names_the_source_flag(tmp_path, flags, message):
     assert str(refused.value).startswith(message.format(missing=missing)), refused.value
     assert "--data." not in str(refused.value).split(": ")[0], refused.value
     assert not (tmp_path / "g").exists()
+
+
+def test_prepare_into_a_read_only_folder_is_one_line(tmp_path, monkeypatch, capsys):
+    """A read-only ``--out`` (a read-only mount: root ignores permission bits, so mkdir fails)."""
+    real_mkdir = Path.mkdir
+    blocked = tmp_path / "mnt"
+
+    def mkdir(self: Path, *args, **kwargs):
+        if self.is_relative_to(blocked):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
+    argv = ["gnnscale", "prepare", f"--out={blocked / 'g'}", "--source=Dataset", *TINY_FLAGS]
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SystemExit) as stopped:
+        gnnscale.cli.run()
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err
+    assert err.startswith(f"gnnscale: error: cannot write {blocked}"), err
+    assert err.endswith("make that folder writable, or write elsewhere (--out)\n")
+    assert err.count("\n") == 1 and not (blocked / "g").exists()
