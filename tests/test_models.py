@@ -251,6 +251,9 @@ def _neighbour_batch(tmp_path, num_neighbors=(5, 4, 3)):
         root=tmp_path, synthetic=TINY, num_neighbors=list(num_neighbors), batch_size=64
     )
     dm.setup("fit")
+    # One batch for every run: under max aggregation, two neighbours within rounding of each
+    # other take the gradient in turn, so a batch drawn afresh fails now and then.
+    torch.manual_seed(0)
     return next(iter(dm.train_dataloader()))
 
 

@@ -24,6 +24,7 @@ from gnnscale.handshake import BatchRequest
 from gnnscale.models.dropout import Dropout
 from gnnscale.models.fast import SpeedTricks
 from gnnscale.models.node import NodeClassifier
+from gnnscale.optim import SparseAdam
 
 __all__ = ["EmbeddingSAGE"]
 
@@ -47,7 +48,8 @@ class EmbeddingSAGE(NodeClassifier):
         sparse: Sparse gradients (only looked-up rows); needs a sparse optimizer (``SparseAdam``).
         embedding_device: ``cpu`` keeps the table and its optimizer state in host memory; only
             looked-up rows travel to the accelerator. ``model``: the table lives with the GNN.
-        embedding_optimizer: Optimizer of the table (``SparseAdam`` if sparse, else e.g. ``Adam``).
+        embedding_optimizer: Optimizer of the table (``gnnscale.optim.SparseAdam`` if sparse,
+            else e.g. ``Adam``).
         accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
             ``--trainer.accumulate_grad_batches`` with two optimizers, so the model accumulates).
         hidden_channels: Width of the hidden layers.
@@ -67,7 +69,7 @@ class EmbeddingSAGE(NodeClassifier):
         embedding_dim: int = 64,
         sparse: bool = True,
         embedding_device: Literal["model", "cpu"] = "model",
-        embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        embedding_optimizer: OptimizerCallable = SparseAdam,
         accumulate_grad_batches: int = 1,
         hidden_channels: int = 256,
         num_layers: int = 2,

@@ -20,6 +20,7 @@ from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.embedding import HostEmbedding
 from gnnscale.models.fast import product_dtype
+from gnnscale.optim import SparseAdam
 
 
 class _SAGE(nn.Module):
@@ -325,7 +326,7 @@ class HeteroSAGE(HeteroGNN):
         num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
         dropout: Dropout between layers.
         sparse: Sparse gradients for the featureless types' tables (only looked-up rows);
-            they then get ``embedding_optimizer`` (``SparseAdam``).
+            they then get ``embedding_optimizer`` (``gnnscale.optim.SparseAdam``).
         embedding_device: ``cpu`` keeps the tables and their optimizer state in host memory;
             ``model``: they live with the GNN.
         accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
@@ -352,7 +353,7 @@ class HeteroSAGE(HeteroGNN):
         embedding_device: Literal["model", "cpu"] = "model",
         accumulate_grad_batches: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
-        embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        embedding_optimizer: OptimizerCallable = SparseAdam,
         target_only_layers: bool = True,
         project_after_mean: bool = True,
     ) -> None:

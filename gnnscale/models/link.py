@@ -26,6 +26,7 @@ from gnnscale.batch import LinkEval
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import GraphSpec
 from gnnscale.models.hetero import HeteroGNN
+from gnnscale.optim import SparseAdam
 
 __all__ = ["LinkPredictor", "top_destinations"]
 
@@ -41,7 +42,7 @@ class LinkPredictor(HeteroGNN):
         num_layers: Message-passing layers; one fan-out per layer in ``data.num_neighbors``.
         dropout: Dropout between layers.
         sparse: Sparse gradients for the featureless types' tables (only looked-up rows);
-            they then get ``embedding_optimizer`` (``SparseAdam``).
+            they then get ``embedding_optimizer`` (``gnnscale.optim.SparseAdam``).
         embedding_device: ``cpu`` keeps the tables and their optimizer state in host memory;
             ``model``: they live with the GNN.
         accumulate_grad_batches: Micro-batches per optimizer step (Lightning refuses
@@ -69,7 +70,7 @@ class LinkPredictor(HeteroGNN):
         embedding_device: Literal["model", "cpu"] = "model",
         accumulate_grad_batches: int = 1,
         optimizer: OptimizerCallable = torch.optim.Adam,
-        embedding_optimizer: OptimizerCallable = torch.optim.SparseAdam,
+        embedding_optimizer: OptimizerCallable = SparseAdam,
         target_only_layers: bool = True,
         project_after_mean: bool = True,
     ) -> None:
