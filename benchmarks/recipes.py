@@ -38,7 +38,7 @@ HEADER = {
     "node": "test acc",
     "hetero_node": "test acc",
     "graph": "test MAE",
-    "link": "test recall@20 (popularity's)",
+    "link": "test recall@20 (popularity's), MRR@20, AUC",
 }
 PLAN_PARTS = {
     "planned_mb": "expected peak",
@@ -67,6 +67,8 @@ class Result:
     val_runs: list[float] = field(default_factory=list)  # every validation's seconds
     plan: dict[str, float] | None = None
     baseline: float | None = None  # link recipes: the popularity baseline's recall@20
+    mrr: float | None = None  # link recipes: test MRR@20
+    auc: float | None = None  # link recipes: test AUC of the labelled pairs
 
 
 def measure(
@@ -113,6 +115,8 @@ def measure(
     return Result(
         acc=metrics[METRIC[entry.task]][-1],
         baseline=metrics["test/recall@20_popularity"][-1] if entry.task == "link" else None,
+        mrr=metrics["test/mrr@20"][-1] if entry.task == "link" else None,
+        auc=metrics["test/auc"][-1] if entry.task == "link" else None,
         epoch_s=statistics.median(epoch_s[1:] or epoch_s),  # the first epoch is warm-up
         val_s=statistics.median(val_s) if val_s else None,
         val_runs=val_s or [],
@@ -168,7 +172,8 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
     Args:
         names: Registry names.
         tiny: Add each recipe's ``tiny`` overrides (a check of the pipeline, not figures).
-        seeds: Runs per variant; accuracy is then mean ± std, s/epoch and peak the median.
+        seeds: Runs per variant (a recipe may ask for more: its ``seeds``); accuracy is then
+            mean ± std, s/epoch and peak the median.
         workdir: Where runs and data go (default: a temporary folder).
     """
     with tempfile.TemporaryDirectory(prefix="gnnscale-recipes-") as tmp:
@@ -184,17 +189,20 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
                 "|---|---:|---:|---:|---:|---:|---:|",
             ]
             shipped: tuple[list[Result], str] | None = None
+            runs = 1 if tiny else max(seeds, entry.seeds)
             for i, (label, variant) in enumerate(entry.variants):
                 results = [
                     measure(entry, [*base, *variant], folder, i == 0, seed, tiny)
-                    for seed in range(seeds)
+                    for seed in range(runs)
                 ]
                 acc = _fmt([r.acc for r in results], 3)
                 if entry.task == "graph":  # a regression: its test MAE, in the same column
                     acc = f"MAE {acc}"
                 if entry.task == "link":  # a ranking: recall@20, and the popularity baseline's
                     popular = _fmt([r.baseline for r in results if r.baseline is not None], 3)
-                    acc = f"recall@20 {acc} ({popular})"
+                    mrr = _fmt([r.mrr for r in results if r.mrr is not None], 3)
+                    auc = _fmt([r.auc for r in results if r.auc is not None], 3)
+                    acc = f"recall@20 {acc} ({popular}), MRR@20 {mrr}, AUC {auc}"
                 times = _times(results)
                 peak = statistics.median(r.peak_mb for r in results)
                 lines.append(f"| {label} | {acc} | {times} | {peak:,.0f} |")
@@ -219,7 +227,7 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             note = f"Runs: `{' '.join(['fit', '--config', f'recipes/{entry.name}/config.yaml'])}`"
             note += f" with {_args_note(base)}" if base else ", as shipped"
             note += (
-                f"; {seeds} seed(s). s/epoch, training: median after one warm-up epoch "
+                f"; {runs} seed(s). s/epoch, training: median after one warm-up epoch "
                 "(sampling, loading, steps; no validation). s/epoch, validation: every "
                 f"validation's seconds over the epochs trained. {SHARE_NOTE} Whole fit: the "
                 "`fit` command's wall time (start-up, data, every epoch and validation, "

@@ -71,6 +71,8 @@ class Recipe:
             or ``prepare-graphs`` (many small graphs).
         prepare_first: Whether its shipped config trains on what ``prepare.yaml`` writes; if
             not, the ``prepare.yaml`` is its README's optional from-disk variant.
+        seeds: Runs per variant at least (``figures.py recipes --seeds`` may ask for more):
+            a recipe of seconds compares with a paper's figure as a mean over seeds.
         task: ``node`` (metric ``test/acc``), ``hetero_node`` (one node type of a
             heterogeneous graph, metric ``test/acc``), ``graph`` (graph-level regression, metric
             ``test/mae``) or ``link`` (metric ``test/recall@20`` beside the popularity
@@ -87,6 +89,7 @@ class Recipe:
     prepare_command: Literal["prepare", "prepare-graphs"] = "prepare"
     prepare_first: bool = True
     task: Literal["node", "hetero_node", "graph", "link"] = "node"
+    seeds: int = 1
 
     @property
     def folder(self) -> Path:
@@ -264,6 +267,14 @@ RECIPES: tuple[Recipe, ...] = (
         ),
         prepare_first=False,  # its prepare.yaml: the from-disk variant (figures.py store-tasks)
         task="link",
+    ),
+    Recipe(
+        "link_prediction_citations",
+        "link prediction on a citation graph (Cora): the graph auto-encoder's GCN layers",
+        # Cora itself, from its files (downloaded, or ../shared offline): seconds an epoch.
+        tiny=("--trainer.max_epochs=10",),
+        task="link",
+        seeds=3,  # the auto-encoder's paper reports a mean
     ),
     Recipe(
         "hetero_node_classification",

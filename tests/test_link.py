@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from gnnscale import LinkDataModule, LinkPredictor, SyntheticRecommender, make_recommender_graph
+from gnnscale import (
+    LinkDataModule,
+    LinkPredictor,
+    LinkSplit,
+    SyntheticRecommender,
+    make_recommender_graph,
+)
 from gnnscale.batch import LinkEval
 from gnnscale.data import link_graphs
 from gnnscale.data.link import LinkEvalArgs
@@ -319,9 +325,29 @@ def test_a_homogeneous_dataset_is_one_node_and_one_edge_type(cora_root):
     held = _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1], 2708)
     held |= _keys(test[edge].edge_label_index[:, test[edge].edge_label == 1].flip(0), 2708)
     assert not _keys(train[edge].edge_index, 2708) & held  # neither direction
+    # Every training citation also carries messages (the default within one node type).
+    supervised = train[edge].edge_label_index[:, train[edge].edge_label == 1]
+    assert _keys(supervised, 2708) <= _keys(train[edge].edge_index, 2708)
     model = LinkPredictor(dm.graph_spec, optimizer=lambda p: torch.optim.Adam(p, lr=0.01))
-    result = _fit_and_test(model, dm, epochs=5)
-    assert result["test/auc"] > 0.75, result
+    result = _fit_and_test(model, dm, epochs=15)
+    assert result["test/auc"] > 0.8, result
+    recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
+    assert recall > 1.5 * popular, result  # the defaults rank above the most cited papers
+
+
+def test_a_split_keeps_supervision_out_of_messages_by_default_between_two_types():
+    dm = _dm()
+    assert dm.links.task.disjoint == 0.3
+    train = dm.links.splits[0][RATES]
+    supervised = _keys(train.edge_label_index[:, train.edge_label == 1])
+    assert not supervised & _keys(train.edge_index)
+    assert _dm(split=LinkSplit(disjoint_train_ratio=0.0)).links.task.disjoint == 0
+
+
+def test_gcn_layers_are_refused_for_a_relation_between_two_types():
+    dm = _dm()
+    with pytest.raises(ConfigError, match="--model.conv gcn .* user__rates__item.* sage"):
+        LinkPredictor(dm.graph_spec, conv="gcn")
 
 
 DDP = """

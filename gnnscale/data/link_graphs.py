@@ -55,12 +55,14 @@ class LinkSplit:
         test_fraction: Fraction of edges held out for test.
         disjoint_train_ratio: Fraction of the training edges used only as supervision, never
             for message passing (0: every training edge is both, and a batch's model sees the
-            edges it must predict).
+            edges it must predict). Default: 0 for a relation within one node type, both ways
+            (a citation graph: the graph auto-encoder's training, which ranks far better
+            there), 0.3 for one between two types (a recommender's users and items).
     """
 
     val_fraction: float = 0.05
     test_fraction: float = 0.1
-    disjoint_train_ratio: float = 0.3
+    disjoint_train_ratio: float | None = None
 
     def __post_init__(self) -> None:
         """Refuse fractions that leave no training edges."""
@@ -74,7 +76,7 @@ class LinkSplit:
                 "--data.split.val_fraction + --data.split.test_fraction must be below 1 (got "
                 f"{self.val_fraction + self.test_fraction:g}): no edges would be left to train on"
             )
-        if not 0 <= self.disjoint_train_ratio < 1:
+        if self.disjoint_train_ratio is not None and not 0 <= self.disjoint_train_ratio < 1:
             raise ConfigError(
                 "--data.split.disjoint_train_ratio must be >= 0 and < 1 "
                 f"(got {self.disjoint_train_ratio})"
@@ -100,6 +102,12 @@ class LinkTask:
     split: LinkSplit
     num_nodes: Mapping[str, int]
     pinsage: PinSAGENeighbors | None = None
+
+    @property
+    def disjoint(self) -> float:
+        """The split's ``disjoint_train_ratio``; its default for this relation (``LinkSplit``)."""
+        ratio = self.split.disjoint_train_ratio
+        return ratio if ratio is not None else 0.0 if self.undirected else 0.3
 
 
 class MemoryLinks:
@@ -128,7 +136,7 @@ class MemoryLinks:
             num_val=task.split.val_fraction,
             num_test=task.split.test_fraction,
             is_undirected=task.undirected,
-            disjoint_train_ratio=task.split.disjoint_train_ratio,
+            disjoint_train_ratio=task.disjoint,
             neg_sampling_ratio=1.0,  # validation and test negatives, for AUC
             add_negative_train_samples=False,  # drawn per batch instead
             edge_types=[target],
@@ -205,7 +213,7 @@ class PreparedLinks:
         fractions = (
             task.split.val_fraction,
             task.split.test_fraction,
-            task.split.disjoint_train_ratio,
+            task.disjoint,
         )
         out = root.parent / f"{root.name}.link_split-{edge_key(task.target)}"
         return link_split.write_split(

@@ -12,7 +12,7 @@ from lightning.pytorch.cli import OptimizerCallable
 from torch import Tensor, nn
 from torch_geometric.data import HeteroData
 from torch_geometric.index import index2ptr
-from torch_geometric.nn import SAGEConv, to_hetero
+from torch_geometric.nn import GCNConv, SAGEConv, to_hetero
 from torch_geometric.typing import EdgeType
 from torchmetrics.classification import MulticlassAccuracy
 
@@ -24,11 +24,16 @@ from gnnscale.optim import SparseAdam
 
 
 class _SAGE(nn.Module):
-    """GraphSAGE layers of one width (``to_hetero`` traces it once per edge type)."""
+    """GraphSAGE layers of one width (``to_hetero`` traces it once per edge type).
 
-    def __init__(self, channels: int, num_layers: int, dropout: float) -> None:
+    ``conv="gcn"``: GCN layers instead (``GCNConv``: self-loops, symmetric degree
+    normalisation), the graph auto-encoder's encoder; for relations within one node type.
+    """
+
+    def __init__(self, channels: int, num_layers: int, dropout: float, conv: str = "sage") -> None:
         super().__init__()
-        self.convs = nn.ModuleList(SAGEConv(channels, channels) for _ in range(num_layers))
+        layer = SAGEConv if conv == "sage" else GCNConv
+        self.convs = nn.ModuleList(layer(channels, channels) for _ in range(num_layers))
         # A module, not F.dropout(training=self.training): tracing would freeze the flag.
         self.dropout = nn.Dropout(dropout)
 
@@ -232,7 +237,9 @@ class HeteroGNN(L.LightningModule):
                 self.tables[t] = table(graph.num_nodes[t], channels, sparse=hp["sparse"])
         metadata = (list(graph.node_types), list(graph.edge_types))
         self.encoder = to_hetero(
-            _SAGE(channels, hp["num_layers"], hp["dropout"]), metadata, aggr="mean"
+            _SAGE(channels, hp["num_layers"], hp["dropout"], hp.get("conv", "sage")),
+            metadata,
+            aggr="mean",
         )
         hp["graph"] = graph.as_dict()  # plain values: a checkpoint reloads without the data
 

@@ -52,6 +52,11 @@ class LinkPredictor(HeteroGNN):
         target_only_layers: In training, compute each layer only for the rows the next one
             reads (``gnnscale.models.hetero.target_only``; the pairs' scores are the same);
             false: PyG's forward over every sampled node at every layer.
+        conv: ``sage``: GraphSAGE layers (a mean of the neighbours beside the node's own row).
+            ``gcn``: GCN layers (self-loops, symmetric degree normalisation: the graph
+            auto-encoder's encoder, Kipf and Welling 2016), for graphs whose relations each
+            join one node type (a citation graph); its layers compute every sampled node
+            (``target_only_layers`` is GraphSAGE's).
         project_after_mean: With target-only layers on a CPU, the first layer averages each
             relation's raw features and the input layers project the averages, not every
             sampled row (``gnnscale.models.hetero.target_only``'s ``inputs``; the same
@@ -72,11 +77,12 @@ class LinkPredictor(HeteroGNN):
         optimizer: OptimizerCallable = torch.optim.Adam,
         embedding_optimizer: OptimizerCallable = SparseAdam,
         target_only_layers: bool = True,
+        conv: Literal["sage", "gcn"] = "sage",
         project_after_mean: bool = True,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
-        self.target_only_layers = target_only_layers
+        self.target_only_layers = target_only_layers and conv == "sage"
         self.project_after_mean = project_after_mean
         if num_layers < 1 or hidden_channels < 1 or accumulate_grad_batches < 1:
             raise ConfigError(
@@ -92,6 +98,12 @@ class LinkPredictor(HeteroGNN):
             raise ConfigError(
                 "LinkPredictor predicts an edge type's links, ranked to a cut-off k >= 1: its "
                 f"graph is LinkDataModule's graph_spec (got target {spec.target!r}, k {spec.k})"
+            )
+        across = [e for e in spec.edge_types if e[0] != e[2]]
+        if conv == "gcn" and across:
+            raise ConfigError(
+                f"--model.conv gcn normalises by the degrees of one node type; the relation "
+                f"{'__'.join(across[0])} joins two: use --model.conv sage"
             )
         self._build_encoder(spec)
         self.target = spec.target
