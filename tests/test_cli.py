@@ -568,3 +568,11 @@ def test_a_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, code, 
     err = capsys.readouterr().err
     assert stopped.value.code == status and err.startswith(f"gnnscale: error: {line}")
     assert err.count("\n") == 1
+
+
+def test_python_dash_m_gnnscale_is_the_command():
+    done = subprocess.run(
+        [sys.executable, "-m", "gnnscale", "prepare", "--help"], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: gnnscale prepare ")

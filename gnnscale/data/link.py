@@ -134,7 +134,9 @@ class LinkDataModule(HeteroGraphData):
         batch_size: Positive supervision edges per batch.
         num_negatives: Uniform negatives per positive (random destination nodes).
         num_hard_negatives: Hard negatives per positive: destination nodes from the batch's
-            sampled neighbourhood that are not known edges of the source.
+            sampled neighbourhood that are not known edges of the source. A recommender's: on
+            a citation graph they are mostly the papers a paper would cite, and rank worse
+            than none (recipes/link_prediction_pinsage/README.md).
         neighbors: ``uniform``: the graph's own edges, sampled uniformly. ``pinsage``: adds
             each destination node's random-walk importance neighbours (see ``pinsage``) as a
             relation ``dst__similar__dst``.
