@@ -106,8 +106,9 @@ class LinkTask:
     @property
     def disjoint(self) -> float:
         """The split's ``disjoint_train_ratio``; its default for this relation (``LinkSplit``)."""
-        ratio = self.split.disjoint_train_ratio
-        return ratio if ratio is not None else 0.0 if self.undirected else 0.3
+        if self.split.disjoint_train_ratio is not None:
+            return self.split.disjoint_train_ratio
+        return 0.0 if self.undirected else 0.3
 
 
 class MemoryLinks:
