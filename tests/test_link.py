@@ -454,15 +454,20 @@ def test_two_evaluations_embed_with_the_same_neighbourhoods():
                 assert torch.equal(a[t].edge_index, b[t].edge_index), (node_type, t)
 
 
-def test_predict_recommends_each_users_top_k_unknown_items(tmp_path):
-    """Every user's 10 best-scored items among those it has no edge to in the whole graph."""
+@pytest.mark.parametrize("prior", [False, True])
+def test_predict_recommends_each_users_top_k_unknown_items(tmp_path, prior):
+    """Every user's 10 best-scored items among those it has no edge to in the whole graph.
+
+    Scored as training scores a pair: the scaled dot product, and the popularity prior of the
+    item's degree in every known edge.
+    """
     import pyarrow.parquet as pq
 
     from gnnscale.callbacks import PredictionWriter
 
     torch.manual_seed(0)
     dm = _dm(eval=LinkEvalArgs(k=10, candidates=50))  # predict ranks every item regardless
-    model = LinkPredictor(dm.graph_spec, hidden_channels=16)
+    model = LinkPredictor(dm.graph_spec, hidden_channels=16, popularity_prior=prior)
     trainer = L.Trainer(
         max_epochs=1,
         logger=False,
@@ -483,7 +488,11 @@ def test_predict_recommends_each_users_top_k_unknown_items(tmp_path):
     known[edges[0], edges[1]] = True
     assert not known.gather(1, items).any()
     h = model.eval().embed_all(next(iter(dm.predict_dataloader())))  # the same seeded draws
-    scores = (h["user"] @ h["item"].T).masked_fill(known, float("-inf"))
+    scores = h["user"] @ h["item"].T / 4
+    if prior:
+        assert model.prior_weight != 1.0  # trained from its start
+        scores += model.prior_weight * torch.log1p(known.sum(0).float())
+    scores = scores.masked_fill(known, float("-inf"))
     assert torch.equal(items, scores.topk(k).indices)
     written = torch.tensor(table.column("score").to_pylist()).view(users, k)
     torch.testing.assert_close(written, scores.topk(k).values)

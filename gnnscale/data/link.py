@@ -471,15 +471,26 @@ class LinkDataModule(HeteroGraphData):
         """One step that ranks every destination for every source (this rank's share)."""
         return self._eval("predict")
 
+    @cached_property
+    def _train_popularity(self) -> Tensor:
+        """Each destination's degree in the training edges (validation's popularity)."""
+        return popularity(self.links.known("train"), self.num_nodes[self.target[2]])
+
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Weight each labelled pair of a training batch: 1 / (expected pairs per batch).
 
         Under DDP, a batch repeated to even out the ranks' counts (``padding``) weighs 0: every
-        supervision edge is trained once per epoch across ranks.
+        supervision edge is trained once per epoch across ranks. Each pair also carries its
+        destination's degree in the training edges, its own edge left out
+        (``edge_label_popularity``: what evaluation's popularity counts for an unseen edge).
         """
         if self.trainer is not None and self.trainer.training and isinstance(batch, HeteroData):
             store = batch[self.target]
             per_batch = self.batch_size * (1 + self.num_negatives + self.num_hard_negatives)
             pairs = store.edge_label.numel()
             supervise(batch, torch.full((pairs,), 1.0 / per_batch), pairs, on=store)
+            dst = batch[self.target[2]].n_id[store.edge_label_index[1]]
+            store.edge_label_popularity = (
+                self._train_popularity[dst] - store.edge_label.float()
+            ).clamp_(min=0)
         return batch

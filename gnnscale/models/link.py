@@ -63,6 +63,12 @@ class LinkPredictor(HeteroGNN):
             outputs). On a MAG240M-shaped graph's citations (2M papers, batches of 1,024): a
             training step 1.32x as fast and the trainer 640 MiB against 775; the recipe's
             epoch the same.
+        popularity_prior: Add ``w * log(1 + d)`` to every pair's score, ``d`` the
+            destination's degree in the known edges (in training, the pair's own edge left
+            out) and ``w`` learnt from 1 (scores that start as the degree's odds): how often
+            a node is linked to, which mean aggregation and a dot product do not see. Where
+            a relation's degrees have a heavy tail (a large citation graph's), the most
+            linked nodes are a strong ranking on their own; on Cora it does not help.
     """
 
     def __init__(
@@ -79,6 +85,7 @@ class LinkPredictor(HeteroGNN):
         target_only_layers: bool = True,
         conv: Literal["sage", "gcn"] = "sage",
         project_after_mean: bool = True,
+        popularity_prior: bool = False,
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
@@ -106,6 +113,7 @@ class LinkPredictor(HeteroGNN):
                 f"{'__'.join(across[0])} joins two: use --model.conv sage"
             )
         self._build_encoder(spec)
+        self.prior_weight = nn.Parameter(torch.ones(())) if popularity_prior else None
         self.target = spec.target
         self.metrics = nn.ModuleDict(
             {
@@ -146,11 +154,17 @@ class LinkPredictor(HeteroGNN):
             "hidden_channels"
         ] ** -0.5
 
+    def _prior(self, degrees: Tensor) -> Tensor | float:
+        """The popularity prior of destinations of these degrees (0 without one)."""
+        if self.prior_weight is None:
+            return 0.0
+        return self.prior_weight * torch.log1p(degrees.float())
+
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
         """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
         store = batch[self.target]
         h, pairs = self._encode_ends(batch, store.edge_label_index)
-        score = self._score(h, pairs).float()
+        score = self._score(h, pairs).float() + self._prior(store.edge_label_popularity)
         loss = (
             F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
             * store.loss_weight
@@ -185,13 +199,22 @@ class LinkPredictor(HeteroGNN):
             out[t] = h
         return out
 
+    def _ranking(self, h: dict[str, Tensor], evaluation: LinkEval) -> Callable[..., Tensor]:
+        """``scores(sources, dsts)``: every pair's score, as training scores it (global ids)."""
+        src, _, dst = self.target
+        scale = self.hparams["hidden_channels"] ** -0.5
+
+        def scores(sources: Tensor, dsts: Tensor) -> Tensor:
+            dot = h[src][evaluation.rows(src, sources)] @ h[dst][evaluation.rows(dst, dsts)].T
+            return dot * scale + self._prior(evaluation.popularity[dsts])
+
+        return scores
+
     def _evaluate(self, evaluation: LinkEval, stage: str) -> None:
         h = self.embed_all(evaluation)
         src, _, dst = self.target
         k, suffix = evaluation.k, evaluation.suffix
-
-        def scores(sources: Tensor, dsts: Tensor) -> Tensor:
-            return h[src][evaluation.rows(src, sources)] @ h[dst][evaluation.rows(dst, dsts)].T
+        scores = self._ranking(h, evaluation)
 
         def popular(sources: Tensor, dsts: Tensor) -> Tensor:
             return evaluation.popularity[dsts].expand(sources.numel(), -1).clone()
@@ -214,7 +237,8 @@ class LinkPredictor(HeteroGNN):
         auc = cast(Metric, self.metrics[f"{stage}_auc"])
         pairs = evaluation.label_index
         pairs = torch.stack([evaluation.rows(src, pairs[0]), evaluation.rows(dst, pairs[1])])
-        auc.update(self._score(h, pairs), evaluation.label.long())
+        prior = self._prior(evaluation.popularity[evaluation.label_index[1]])
+        auc.update(self._score(h, pairs) + prior, evaluation.label.long())
         self.log(f"{stage}/auc", auc, batch_size=evaluation.label.numel())
 
     def validation_step(self, batch: LinkEval, batch_idx: int) -> None:
@@ -234,7 +258,7 @@ class LinkPredictor(HeteroGNN):
         """
         h = self.embed_all(batch)
         src, _, dst = self.target
-        top, _ = top_destinations(batch, lambda sources, dsts: h[src][sources] @ h[dst][dsts].T)
+        top, _ = top_destinations(batch, self._ranking(h, batch))
         sources = torch.unique(batch.positives[0])  # rank's rows, in its order
         pair = sources.unsqueeze(1) * batch.popularity.numel() + top  # as batch.known's keys
         # A known edge is ranked (last) only when nothing else is: left out.
@@ -244,7 +268,8 @@ class LinkPredictor(HeteroGNN):
             "source": sources[row],
             "rank": rank,
             "target": target,
-            "score": (h[src][sources[row]] * h[dst][target]).sum(-1),
+            "score": self._score(h, torch.stack([sources[row], target]))
+            + self._prior(batch.popularity[target]),
         }
 
 
