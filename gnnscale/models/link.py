@@ -148,11 +148,14 @@ class LinkPredictor(HeteroGNN):
         )
         return self._encode(batch, ends), rows
 
+    @property
+    def _scale(self) -> float:
+        """Scores are dot products over the square root of the width."""
+        return self.hparams["hidden_channels"] ** -0.5
+
     def _score(self, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
         src, _, dst = self.target
-        return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1) * self.hparams[
-            "hidden_channels"
-        ] ** -0.5
+        return (h[src][pairs[0]] * h[dst][pairs[1]]).sum(-1) * self._scale
 
     def _prior(self, degrees: Tensor) -> Tensor | float:
         """The popularity prior of destinations of these degrees (0 without one)."""
@@ -202,11 +205,10 @@ class LinkPredictor(HeteroGNN):
     def _ranking(self, h: dict[str, Tensor], evaluation: LinkEval) -> Callable[..., Tensor]:
         """``scores(sources, dsts)``: every pair's score, as training scores it (global ids)."""
         src, _, dst = self.target
-        scale = self.hparams["hidden_channels"] ** -0.5
 
         def scores(sources: Tensor, dsts: Tensor) -> Tensor:
             dot = h[src][evaluation.rows(src, sources)] @ h[dst][evaluation.rows(dst, dsts)].T
-            return dot * scale + self._prior(evaluation.popularity[dsts])
+            return dot * self._scale + self._prior(evaluation.popularity[dsts])
 
         return scores
 
