@@ -25,7 +25,7 @@ from on_disk import evict
 from registry import recipe
 
 from gnnscale.measure import ProcessTreeMemory
-from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.stores.manifest import Manifest
 
 ENTRY = recipe("on_disk_graph")
 # ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges, 128 features, 172 classes. Its
@@ -100,7 +100,7 @@ def gather_rate(folder: Path, advice: str, rows: int = 20_000) -> float:
     ``PreparedGraph`` maps it).
     """
     evict(folder)
-    num_nodes = PreparedGraph.read_manifest(folder)["files"]["x"]["shape"][0]
+    num_nodes = Manifest.read(folder).files["x"].shape[0]
     argv = [sys.executable, "-c", GATHER, str(folder / "x.bin"), str(num_nodes), advice]
     return float(harness.run([*argv, str(rows)]).stdout)
 

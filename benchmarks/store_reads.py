@@ -120,7 +120,7 @@ def policies(folder: Path, fractions: tuple[float, ...]) -> dict[str, list[float
     """Share of a sampling pass's rows held by caches chosen from another pass, by policy."""
     graph = PreparedGraph(folder, "size")
     colptr, row = graph.csc
-    n = graph.manifest["num_nodes"]
+    n = graph.manifest.node_count()
     empty = Data(edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=1)
     sampler = HopSampler(empty, [15, 10])  # the recipe's fan-out, as the DataModule samples
     sampler.num_nodes, sampler.colptr, sampler.row, sampler.perm = n, colptr, row, None

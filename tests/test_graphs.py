@@ -30,10 +30,10 @@ from gnnscale.stores.graphs import (
     GraphStoreError,
     decode,
     encode,
-    read_manifest,
     verify,
     write_graphs,
 )
+from gnnscale.stores.graphs_manifest import StoreManifest
 from gnnscale.testing import run_or_show_stacks
 
 SMALL = AtomGraphs(num_graphs=300, seed=3)
@@ -106,7 +106,7 @@ def test_a_truncated_store_is_refused(store, tmp_path):
     copy.mkdir()
     for f in store.iterdir():
         (copy / f.name).write_bytes(f.read_bytes())
-    data = copy / read_manifest(copy)["file"]["name"]
+    data = copy / StoreManifest.read(copy).file_name
     os.truncate(data, data.stat().st_size // 2)
     with pytest.raises(GraphStoreError, match="is truncated or was changed; prepare it again"):
         GraphDataModule(copy)
@@ -226,7 +226,7 @@ def test_a_store_whose_first_graph_has_no_edge_is_finished_and_read(tmp_path):
     graphs = [AtomGraphDataset(atoms)[i] for i in range(12)]
     assert graphs[0].num_edges == 0 and any(g.num_edges for g in graphs)
     out = prepare_graphs(out=tmp_path / "atoms", atoms=atoms, chunk_graphs=4)
-    assert read_manifest(out)["num_edge_features"] == 1
+    assert StoreManifest.read(out).num_edge_features == 1
     for i, graph in enumerate(graphs):
         _equal(GraphStore(out)[i], graph)
     model = GraphGINE(in_channels=atoms.num_types, num_classes=0, hidden_channels=8)
@@ -235,10 +235,10 @@ def test_a_store_whose_first_graph_has_no_edge_is_finished_and_read(tmp_path):
 
 
 def test_prepare_keeps_a_complete_store_and_refuses_other_settings(store):
-    manifest = read_manifest(store)
-    prepare_graphs(out=store, backend=manifest["backend"], atoms=SMALL, chunk_graphs=64)
+    manifest = StoreManifest.read(store)
+    prepare_graphs(out=store, backend=manifest.backend, atoms=SMALL, chunk_graphs=64)
     with pytest.raises(GraphStoreError, match="prepared from other settings"):
-        prepare_graphs(out=store, backend=manifest["backend"], atoms=AtomGraphs(num_graphs=20))
+        prepare_graphs(out=store, backend=manifest.backend, atoms=AtomGraphs(num_graphs=20))
 
 
 @pytest.mark.parametrize(
@@ -256,7 +256,7 @@ def test_settings_are_refused_naming_the_flag(store, kwargs, message):
 
 
 def test_the_backend_setting_must_match_the_store(store):
-    other = {"lmdb": "sqlite", "sqlite": "lmdb"}[read_manifest(store)["backend"]]
+    other = {"lmdb": "sqlite", "sqlite": "lmdb"}[StoreManifest.read(store).backend]
     with pytest.raises(ConfigError, match=f"--data.backend {other} but"):
         GraphDataModule(store, backend=other)
 

@@ -613,7 +613,7 @@ def test_a_splits_known_edges_are_the_distinct_keys_of_its_csc_and_pairs(
     def written(row, colptr, pairs):
         entry = link_split.write_known(row, colptr, pairs, tmp_path / "known.bin")
         keys = torch.from_numpy(np.fromfile(tmp_path / "known.bin", np.int64))
-        assert entry["shape"] == [keys.numel()]
+        assert entry.shape == (keys.numel(),)
         return keys
 
     keys = written(row, colptr, pairs)

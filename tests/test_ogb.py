@@ -194,7 +194,7 @@ def stored_nodes(out, key=None):
     """A node type's prepared files: features, labels, masks."""
     graph = PreparedGraph(out)
     names = [f"{_prefix(key)}{k}" for k in ("x", "y", "train_mask", "val_mask", "test_mask")]
-    return {n.split("/")[-1]: graph.tensor(n) for n in names if n in graph.manifest["files"]}
+    return {n.split("/")[-1]: graph.tensor(n) for n in names if n in graph.manifest.files}
 
 
 def _same_graph(out, data):

@@ -43,7 +43,7 @@ def test_a_dataset_is_written_as_fit_loads_it_and_recorded_as_before(tmp_path):
     source = {"dataset": "synthetic", "preprocess": dataclasses.asdict(preprocess)}
     source["synthetic"] = dataclasses.asdict(CFG)  # what `--dataset synthetic` recorded
     expected = write_graph(loaded, tmp_path / "expected", source)
-    assert PreparedGraph(out).manifest["key"] == PreparedGraph(expected).manifest["key"]
+    assert PreparedGraph(out).manifest.key == PreparedGraph(expected).manifest.key
 
 
 def test_a_named_dataset_is_read_from_its_root(tmp_path, cora_root):
@@ -52,7 +52,7 @@ def test_a_named_dataset_is_read_from_its_root(tmp_path, cora_root):
          f"--source.root={cora_root}"]
     )  # fmt: skip
     manifest = PreparedGraph(out).manifest
-    assert manifest["num_nodes"] == 2708 and manifest["source"]["root"] == str(cora_root)
+    assert manifest.num_nodes == 2708 and manifest.source["root"] == str(cora_root)
 
 
 def test_the_streamed_generator_writes_the_graph_it_draws_chunk_by_chunk(tmp_path):
@@ -67,7 +67,7 @@ def test_the_sources_are_the_python_api_too(tmp_path):
     """``prepare(out=..., source=Npy(root))``: the function the command parses, called."""
     arrays = stores.save_npy(make_synthetic_graph(TINY), tmp_path / "arrays")
     out = prepare(out=tmp_path / "g", source=Npy(arrays))
-    assert PreparedGraph(out).manifest["source"]["npy"] == str(arrays.resolve())
+    assert PreparedGraph(out).manifest.source["npy"] == str(arrays.resolve())
     assert prepare(out=out, source=Npy(arrays)) == out  # the same settings: kept
 
 
@@ -79,9 +79,9 @@ def test_a_config_file_chooses_its_source_by_class_path(tmp_path):
         " num_communities: 5}\n    split: {train_fraction: 0.5}\n"
     )
     manifest = PreparedGraph(prepare_main(["--config", str(config)])).manifest
-    assert manifest["source"]["dataset"] == "recommender"
-    assert manifest["source"]["split"]["train_fraction"] == 0.5
-    assert manifest["files"]["item/x"]["dtype"] == "bfloat16"
+    assert manifest.source["dataset"] == "recommender"
+    assert manifest.source["split"]["train_fraction"] == 0.5
+    assert manifest.files["item/x"].dtype == "bfloat16"
 
 
 def test_the_sources_name_every_dataset_gnnscale_prepare_reads():

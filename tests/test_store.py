@@ -205,7 +205,7 @@ def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
     shuffled = copy.copy(data)
     shuffled.edge_index = data.edge_index[:, torch.randperm(data.num_edges)]
     folder = write_graph(shuffled, tmp_path / "shuffled", {"test": "e_id"})
-    assert "perm" in PreparedGraph(folder).manifest["files"]
+    assert "perm" in PreparedGraph(folder).manifest.files
     fs, gs = stores.open(folder)
     torch.manual_seed(0)
     loader = NeighborLoader(
@@ -218,7 +218,7 @@ def test_edge_ids_are_the_inputs_and_a_sorted_input_keeps_no_map(tmp_path):
         ends = batch.n_id[batch.edge_index]
         assert torch.equal(shuffled.edge_index[:, batch.e_id], ends)
     streamed = write_streamed_synthetic(TINY, tmp_path / "streamed")
-    assert "perm" not in PreparedGraph(streamed).manifest["files"]
+    assert "perm" not in PreparedGraph(streamed).manifest.files
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64], ids=["used in place", "copied"])
@@ -231,8 +231,8 @@ def test_edge_features_from_the_store_are_the_in_memory_loaders(tmp_path, homoge
     np.save(folder / "edge_attr.npy", attr.numpy().astype(dtype))
     out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
     graph = PreparedGraph(out)
-    assert graph.manifest["num_edge_features"] == 3
-    assert ("path" in graph.manifest["files"]["edge_attr"]) == (dtype == np.float32)
+    assert graph.manifest.num_edge_features == 3
+    assert (graph.manifest.files["edge_attr"].path is not None) == (dtype == np.float32)
     data.edge_attr = attr.float()[edge_index[1].sort(stable=True).indices]  # memory's order
     fs, gs = stores.open(out)
     kwargs = {"num_neighbors": [5, 3], "input_nodes": data.train_mask, "batch_size": 64}
@@ -257,7 +257,7 @@ def test_heterogeneous_edge_features_from_the_store_are_the_in_memory_link_loade
     np.save(edges / "edge_attr.npy", attr.numpy())
     data[writes].edge_attr = attr[edge_index[1].sort(stable=True).indices]
     out = stores.prepare_npy(folder, tmp_path / "store", chunk_bytes=4096)
-    assert PreparedGraph(out).manifest["num_edge_features"] == {"author__writes__paper": 2}
+    assert PreparedGraph(out).manifest.num_edge_features == {"author__writes__paper": 2}
     fs, gs = stores.open(out)
     fanout = {t: [4, 2] for t in data.edge_types}
 
@@ -448,7 +448,7 @@ def test_edge_ids_are_the_inputs_when_the_edges_fit_one_chunk(tmp_path, homogene
     folder, _ = homogeneous
     edge_index = torch.from_numpy(np.load(folder / "edge_index.npy")).long()
     out = stores.prepare_npy(folder, tmp_path / "store")  # the default chunk: one
-    assert "perm" in PreparedGraph(out).manifest["files"]
+    assert "perm" in PreparedGraph(out).manifest.files
     fs, gs = stores.open(out)
     torch.manual_seed(0)
     sampler = HopSampler((fs, gs), [4, 2])
@@ -458,9 +458,7 @@ def test_edge_ids_are_the_inputs_when_the_edges_fit_one_chunk(tmp_path, homogene
     for batch in loader:
         assert torch.equal(edge_index[:, batch.e_id], batch.n_id[batch.edge_index])
     np.save(folder / "edge_index.npy", by_destination(edge_index).numpy())  # in CSC order
-    assert (
-        "perm" not in PreparedGraph(stores.prepare_npy(folder, tmp_path / "s2")).manifest["files"]
-    )
+    assert "perm" not in PreparedGraph(stores.prepare_npy(folder, tmp_path / "s2")).manifest.files
 
 
 def test_a_feature_cache_needs_the_fan_out_it_is_drawn_with(tmp_path, homogeneous):
@@ -669,10 +667,10 @@ def test_a_big_endian_folder_prepares_the_store_its_native_twin_does(tmp_path, h
     assert np.load(twin / "x.npy", mmap_mode="r").dtype.str == ">f4"
     native = PreparedGraph(stores.prepare_npy(folder, tmp_path / "native", chunk_bytes=4096))
     big = PreparedGraph(stores.prepare_npy(twin, tmp_path / "big_store", chunk_bytes=4096))
-    assert native.manifest["files"].keys() == big.manifest["files"].keys()
-    assert "path" in native.manifest["files"]["x"]  # used in place; the other copied, natively
-    assert "path" not in big.manifest["files"]["x"]
-    for name in native.manifest["files"]:
+    assert native.manifest.files.keys() == big.manifest.files.keys()
+    assert native.manifest.files["x"].path is not None  # used in place; the other copied, natively
+    assert big.manifest.files["x"].path is None
+    for name in native.manifest.files:
         assert torch.equal(native.tensor(name), big.tensor(name)), name
 
 
@@ -909,9 +907,9 @@ def test_the_recipes_recommender_graph_prepares_to_the_graph_they_draw_in_memory
     ).data
     disk = PreparedGraph(out)
     manifest = disk.manifest
-    assert manifest["num_nodes"] == {t: memory[t].num_nodes for t in memory.node_types}
-    assert manifest["num_classes"] == {"item": 5}
-    files = manifest["files"]
+    assert manifest.num_nodes == {t: memory[t].num_nodes for t in memory.node_types}
+    assert manifest.num_classes == {"item": 5}
+    files = manifest.files
     for node_type in memory.node_types:
         for key in ("x", "y", "train_mask", "val_mask", "test_mask"):
             assert (key in memory[node_type]) == (f"{node_type}/{key}" in files), (node_type, key)
@@ -924,7 +922,7 @@ def test_the_recipes_recommender_graph_prepares_to_the_graph_they_draw_in_memory
         dst = torch.arange(len(colptr) - 1).repeat_interleave(colptr.diff())
         assert torch.equal(torch.stack([row, dst]), by_destination(memory[edge_type].edge_index))
     again = prepare_main([f"--out={out}", *flags])  # kept, not redone
-    assert again == out and PreparedGraph(out).manifest["key"] == manifest["key"]
+    assert again == out and PreparedGraph(out).manifest.key == manifest.key
     with pytest.raises(ConfigError, match=r"^--source\.synthetic\.num_categories must be between"):
         prepare_main([f"--out={tmp_path / 'bad'}", *flags[:3],
                       "--source.synthetic.num_categories=2"])  # fmt: skip
@@ -1103,7 +1101,7 @@ def test_a_parquet_edge_lists_float_columns_are_its_edge_features(tmp_path, homo
         pq.write_table(pa.table(columns), parts / f"part-{i}.parquet", row_group_size=700)
     npy = PreparedGraph(stores.prepare_npy(folder, tmp_path / "npy_store", chunk_bytes=4096))
     parquet = PreparedGraph(stores.prepare_npy(twin, tmp_path / "pq_store", chunk_bytes=4096))
-    assert parquet.manifest["num_edge_features"] == 2
+    assert parquet.manifest.num_edge_features == 2
     for name in ("colptr", "row", "perm", "edge_attr"):
         assert torch.equal(npy.tensor(name), parquet.tensor(name)), name
     (fs, _), (fs_npy, _) = stores.open(parquet.folder), stores.open(npy.folder)
@@ -1151,7 +1149,7 @@ def test_a_spark_folder_of_parquet_parts_prepares_the_store_its_npy_twin_does(
     (parts / ".part-00000-4f2e.snappy.parquet.crc").write_bytes(b"\x00crc")
     npy = PreparedGraph(stores.prepare_npy(folder, tmp_path / "npy_store", chunk_bytes=4096))
     spark = PreparedGraph(stores.prepare_npy(twin, tmp_path / "spark_store", chunk_bytes=4096))
-    assert spark.manifest["num_edges"] == edges.shape[1]
+    assert spark.manifest.num_edges == edges.shape[1]
     for name in ("colptr", "row", "perm"):  # perm: edge ids are positions in the parts, in order
         assert torch.equal(npy.tensor(name), spark.tensor(name)), name
     for part in parts.glob("part-*"):
@@ -1400,14 +1398,14 @@ def test_a_prepared_folder_records_its_checks_and_a_fit_does_not_redo_them(tmp_p
     ):
         module().prepare_data()
     data = make_synthetic_graph(TINY)  # an in-memory graph's writer records what it passed
-    assert PreparedGraph(write_graph(data, tmp_path / "g", {"t": 1})).manifest["checked"] == [
+    assert PreparedGraph(write_graph(data, tmp_path / "g", {"t": 1})).manifest.checked == (
         "node ids in range",
         "features finite",
         "splits disjoint",
-    ]
+    )
     data.x[3, 0], data.test_mask[data.val_mask.nonzero()[0]] = float("nan"), True
     written = PreparedGraph(write_graph(data, tmp_path / "bad", {"t": 1}))
-    assert written.manifest["checked"] == ["node ids in range"]
+    assert written.manifest.checked == ("node ids in range",)
 
 
 def test_a_fit_checks_a_prepared_folders_labels_from_their_counts(
@@ -1446,7 +1444,7 @@ def test_a_fit_checks_a_prepared_folders_labels_from_their_counts(
     hetero_out = stores.prepare_npy(hetero, tmp_path / "hetero_store")
     read.clear()
     HeteroNeighborDataModule("prepared", hetero_out).prepare_data()
-    assert "item" in PreparedGraph(hetero_out).manifest["split_labels"] and not read
+    assert "item" in PreparedGraph(hetero_out).manifest.split_labels and not read
 
 
 def test_heterogeneous_predict_from_a_folder_gives_the_predictions_in_memory(tmp_path):
@@ -1630,8 +1628,8 @@ def test_a_byte_changed_in_an_input_used_in_place_is_found_by_full_verification(
 ):
     out = stores.prepare_npy(homogeneous[0], tmp_path / "store")
     x = homogeneous[0] / "x.npy"
-    entry = PreparedGraph(out).manifest["files"]["x"]
-    assert entry["path"] == str(x.resolve()) and len(entry["crc32"]) == 1  # used in place
+    entry = PreparedGraph(out).manifest.files["x"]
+    assert entry.path == str(x.resolve()) and len(entry.crc32) == 1  # used in place
     stat = x.stat()
     with x.open("r+b") as f:  # one feature's byte, the file's size and time kept
         f.seek(stat.st_size - 3)

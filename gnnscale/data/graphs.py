@@ -291,17 +291,17 @@ class GraphDataModule(L.LightningDataModule):
     @property
     def num_features(self) -> int:
         """Node feature dimension (``model.in_channels``)."""
-        return int(self.store.manifest["num_features"])
+        return self.store.manifest.num_features
 
     @property
     def num_classes(self) -> int:
         """Classes of the graph label; 0 for a regression target (``model.num_classes``)."""
-        return int(self.store.manifest["num_classes"])
+        return self.store.manifest.num_classes
 
     @property
     def num_edge_features(self) -> int:
         """Edge feature dimension (``model.edge_dim``)."""
-        return int(self.store.manifest["num_edge_features"])
+        return self.store.manifest.num_edge_features
 
     def configure_batches(self, request: BatchRequest) -> None:
         """Refuse a node-level model, or an ``edge_dim`` the store's edges do not have.

@@ -15,8 +15,6 @@ reads a graph however it was named and loaded.
 from __future__ import annotations
 
 import functools
-import hashlib
-import json
 import time
 from collections.abc import Callable
 from functools import cached_property
@@ -32,6 +30,7 @@ from gnnscale.data.datasets import SPLIT_MASKS, check_root, validate_graph
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MiB, store_tensors, tensor_mb
 from gnnscale.sampler import HopSampler
+from gnnscale.stores.manifest import Manifest, PreparedGraphError
 from gnnscale.stores.mapped import (
     MappedFeatureStore,
     MappedGraphStore,
@@ -55,17 +54,16 @@ def check_cache(feature_cache_gib: float, dataset: str) -> None:
 def folder_digest(dataset: str, root: Path) -> str | None:
     """A prepared folder's contents, as a checkpoint records them.
 
-    A digest of its manifest's files (each one's dtype, shape and block checksums). ``None``
-    for other datasets, or for a folder without a readable manifest (opening it says why).
+    A digest of its manifest's files (``Manifest.digest``: each one's dtype, shape and block
+    checksums). ``None`` for other datasets, or for a folder without a readable manifest
+    (opening it says why).
     """
     if dataset != "prepared":
         return None
     try:
-        files = json.loads((Path(root) / "manifest.json").read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        return Manifest.read(Path(root)).digest()
+    except PreparedGraphError:
         return None
-    text = json.dumps(files, sort_keys=True).encode()
-    return hashlib.blake2b(text, digest_size=8).hexdigest()
 
 
 def refuse_for_prepared(dataset: str, *refusals: tuple[bool, str]) -> None:
@@ -188,33 +186,37 @@ class PreparedSource:
         self, root: Path, verify: Literal["full", "size"], read_threads: int | None
     ) -> None:
         self.root, self.verify, self.read_threads = Path(root), verify, read_threads
-        self.manifest = PreparedGraph.read_manifest(self.root)
+        self.manifest = Manifest.read(self.root)
         self.name = str(self.root)
 
     @property
     def hetero(self) -> bool:
         """Whether the folder has node and edge types."""
-        return isinstance(self.manifest["num_nodes"], dict)
+        return self.manifest.is_hetero
 
     @property
     def labelled(self) -> list[str]:
         """Node types with labels and split masks (heterogeneous)."""
-        counts, files = self.manifest["num_nodes"], self.manifest["files"]
-        if not isinstance(counts, dict):
+        if not self.manifest.is_hetero:
             return []
-        return [t for t in counts if all(f"{t}/{k}" in files for k in ("y", *SPLIT_MASKS))]
+        files = self.manifest.files
+        return [
+            t
+            for t in self.manifest.node_counts
+            if all(f"{t}/{k}" in files for k in ("y", *SPLIT_MASKS))
+        ]
 
     @property
     def checked(self) -> tuple[str, ...]:
         """What its prepare checked and recorded (``gnnscale.stores.manifest.CHECKS``)."""
-        return tuple(self.manifest.get("checked", ()))
+        return self.manifest.checked or ()
 
     def split_labels(self, node_type: str | None = None) -> list[int] | None:
         """A node type's split labels as its prepare counted them: lowest, highest, distinct.
 
         None from a folder without the record (an older gnnscale's): the labels are read.
         """
-        return self.manifest.get("split_labels", {}).get(node_type or "")
+        return (self.manifest.split_labels or {}).get(node_type or "")
 
     @cached_property
     def graph(self) -> PreparedGraph:
@@ -244,7 +246,7 @@ class PreparedSource:
         """
         if self.hetero:
             raise RuntimeError("a heterogeneous prepared graph is read through its stores")
-        if missing := [k for k in ("y", *SPLIT_MASKS) if k not in self.manifest["files"]]:
+        if missing := [k for k in ("y", *SPLIT_MASKS) if k not in self.manifest.files]:
             raise ConfigError(
                 f"{self.root} has no {', '.join(missing)}: node classification needs labels "
                 "and train, val and test splits; prepare it with y.npy and train.npy, val.npy, "
@@ -295,7 +297,7 @@ class PreparedSource:
     @property
     def num_edge_features(self) -> int:
         """Features per edge (``edge_attr.npy``'s width; 0: none) of a homogeneous folder."""
-        return int(self.manifest.get("num_edge_features", 0))
+        return self.manifest.edge_feature_dim()
 
     def gather_edges(self, then: Callable | None = None) -> Callable | None:
         """The loaders' transform: each batch's edge features gathered by ``e_id``, then ``then``.
@@ -308,18 +310,17 @@ class PreparedSource:
     def metadata(self) -> tuple[list[str], list[EdgeType]]:
         """Node and edge types (heterogeneous)."""
         manifest = self.manifest
-        return list(manifest["num_nodes"]), [edge_type(k) for k in manifest["num_edges"]]
+        return list(manifest.node_counts), [edge_type(k) for k in manifest.edge_counts]
 
     @property
     def num_nodes(self) -> dict[str, int]:
         """Nodes per type (heterogeneous)."""
-        return dict(self.manifest["num_nodes"])
+        return self.manifest.node_counts
 
     @property
     def feature_dims(self) -> dict[str, int]:
         """Feature width per node type; 0 for a featureless type (heterogeneous)."""
-        dims = self.manifest["num_features"]
-        return {t: int(dims.get(t, 0)) for t in self.metadata[0]}
+        return {t: self.manifest.feature_dim(t) for t in self.metadata[0]}
 
     def tensor(self, node_type: str, key: str) -> Tensor:
         """A node type's mapped tensor (``y``, a mask)."""
@@ -327,8 +328,7 @@ class PreparedSource:
 
     def num_classes(self, node_type: str | None = None) -> int:
         """Classes of a labelled node type (homogeneous: of the graph), as prepared."""
-        classes = self.manifest["num_classes"]
-        return int(classes if node_type is None else classes[node_type])
+        return self.manifest.class_count(node_type)
 
     def hold(
         self,

@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,13 +44,16 @@ from tqdm import tqdm
 
 from gnnscale.errors import ConfigError
 from gnnscale.stores import atomic
+from gnnscale.stores.graphs_manifest import (
+    BACKENDS,
+    Backend,
+    GraphStoreError,
+    StoreManifest,
+)
 
 log = logging.getLogger(__name__)
 
-FORMAT = "gnnscale.graph_store/1"
 SOURCE = "source.json"  # written first into a partial folder: what it is being filled from
-BACKENDS = ("lmdb", "sqlite")
-Backend = Literal["lmdb", "sqlite"]
 _FILES = {"lmdb": "data.mdb", "sqlite": "graphs.sqlite"}
 _TABLE = "graphs"
 _LMDB_MAP_SIZE = 1 << 40  # address space only: the file grows with what is written
@@ -58,10 +61,6 @@ _SAMPLE = 256  # graphs encoded to estimate the size of a store
 # File bytes per encoded byte (LMDB's pages, SQLite's rows): 1.33 to 1.43 measured on the
 # generated atom graphs, both backends.
 _OVERHEAD = 1.45
-
-
-class GraphStoreError(ConfigError):
-    """A graph store that is missing, half-written or damaged; the message says what to rerun."""
 
 
 # --- one graph <-> bytes ------------------------------------------------------------------
@@ -248,21 +247,20 @@ class GraphStore(Dataset):
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self.manifest = read_manifest(self.folder)
-        self.backend: Backend = self.manifest["backend"]
+        self.manifest = StoreManifest.read(self.folder)
+        self.backend: Backend = self.manifest.backend
         self.path = self.folder / _FILES[self.backend]
-        entry = self.manifest["file"]
         size = self.path.stat().st_size if self.path.is_file() else -1
-        if size != entry["bytes"]:
+        if size != self.manifest.file_bytes:
             raise GraphStoreError(
-                f"{self.path} has {size} bytes, its manifest says {entry['bytes']}: the store "
-                "is truncated or was changed; prepare it again (gnnscale prepare-graphs)"
+                f"{self.path} has {size} bytes, its manifest says {self.manifest.file_bytes}: the "
+                "store is truncated or was changed; prepare it again (gnnscale prepare-graphs)"
             )
         self._db: Any = None
         self._pid = -1
 
     def __len__(self) -> int:
-        return int(self.manifest["num_graphs"])
+        return self.manifest.num_graphs
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_db": None, "_pid": -1}  # spawned workers open their own
@@ -337,24 +335,6 @@ def _lmdb_env(path: Path) -> Any:
     return _ENVS[key]
 
 
-def read_manifest(folder: Path) -> dict[str, Any]:
-    """A store's manifest, or an error saying why there is none and what to run."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        for partial in atomic.leftovers(folder):
-            raise GraphStoreError(
-                f"{folder} is a half-finished prepare (its writes are in {partial.name}, no "
-                f"completion marker): rerun `gnnscale prepare-graphs --out {folder}` with the "
-                "same settings to finish it"
-            )
-        raise GraphStoreError(
-            f"--data.root {str(folder)!r} is not a folder: run `gnnscale prepare-graphs --out "
-            f"{folder}` first, or point --data.root at a prepared store"
-        )
-    command = f"gnnscale prepare-graphs --out {folder}"
-    return atomic.read_manifest(folder, FORMAT, "graph store", command, GraphStoreError)
-
-
 # --- writing -------------------------------------------------------------------------------
 
 
@@ -413,11 +393,12 @@ def write_graphs(
         if out.is_dir() and not any(out.iterdir()):
             out.rmdir()
         else:
-            manifest = read_manifest(out)
-            if {k: manifest.get(k) for k in meta} != meta:
+            manifest = StoreManifest.read(out)
+            recorded = manifest.to_json()
+            if {k: recorded[k] for k in meta} != meta:
                 raise GraphStoreError(
-                    f"{out} holds graphs prepared from other settings ({manifest.get('source')}"
-                    f", {manifest.get('backend')}); remove it or choose another --out"
+                    f"{out} holds graphs prepared from other settings ({manifest.source}"
+                    f", {manifest.backend}); remove it or choose another --out"
                 )
             log.info("%s is already prepared from these settings", out)
             return out
@@ -468,27 +449,30 @@ def write_graphs(
             writer.close()
         (tmp / SOURCE).unlink()
         path = tmp / _FILES[backend]
-        manifest = {
-            "format": FORMAT,
-            **meta,
-            "schema": {k: str(v.dtype).removeprefix("torch.") for k, v in sample.items()},
-            "num_features": int(sample.x.size(-1)) if sample.get("x") is not None else 0,
-            "num_edge_features": (
+        manifest = StoreManifest(
+            source=source,
+            backend=backend,
+            num_graphs=num_graphs,
+            schema={k: str(v.dtype).removeprefix("torch.") for k, v in sample.items()},
+            num_features=int(sample.x.size(-1)) if sample.get("x") is not None else 0,
+            num_edge_features=(
                 math.prod(sample.edge_attr.shape[1:])  # a first graph may have no edge
                 if sample.get("edge_attr") is not None
                 else 0
             ),
-            "num_classes": num_classes,
-            "file": {"name": path.name, "bytes": path.stat().st_size, "crc32": atomic.crc32(path)},
-        }
-        atomic.commit(tmp, out, manifest)
+            num_classes=num_classes,
+            file_name=path.name,
+            file_bytes=path.stat().st_size,
+            file_crc32=atomic.crc32(path),
+        )
+        atomic.commit(tmp, out, manifest.to_json())
     return out
 
 
 def verify(folder: Path) -> None:
     """Check a store end to end: its file's CRC-32, then every record's; raise if damaged."""
     store = GraphStore(folder)
-    if atomic.crc32(store.path) != store.manifest["file"]["crc32"]:
+    if atomic.crc32(store.path) != store.manifest.file_crc32:
         raise GraphStoreError(f"{store.path} fails its CRC-32 check: prepare it again")
     for i in range(len(store)):
         store[i]

@@ -24,15 +24,16 @@ is the same in every process and every run of the same folder and settings.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from gnnscale.stores.manifest import FileWriter, PreparedGraphError
+from gnnscale.stores.manifest import FileEntry, FileWriter, Manifest, PreparedGraphError
 from gnnscale.stores.prepared import PreparedGraph, map_file
 from gnnscale.stores.streaming import Edges, write_csc
 from gnnscale.stores.writing import prepare
@@ -96,7 +97,7 @@ def _relation(
         yield row[a:b].numpy(), dst.clamp_(max=num_dst - 1).numpy()
 
 
-def write_known(row: Tensor, colptr: Tensor, pairs: Tensor, path: Path) -> dict[str, Any]:
+def write_known(row: Tensor, colptr: Tensor, pairs: Tensor, path: Path) -> FileEntry:
     """Write the sorted keys of a CSC's edges and of the ``(2, P)`` ``pairs``, each once.
 
     A key is ``src * num_dst + dst``. Keyed a chunk of destinations at a time into one array,
@@ -159,9 +160,9 @@ def write_split(
         verify: ``full`` checks an existing split's every block's checksum; ``size`` its sizes.
     """
     key = _key(target)
-    num_nodes = graph.manifest["num_nodes"]
-    n_src, n_dst = num_nodes[target[0]], num_nodes[target[2]]
-    num_edges = int(graph.manifest["num_edges"][key])
+    manifest = graph.manifest
+    n_src, n_dst = manifest.node_count(target[0]), manifest.node_count(target[2])
+    num_edges = manifest.edge_count(key)
     disjoint = fractions[2] > 0
 
     def chosen(codes: tuple[int, ...], swap: bool = False) -> Edges:
@@ -178,7 +179,9 @@ def write_split(
         )
         return Edges(f"{graph.folder}/{key}", count, lambda size: chunks(chunk_edges))
 
-    def labels(folder: Path, stage: str, codes: tuple[int, ...], negatives: bool) -> dict[str, Any]:
+    def labels(
+        folder: Path, stage: str, codes: tuple[int, ...], negatives: bool
+    ) -> dict[str, FileEntry]:
         positives = chosen(codes)
         index, label = (
             FileWriter(folder / "label_index.bin", "int64"),
@@ -198,12 +201,12 @@ def write_split(
         label.write(torch.ones(count))
         if negatives:
             label.write(torch.zeros(count))
-        entries = {"label_index": index.close(), "label": label.close()}
-        entries["label_index"]["shape"] = [2, entries["label"]["shape"][0]]
-        return entries
+        label_entry = label.close()  # the pairs: (2, L), sources then destinations
+        pairs = replace(index.close(), shape=(2, label_entry.shape[0]))
+        return {"label_index": pairs, "label": label_entry}
 
-    def fill(folder: Path) -> dict[str, Any]:
-        files: dict[str, Any] = {}
+    def fill(folder: Path) -> Manifest:
+        files: dict[str, FileEntry] = {}
         for stage in STAGES:
             messages = chosen(MESSAGES[stage])
             (folder / stage).mkdir()
@@ -228,15 +231,15 @@ def write_split(
             ).items():
                 files[f"{stage}/{name}"] = e
             files[f"{stage}/known"] = known(folder, stage, files)
-        return {"num_nodes": num_nodes, "num_edges": {}, "files": files}
+        return Manifest(num_nodes=manifest.num_nodes, num_edges={}, files=files)
 
-    def known(folder: Path, stage: str, files: dict[str, Any]) -> dict[str, Any]:
+    def known(folder: Path, stage: str, files: dict[str, FileEntry]) -> FileEntry:
         def mapped(name: str) -> Tensor:
-            shape = files[f"{stage}/{name}"]["shape"]
+            shape = files[f"{stage}/{name}"].shape
             if not np.prod(shape):
                 return torch.empty(shape, dtype=torch.long)
             path = str(folder / stage / f"{name}.bin")
-            return map_file(path, 0, "int64", tuple(shape), False)
+            return map_file(path, 0, "int64", shape, False)
 
         index = mapped("label_index")
         true = index.size(1) // (1 if stage == "train" else 2)  # true pairs, then as many random
@@ -244,7 +247,7 @@ def write_split(
         return write_known(row, colptr, index[:, :true], folder / stage / "known.bin")
 
     source = {
-        "graph": graph.manifest["key"],
+        "graph": manifest.key,
         "target": list(target),
         "reverse": reverse,
         "fractions": list(fractions),
@@ -295,17 +298,14 @@ def write_pairs(
     key = "" if edge_type is None else _key(edge_type)
     num_edges = graph.tensor(f"{key}/row" if key else "row").numel()
 
-    def fill(folder: Path) -> dict[str, Any]:
+    def fill(folder: Path) -> Manifest:
         pairs = FileWriter(folder / "edge_label_index.bin", "int64")
         for side in (0, 1):
             for edges in _relation(graph, key, chunk_edges):
                 pairs.write(torch.from_numpy(np.ascontiguousarray(edges[side])))
-        entry = pairs.close() | {"shape": [2, num_edges]}
-        return {
-            "num_nodes": graph.manifest["num_nodes"],
-            "num_edges": {},
-            "files": {"edge_label_index": entry},
-        }
+        entry = replace(pairs.close(), shape=(2, num_edges))
+        files = {"edge_label_index": entry}
+        return Manifest(num_nodes=graph.manifest.num_nodes, num_edges={}, files=files)
 
-    source = {"graph": graph.manifest["key"], "edge_type": edge_type and list(edge_type)}
+    source = {"graph": graph.manifest.key, "edge_type": edge_type and list(edge_type)}
     return prepare(out, source, fill, 16 * num_edges, derived=True)

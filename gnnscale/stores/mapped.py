@@ -407,15 +407,14 @@ def seed_edges(
 def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStore]:
     """An opened prepared folder's ``(FeatureStore, GraphStore)`` pair (see :func:`open`)."""
     manifest = graph.manifest
-    if isinstance(manifest["num_nodes"], dict):  # heterogeneous: "type/name" files
-        num_nodes: dict[NodeType | None, int] = dict(manifest["num_nodes"])
-        groups: dict[str, NodeType | None] = {k: k for k in manifest["num_nodes"]}
-        edge_types = {key: edge_type(key) for key in manifest["num_edges"]}
-    else:
-        num_nodes, groups = {None: int(manifest["num_nodes"])}, {"": None}
-        edge_types = {"": None}  # type: ignore[dict-item]
+    if manifest.is_hetero:  # "type/name" files
+        groups: dict[str, NodeType | None] = {k: k for k in manifest.node_counts}
+        edge_types: dict[str, EdgeType | None] = {k: edge_type(k) for k in manifest.edge_counts}
+    else:  # counted as type "", its files unprefixed; PyG's type None
+        groups, edge_types = {"": None}, {"": None}
+    num_nodes = {groups[k]: n for k, n in manifest.node_counts.items()}
     tensors = {}
-    for name in manifest["files"]:
+    for name in manifest.files:
         group, _, attr = name.rpartition("/")
         if group in groups and attr not in ("colptr", "row", "perm", "edge_attr"):
             tensors[groups[group], attr] = graph.tensor(name)
@@ -425,9 +424,9 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
         src, dst = (None, None) if et is None else (et[0], et[-1])
         size = (num_nodes[src], num_nodes[dst])
         csc[et] = (graph.tensor(f"{prefix}row"), graph.tensor(f"{prefix}colptr"), size)
-        if f"{prefix}perm" in manifest["files"]:
+        if f"{prefix}perm" in manifest.files:
             perm[et] = graph.tensor(f"{prefix}perm")
-        if f"{prefix}edge_attr" in manifest["files"]:
+        if f"{prefix}edge_attr" in manifest.files:
             edge_attr[et] = graph.tensor(f"{prefix}edge_attr")
     fs = MappedFeatureStore(graph, tensors, num_nodes, edge_attr)
     return fs, MappedGraphStore(csc, graph, perm)

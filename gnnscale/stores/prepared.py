@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
-from gnnscale.stores import atomic, reads
+from gnnscale.stores import reads
 from gnnscale.stores.manifest import (
     DTYPES,
-    FORMAT,
     NODE_FILES,
+    Manifest,
     PreparedGraphError,
     check_colptr,
     check_file,
@@ -138,18 +138,12 @@ class PreparedGraph:
 
     def __post_init__(self) -> None:
         self.folder = Path(self.folder)
-        self.manifest = self.read_manifest(self.folder)
-        for name in self.manifest["files"]:
+        self.manifest = Manifest.read(self.folder)
+        for name in self.manifest.files:
             check_file(self.manifest, name, self.path(name), self.verify, self.folder)
-        for name in self.manifest["files"]:
+        for name in self.manifest.files:
             if name == "colptr" or name.endswith("/colptr"):
                 check_colptr(self.manifest, name, self.path(name))
-
-    @staticmethod
-    def read_manifest(folder: Path) -> dict[str, Any]:
-        """The folder's manifest, or an error saying why there is none."""
-        command = f"gnnscale prepare --source ... --out {folder}"
-        return atomic.read_manifest(folder, FORMAT, "prepared graph", command, PreparedGraphError)
 
     def path(self, name: str) -> Path:
         """Where file ``name`` lies: in the folder, or where an input file was used in place.
@@ -157,13 +151,13 @@ class PreparedGraph:
         Nothing else: a manifest naming a file outside the folder that is not one of the inputs
         it records having been prepared from (an edited or damaged manifest) is refused.
         """
-        entry = self.manifest["files"][name]
-        if "path" not in entry:
+        entry = self.manifest.files[name]
+        if entry.path is None:
             path = self.folder / f"{name}.bin"
             if self.folder.resolve() in path.resolve().parents:
                 return path
         else:
-            path = Path(entry["path"])
+            path = Path(entry.path)
             if path.resolve() in self._inputs:
                 return path
         raise PreparedGraphError(
@@ -174,7 +168,7 @@ class PreparedGraph:
     @cached_property
     def _inputs(self) -> set[Path]:
         """The input files the manifest records having been prepared from (used in place)."""
-        source = self.manifest.get("source") or {}
+        source = self.manifest.source or {}
         root = source.get("root") or source.get("npy")
         if not isinstance(root, str):
             return set()
@@ -199,14 +193,12 @@ class PreparedGraph:
         if not node.numel():
             return
         low, high = (int(v) for v in torch.aminmax(node))
-        counts = self.manifest["num_nodes"]
-        count = int(counts if node_type is None else counts[node_type])
+        count = self.manifest.node_count(node_type)
         if 0 <= low and high < count:
             return
-        files = self.manifest["files"]
         rows = [  # the edge types whose sources are of this node type
             str(self.path(name))
-            for name in files
+            for name in self.manifest.files
             if name == "row" or (name.endswith("/row") and name.split("__")[0] == node_type)
         ]
         kind = "" if node_type is None else f" of type {node_type!r}"
@@ -239,20 +231,18 @@ class PreparedGraph:
         with ``MADV_RANDOM`` the recipe's 375 MiB graph trained 1.22x slower than in memory
         (``figures.py ondisk``).
         """
-        entry = self.manifest["files"][name]
-        if math.prod(entry["shape"]) == 0:
-            return torch.empty(entry["shape"], dtype=DTYPES[entry["dtype"]])
+        entry = self.manifest.files[name]
+        if math.prod(entry.shape) == 0:
+            return torch.empty(entry.shape, dtype=DTYPES[entry.dtype])
         random = not name.endswith("_mask") and self._larger_than_cache
-        path, offset = str(self.path(name)), entry.get("offset", 0)
-        return map_file(path, offset, entry["dtype"], tuple(entry["shape"]), random)
+        return map_file(str(self.path(name)), entry.offset, entry.dtype, entry.shape, random)
 
     @cached_property
     def _larger_than_cache(self) -> bool:
         """Whether the randomly read files exceed half the machine's memory."""
-        files = self.manifest["files"]
         size = sum(
-            math.prod(f["shape"]) * DTYPES[f["dtype"]].itemsize
-            for name, f in files.items()
+            math.prod(f.shape) * DTYPES[f.dtype].itemsize
+            for name, f in self.manifest.files.items()
             if not name.endswith("_mask")
         )
         return size > psutil.virtual_memory().total / 2
@@ -283,7 +273,7 @@ class PreparedGraph:
         per_chunk = max(1, chunk_bytes // row_bytes)
         bounds = torch.searchsorted(ids, torch.arange(0, count + per_chunk, per_chunk)).tolist()
         buffer = bytearray(per_chunk * row_bytes)
-        offset = self.manifest["files"][name].get("offset", 0)
+        offset = self.manifest.files[name].offset
         with self.path(name).open("rb", buffering=0) as f:
             for first, (a, b) in zip(range(0, count, per_chunk), pairwise(bounds), strict=False):
                 if a == b:
@@ -303,17 +293,17 @@ class PreparedGraph:
     @property
     def nbytes(self) -> int:
         """Bytes of all its files."""
-        return sum(int(entry["bytes"]) for entry in self.manifest["files"].values())
+        return sum(entry.bytes for entry in self.manifest.files.values())
 
     @property
     def num_classes(self) -> int:
         """Classes, as counted when the graph was prepared."""
-        return int(self.manifest["num_classes"])
+        return self.manifest.class_count()
 
     @cached_property
     def data(self) -> Data:
         """Features, labels and masks as mapped tensors; ``edge_index`` left empty (see csc)."""
-        n = int(self.manifest["num_nodes"])
+        n = self.manifest.node_count()
         tensors = {name: self.tensor(name) for name in NODE_FILES}
         return Data(**tensors, edge_index=torch.empty(2, 0, dtype=torch.long), num_nodes=n)
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gnnscale.stores.manifest import CHECKS, DTYPES, FileWriter, PreparedGraphError, file_entry
+from gnnscale.stores.manifest import (
+    CHECKS,
+    DTYPES,
+    FileEntry,
+    FileWriter,
+    Manifest,
+    PreparedGraphError,
+    file_entry,
+)
 from gnnscale.stores.writing import prepare
 
 __all__ = ["Array", "Edges", "NodeInputs", "write"]
@@ -117,7 +125,7 @@ def _mapped(path: Path, dtype: Any, length: int) -> np.ndarray:
 
 def write_csc(
     edges: Edges, num_src: int, num_dst: int, folder: Path, chunk_edges: int, ids: bool = True
-) -> dict[str, Any]:
+) -> dict[str, FileEntry]:
     """``colptr.bin`` and ``row.bin`` of one edge type in ``folder``; their manifest entries.
 
     With ``ids``, also ``perm.bin``, each CSC slot's position in ``edges`` (the edge ids of a
@@ -191,7 +199,7 @@ def _stored_dtype(x: Array, feature_dtype: str | None) -> str:
     return name if name in _STORED else "float32"
 
 
-def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[str, Any]:
+def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> FileEntry:
     """Copy (and cast) the features to ``path``, or record the input in place if it can be."""
     if x.in_place is not None and str(x.dtype) == dtype:
         file, offset = x.in_place
@@ -200,11 +208,8 @@ def write_features(x: Array, dtype: str, path: Path, chunk_bytes: int) -> dict[s
         # Its checksums, as a copied file's: `verify: full` finds a changed byte, where the
         # size and modification time (checked at every open) would not.
         checked = file_entry(Path(file), dtype, list(x.shape), offset)
-        return checked | {
-            "path": str(Path(file).resolve()),
-            "offset": offset,
-            "mtime_ns": stat.st_mtime_ns,
-        }
+        resolved = str(Path(file).resolve())
+        return replace(checked, path=resolved, offset=offset, mtime_ns=stat.st_mtime_ns)
     writer = FileWriter(path, dtype)
     _check_finite(
         x,
@@ -253,7 +258,7 @@ def _check_disjoint(masks: dict[str, Path], num_nodes: int, where: str) -> None:
                 )
 
 
-def write_labels(y: Array, path: Path, chunk_bytes: int) -> tuple[dict[str, Any], int]:
+def write_labels(y: Array, path: Path, chunk_bytes: int) -> tuple[FileEntry, int]:
     """Labels as int64; their manifest entry and the number of classes (largest label + 1)."""
     writer = FileWriter(path, "int64")
     largest = -1
@@ -264,7 +269,7 @@ def write_labels(y: Array, path: Path, chunk_bytes: int) -> tuple[dict[str, Any]
     return writer.close(), largest + 1
 
 
-def write_mask(split: Array, num_nodes: int, path: Path, chunk_bytes: int) -> dict[str, Any]:
+def write_mask(split: Array, num_nodes: int, path: Path, chunk_bytes: int) -> FileEntry:
     """The boolean mask of a split: its node indices, or a boolean mask as given."""
     mask = _mapped(path, np.bool_, num_nodes)
     first = 0
@@ -366,8 +371,8 @@ def write(
             return ""
         return f"{'__'.join(key) if isinstance(key, tuple) else key}/"
 
-    def fill(folder: Path) -> dict[str, Any]:
-        files: dict[str, Any] = {}
+    def fill(folder: Path) -> Manifest:
+        files: dict[str, FileEntry] = {}
         num_edges, num_edge_features = {}, {}
         for key, edges in edge_types.items():  # first: a bad index is refused early
             src, dst = (None, None) if key is None else (key[0], key[-1])
@@ -406,17 +411,25 @@ def write(
             where = ", ".join(a.where for a in (inputs.splits or {}).values())
             _check_disjoint(masks, inputs.num_nodes, where)
         counts = {prefix(k)[:-1]: v.num_nodes for k, v in nodes.items()}
-        meta: dict[str, Any]
         if hetero:
-            meta = {"num_nodes": counts, "num_edges": num_edges}
-            meta |= {"num_features": num_features, "num_classes": num_classes}
-            meta |= {"num_edge_features": num_edge_features}
-        else:
-            meta = {"num_nodes": counts[""], "num_edges": num_edges[""]}
-            meta |= {"num_features": num_features.get("", 0)}
-            meta |= {"num_classes": num_classes.get("", 0)}
-            meta |= {"num_edge_features": num_edge_features.get("", 0)}
-        return meta | {"files": files, "checked": list(CHECKS)}  # each as it streamed
+            return Manifest(
+                num_nodes=counts,
+                num_edges=num_edges,
+                num_features=num_features,
+                num_classes=num_classes,
+                num_edge_features=num_edge_features,
+                files=files,
+                checked=CHECKS,  # each as it streamed
+            )
+        return Manifest(
+            num_nodes=counts[""],
+            num_edges=num_edges[""],
+            num_features=num_features.get("", 0),
+            num_classes=num_classes.get("", 0),
+            num_edge_features=num_edge_features.get("", 0),
+            files=files,
+            checked=CHECKS,
+        )
 
     size = 0  # bytes written: labels, masks, copied features, each edge type's CSC
     for inputs in nodes.values():

@@ -24,7 +24,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,13 +37,13 @@ from tqdm import tqdm
 from gnnscale.errors import NO_ROOM
 from gnnscale.stores import atomic
 from gnnscale.stores.manifest import (
-    BLOCK_BYTES,
     CHECKS,
     DTYPES,
-    FORMAT,
     SPLIT_MASKS,
     FeatureDtype,
+    FileEntry,
     FileWriter,
+    Manifest,
     PreparedGraphError,
     split_labels,
 )
@@ -67,7 +67,7 @@ class _Writer:
     def __getitem__(self, name: str) -> FileWriter:
         return self.files[name]
 
-    def close(self) -> dict[str, Any]:
+    def close(self) -> dict[str, FileEntry]:
         """Each file's manifest entry."""
         return {name: w.close() for name, w in self.files.items()}
 
@@ -88,7 +88,7 @@ def _sound(
     """
     try:
         graph = PreparedGraph(out, verify)
-        if graph.manifest.get("key") != key:  # before ``check``: an older layout's files differ
+        if graph.manifest.key != key:  # before ``check``: an older layout's files differ
             print(f"gnnscale: {out} was made from other settings; writing it again")
             return False
         if check is not None:
@@ -109,7 +109,7 @@ def _size(num_nodes: int, num_edges: int, num_features: int, feature_dtype: str)
 def prepare(
     out: Path,
     source: dict[str, Any],
-    fill: Callable[[Path], dict[str, Any]],
+    fill: Callable[[Path], Manifest],
     size: int,
     derived: bool = False,
     verify: Literal["full", "size"] = "size",
@@ -117,8 +117,9 @@ def prepare(
 ) -> Path:
     """Run ``fill`` into a partial folder beside ``out``, then commit it as ``out`` (atomic).
 
-    ``fill`` writes the files into the folder it is given and returns the manifest's
-    description of the graph, ``files`` (each file's entry) included.
+    ``fill`` writes the files into the folder it is given and returns their :class:`Manifest`
+    (the graph's counts and each file's entry); the source, its key and the split labels are
+    added here.
 
     A complete ``out`` made from the same source is kept; one from another source, or anything
     else at ``out`` but an empty folder, is refused rather than overwritten, and so is a second
@@ -145,15 +146,15 @@ def prepare(
             shutil.rmtree(out, ignore_errors=True)  # damaged or stale: written again below
     if out.exists():
         try:
-            manifest = PreparedGraph.read_manifest(out)
+            manifest = Manifest.read(out)
         except PreparedGraphError as err:
             raise PreparedGraphError(
                 f"{out} exists and is not a prepared graph ({err}); remove it or choose "
                 "another --out"
             ) from None
-        if manifest.get("key") != key:
+        if manifest.key != key:
             raise PreparedGraphError(
-                f"{out} holds a graph prepared from other settings ({manifest.get('source')}); "
+                f"{out} holds a graph prepared from other settings ({manifest.source}); "
                 "remove it or choose another --out"
             )
         print(f"gnnscale prepare: {out} is already prepared from these settings (key {key})")
@@ -165,10 +166,10 @@ def prepare(
             if derived and out.exists():  # written by the process this one waited for
                 return out
             with atomic.writing(out) as tmp:  # a killed prepare's partial folder: removed
-                meta = fill(tmp)
-                meta |= _split_labels_of(tmp, meta["files"])
-                manifest = {"format": FORMAT, **meta, "source": source, "key": key}
-                atomic.commit(tmp, out, manifest | {"block_bytes": BLOCK_BYTES})
+                manifest = fill(tmp)
+                counted = _split_labels_of(tmp, manifest.files)
+                manifest = replace(manifest, split_labels=counted, source=source, key=key)
+                manifest.write(tmp, out)
     except OSError as err:
         if err.errno not in NO_ROOM:
             raise
@@ -177,7 +178,7 @@ def prepare(
             "behind: free space there or choose another --out"
         ) from None
     size = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    nodes, edges = (_total(meta[k]) for k in ("num_nodes", "num_edges"))
+    nodes, edges = (sum(c.values()) for c in (manifest.node_counts, manifest.edge_counts))
     print(
         f"gnnscale prepare: wrote {out} ({size / 2**30:.2f} GiB, {nodes:,} nodes, "
         f"{edges:,} edges) in {time.perf_counter() - start:.0f} s"
@@ -185,7 +186,7 @@ def prepare(
     return out
 
 
-def _split_labels_of(folder: Path, files: dict[str, Any]) -> dict[str, Any]:
+def _split_labels_of(folder: Path, files: dict[str, FileEntry]) -> dict[str, list[int]] | None:
     """Each labelled node type's split labels, as the manifest records them (``split_labels``).
 
     The lowest, the highest and how many distinct, by node type (``""``: a homogeneous graph),
@@ -198,9 +199,8 @@ def _split_labels_of(folder: Path, files: dict[str, Any]) -> dict[str, Any]:
 
     def mapped(name: str) -> Tensor:
         entry = files[name]
-        path = Path(entry["path"]) if "path" in entry else folder / f"{name}.bin"
-        shape = tuple(entry["shape"])
-        return map_file(str(path), entry.get("offset", 0), entry["dtype"], shape, random=False)
+        path = folder / f"{name}.bin" if entry.path is None else Path(entry.path)
+        return map_file(str(path), entry.offset, entry.dtype, entry.shape, random=False)
 
     counted = {}
     for name in files:
@@ -209,18 +209,13 @@ def _split_labels_of(folder: Path, files: dict[str, Any]) -> dict[str, Any]:
         needed = [f"{prefix}{k}" for k in ("y", *SPLIT_MASKS)]
         if attr != "y" or not all(k in files for k in needed):
             continue
-        if not math.prod(files[name]["shape"]):
+        if not math.prod(files[name].shape):
             continue
         masks = {k: mapped(f"{prefix}{k}") for k in SPLIT_MASKS}
         classes, _ = split_labels(mapped(name), masks)
         if classes.numel():
             counted[group] = [int(classes[0]), int(classes[-1]), classes.numel()]
-    return {"split_labels": counted} if counted else {}
-
-
-def _total(count: int | dict[str, int]) -> int:
-    """A count, or the sum of a count per node or edge type."""
-    return sum(count.values()) if isinstance(count, dict) else count
+    return counted or None  # none: the manifest has no split_labels
 
 
 def _chunks(total: int, size: int, desc: str) -> Iterator[tuple[int, int]]:
@@ -249,7 +244,7 @@ def write_graph(
     """
     source = {**source, "feature_dtype": feature_dtype}
 
-    def fill(folder: Path) -> dict[str, Any]:
+    def fill(folder: Path) -> Manifest:
         w = _Writer.node_graph(folder, feature_dtype)
         n = data.num_nodes
         colptr, row, perm = to_csc(data, device=torch.device("cpu"))
@@ -272,25 +267,19 @@ def write_graph(
             perm_file = FileWriter(folder / "perm.bin", "int64")  # each slot's input position
             perm_file.write(perm)
             files["perm"] = perm_file.close()
-        meta = _meta(n, row.numel(), data.num_features, int(data.y.max()) + 1)
-        return meta | {
-            "files": files,
-            "checked": [
+        return Manifest(
+            num_nodes=n,
+            num_edges=row.numel(),
+            num_features=data.num_features,
+            num_classes=int(data.y.max()) + 1,
+            files=files,
+            checked=tuple(
                 c for c, ok in zip(CHECKS, (in_range, finite, disjoint), strict=True) if ok
-            ],
-        }
+            ),
+        )
 
     size = _size(data.num_nodes, data.num_edges, data.num_features, feature_dtype)
     return prepare(out, source, fill, size)
-
-
-def _meta(num_nodes: int, num_edges: int, num_features: int, num_classes: int) -> dict[str, Any]:
-    return {
-        "num_nodes": num_nodes,
-        "num_edges": num_edges,
-        "num_features": num_features,
-        "num_classes": num_classes,
-    }
 
 
 @dataclass
@@ -344,7 +333,7 @@ def write_node_chunks(
             by construction.
     """
 
-    def fill(folder: Path) -> dict[str, Any]:
+    def fill(folder: Path) -> Manifest:
         w = _Writer.node_graph(folder, feature_dtype)
         w["colptr"].write(torch.zeros(1, dtype=torch.long))
         nodes = edges = 0
@@ -359,8 +348,14 @@ def write_node_chunks(
             edges += int(chunk.degree.sum())
         if nodes != num_nodes:
             raise PreparedGraphError(f"{out}: the generator gave {nodes:,} of {num_nodes:,} nodes")
-        meta = _meta(num_nodes, edges, num_features, num_classes)
-        return meta | {"files": w.close(), "checked": list(checked)}
+        return Manifest(
+            num_nodes=num_nodes,
+            num_edges=edges,
+            num_features=num_features,
+            num_classes=num_classes,
+            files=w.close(),
+            checked=tuple(checked),
+        )
 
     size = _size(num_nodes, expected_edges, num_features, feature_dtype)
     return prepare(out, {**source, "feature_dtype": feature_dtype}, fill, size)
