@@ -219,15 +219,10 @@ class LinkPredictor(HeteroGNN):
         popularity = store.edge_label_popularity
         prior = torch.as_tensor(self._prior(popularity)).expand(popularity.shape)
         ids = batch[dst].n_id[store.edge_label_index[1]]  # global: a negative may be the positive
-        logits = torch.cat(
-            [
-                (self._score(h, pos).float() + prior[positive]).unsqueeze(1),
-                (h[src][pos[0]] @ h[dst][neg].T).float() * self._scale + prior[~positive],
-            ],
-            dim=1,
-        )
         hit = ids[positive].unsqueeze(1) == ids[~positive].unsqueeze(0)
-        logits[:, 1:] = logits[:, 1:].masked_fill(hit, float("-inf"))
+        negatives = (h[src][pos[0]] @ h[dst][neg].T).float() * self._scale + prior[~positive]
+        own = self._score(h, pos).float() + prior[positive]
+        logits = torch.cat([own.unsqueeze(1), negatives.masked_fill_(hit, float("-inf"))], dim=1)
         target = torch.zeros(pos.size(1), dtype=torch.long, device=logits.device)
         weight = store.loss_weight[positive]
         loss = F.cross_entropy(logits, target, reduction="none")
