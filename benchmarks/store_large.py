@@ -459,8 +459,7 @@ def blocks(tiny: bool) -> list[Block]:
 def link_blocks(tiny: bool) -> list[Block]:
     """on_disk_graph README's ``store_large_links`` block: the link task on its own graph."""
     r, s = _measured(tiny, links=True), SHAPES["tiny" if tiny else "full"]
-    one, two, size = r["links_1"], r["links_2"], f"{s['batch_size']:,}"
-    batches = s["link_batches"]
+    one, two, batches, size = r["links_1"], r["links_2"], s["link_batches"], f"{s['batch_size']:,}"
     deep = float(np.median([r["deep"], r["deep_after"]]))
     held = f"{int(s['held_out'] * s['papers'] * CITES):,}"
     text = "\n".join(

@@ -176,19 +176,11 @@ class LinkPredictor(HeteroGNN):
         return self.prior_weight * torch.log1p(degrees.float())
 
     def training_step(self, batch: HeteroData, batch_idx: int) -> Tensor:
-        """Weighted BCE over the batch's labelled pairs; steps every ``accumulate`` batches."""
+        """``loss`` over the batch's labelled pairs; steps every ``accumulate`` batches."""
         store = batch[self.target]
         h, pairs = self._encode_ends(batch, store.edge_label_index)
-        if self.hparams.get("loss", "bce") == "softmax":  # older checkpoints: bce
-            loss = self._sampled_softmax(batch, h, pairs)
-        else:
-            score = self._score(h, pairs).float() + self._prior(store.edge_label_popularity)
-            loss = (
-                F.binary_cross_entropy_with_logits(
-                    score, store.edge_label.float(), reduction="none"
-                )
-                * store.loss_weight
-            ).sum()
+        softmax = self.hparams.get("loss", "bce") == "softmax"  # older checkpoints: bce
+        loss = (self._sampled_softmax if softmax else self._binary_cross_entropy)(batch, h, pairs)
         loss = loss + self._unused(h, (self.target[0], self.target[2]))  # categories: DDP
         if not torch.isfinite(loss):
             raise TrainingDiverged(
@@ -200,6 +192,15 @@ class LinkPredictor(HeteroGNN):
             "train/loss", loss, prog_bar=True, on_epoch=True, batch_size=store.edge_label.numel()
         )
         return loss
+
+    def _binary_cross_entropy(
+        self, batch: HeteroData, h: dict[str, Tensor], pairs: Tensor
+    ) -> Tensor:
+        """Each labelled pair's binary cross-entropy, weighted by its ``loss_weight``."""
+        store = batch[self.target]
+        score = self._score(h, pairs).float() + self._prior(store.edge_label_popularity)
+        loss = F.binary_cross_entropy_with_logits(score, store.edge_label.float(), reduction="none")
+        return (loss * store.loss_weight).sum()
 
     def _sampled_softmax(self, batch: HeteroData, h: dict[str, Tensor], pairs: Tensor) -> Tensor:
         """Cross-entropy of each positive's score among the batch's negative destinations'.
