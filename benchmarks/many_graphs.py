@@ -27,6 +27,7 @@ import harness
 import lightning as L
 from blocks import Block
 
+from gnnscale._compat import worker_processes
 from gnnscale.cli import main
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphs, GraphDataModule, features_only_mae, prepare_graphs
@@ -72,7 +73,7 @@ def stores(workdir: Path, num_graphs: int, epochs: int) -> dict:
                 rates.append(count / (time.perf_counter() - start))
                 if workers:
                     batches = loader.batches  # the ResumableLoader's DataLoader
-                    pids = [w.pid for w in batches._iterator._workers]  # type: ignore[attr-defined]
+                    pids = [w.pid for w in worker_processes(batches)]
                     memory[epoch] = [anon_mb(pid) for pid in pids]
             row[f"read_{workers}"] = max(rates)
             if workers:

@@ -170,7 +170,7 @@ def profile_gnnscale(tiny: bool) -> dict[str, Any]:
     In this process, loader in the main process (workers 0), fp32, two epochs of the training
     loop (accumulation 2, as the recipe), the second reported: each step (forward, backward,
     Adam) timed inside the loop; the loader's share split into the sampler
-    (``HopSampler._sample``), PyG's gather of the batch (``filter_data``: labels, masks, ids
+    (``HopSampler.sample_seeds``), PyG's gather of the batch (``filter_data``: labels, masks, ids
     and edges, and the features where the loader does not aggregate them), gnnscale's layout
     (``hop_layout``: edges sorted by target, and the first layer's aggregation with its
     targets' feature rows) and the rest (collation, ``ResumableLoader``, the DataLoader).

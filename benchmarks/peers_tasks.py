@@ -17,7 +17,7 @@ recipes' tiny graphs.
 - **Where an epoch goes**: two epochs of each tool's training loop in one process (loader in
   the main process, fp32), each step timed (gnnscale: between Lightning's batch hooks; the step
   includes Lightning's own work); the loader's share is what the steps leave, split into the
-  sampler (``HopSampler._sample``), PyG's gather of the batch (``filter_hetero_data``) and the
+  sampler (``HopSampler.sample_seeds``), PyG's gather of the batch (``filter_hetero_data``) and the
   rest (collation, negatives, ``ResumableLoader``). DGL's sampling and gather are timed apart on
   the same seed batches.
 """

@@ -46,8 +46,8 @@ from typing import Any
 import torch
 from blocks import Block
 from registry import REPO, recipe
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from gnnscale._compat import TorchDispatchMode
 from gnnscale.batch import HopLayout
 from gnnscale.handshake import BatchRequest
 

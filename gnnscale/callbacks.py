@@ -20,6 +20,7 @@ from torch.optim import Optimizer
 from torch.utils.hooks import RemovableHandle
 from torch_geometric.nn import MessagePassing
 
+from gnnscale._compat import batches_that_stepped
 from gnnscale.batch import feature_reads, loss_count
 from gnnscale.errors import NO_ROOM, GnnscaleError
 from gnnscale.measure import peak_rss_mb
@@ -223,7 +224,7 @@ class GradActivationMonitor(L.Callback):
                 metrics[f"monitor/act_{stat}/{name}"] = value
         self._acts = {}
         values = torch.stack([v.to(pl_module.device) for v in metrics.values()]).tolist()
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # the x-axis of self.log's rows
+        step = batches_that_stepped(trainer)  # the x-axis of self.log's rows
         for logger in trainer.loggers:
             logger.log_metrics(dict(zip(metrics, values, strict=True)), step=step)
 

@@ -33,7 +33,6 @@ from typing import Any
 import fsspec
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-from lightning.fabric.utilities.types import _PATH
 
 from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, cause
 
@@ -54,7 +53,7 @@ class StreamingCheckpointIO(TorchCheckpointIO):
     """
 
     def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None
+        self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any | None = None
     ) -> None:
         """Write ``checkpoint`` to ``path``; a reader never sees a half-written file."""
         target = _local(path)
@@ -82,7 +81,7 @@ class StreamingCheckpointIO(TorchCheckpointIO):
 
     def load_checkpoint(
         self,
-        path: _PATH,
+        path: str | Path,
         map_location: Callable | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
@@ -110,7 +109,7 @@ def load(path: Path, map_location: Any = "cpu") -> Any:
 class _refusing_code:
     """Turns torch's refusal of a global in a ``weights_only`` load into one line."""
 
-    def __init__(self, path: _PATH) -> None:
+    def __init__(self, path: str | Path) -> None:
         self.path = path
 
     def __enter__(self) -> None:
@@ -127,7 +126,7 @@ class _refusing_code:
             ) from None
 
 
-def _local(path: _PATH) -> Path | None:
+def _local(path: str | Path) -> Path | None:
     """``path`` on the local filesystem (``file://`` stripped), or ``None`` if it is remote."""
     fs, stripped = fsspec.core.url_to_fs(str(path))
     return Path(stripped) if "file" in fs.protocol else None

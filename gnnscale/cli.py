@@ -30,12 +30,13 @@ import lightning as L
 from jsonargparse import ArgumentError, DefaultHelpFormatter, Namespace
 from lightning.fabric.plugins import CheckpointIO
 from lightning.pytorch.callbacks import BasePredictionWriter
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch.multiprocessing import ProcessExitedException
 
 from gnnscale import argerrors, checks, runs, runtime
+from gnnscale._compat import LightningCLI, logger_opened, saved_batches_that_stepped
 from gnnscale.callbacks import PredictionWriter
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.checkpoint import load as load_checkpoint
@@ -228,7 +229,7 @@ class GnnscaleCLI(LightningCLI):
         second copy of every checkpoint in memory while it saves (see ``gnnscale.checkpoint``).
         Settings that would change what the run means are refused (``gnnscale.checks``).
         """
-        trainer = self._get(self.config_init, "trainer", default={})
+        trainer = self.config_init.get(str(self.subcommand), self.config_init).get("trainer", {})
         accumulate = trainer.get("accumulate_grad_batches", 1)
         if accumulate is not None and accumulate < 1:
             raise ConfigError(f"--trainer.accumulate_grad_batches must be >= 1 (got {accumulate})")
@@ -258,18 +259,18 @@ class GnnscaleCLI(LightningCLI):
             checks.check_ranked_monitors(monitors, self.datamodule)
         return built
 
-    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
+    def subcommand_kwargs(self, subcommand: str) -> dict[str, Any]:
         """As Lightning's; ``predict`` keeps no predictions in memory (its writer has them)."""
-        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        kwargs = super().subcommand_kwargs(subcommand)
         if subcommand == "predict" and kwargs.get("return_predictions") is None:
             kwargs["return_predictions"] = False
         return kwargs
 
-    def _run_subcommand(self, subcommand: str) -> None:
+    def run_subcommand(self, subcommand: str) -> None:
         """Run it; if it fails before logging anything, remove the empty version folder it made."""
         try:
             with forwarded(self.trainer):  # a SIGTERM reaches forked ranks too
-                super()._run_subcommand(subcommand)
+                super().run_subcommand(subcommand)
         except BaseException as err:
             # The logger's own folder: Trainer.log_dir is a collective call under DDP, which
             # would wait forever for ranks that did not fail.
@@ -353,8 +354,8 @@ def _last_logged_step(checkpoint: dict[str, Any]) -> int:
     training batch holds the count that batch's row is logged at, right after the save; one
     saved after validation holds the next batch's, which has no row yet.
     """
-    loop = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.state_dict", {})
-    return int(loop.get("_batches_that_stepped", checkpoint["global_step"] - 1))
+    saved = saved_batches_that_stepped(checkpoint)
+    return checkpoint["global_step"] - 1 if saved is None else int(saved)
 
 
 def _keep_csv_rows(logger: Any, keep: Callable[[int], bool]) -> int | None:
@@ -366,7 +367,7 @@ def _keep_csv_rows(logger: Any, keep: Callable[[int], bool]) -> int | None:
     """
     if not isinstance(logger, CSVLogger):
         return None
-    if getattr(logger, "_experiment", None) is not None:  # opened in this process already
+    if logger_opened(logger):  # in this process already
         logger.experiment.save()  # what it holds goes to the file first
     metrics = Path(logger.log_dir) / "metrics.csv"
     if not metrics.is_file():

@@ -28,6 +28,8 @@ import psutil
 import torch
 from torch import Tensor
 
+from gnnscale._compat import coo_parts
+
 __all__ = [
     "PeakRSS",
     "ProcessPeaks",
@@ -259,7 +261,7 @@ class SavedTensors:
         if t.layout in (torch.sparse_csr, torch.sparse_csc):  # no storage: its three parts
             parts = (t.crow_indices(), t.col_indices(), t.values())
         elif t.layout == torch.sparse_coo:
-            parts = (t._indices(), t._values())
+            parts = coo_parts(t)
         else:
             parts = (t,)
         for part in parts:

@@ -37,8 +37,9 @@ import lightning as L
 import torch
 import torch.distributed as dist
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies.launchers import _MultiProcessingLauncher
 from lightning.pytorch.utilities import rank_zero_info
+
+from gnnscale._compat import MultiProcessingLauncher
 
 __all__ = ["PREEMPTED_EXIT", "Preemption", "die_with_parent", "forwarded", "launched_by"]
 
@@ -179,7 +180,7 @@ def forwarded(trainer: L.Trainer) -> Iterator[None]:
     """
     global _launcher
     launcher = trainer.strategy.launcher
-    if not isinstance(launcher, _MultiProcessingLauncher):
+    if not isinstance(launcher, MultiProcessingLauncher):
         yield
         return
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: launcher.kill(signum))

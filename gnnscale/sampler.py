@@ -25,13 +25,10 @@ import torch
 import torch_geometric.typing
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch_geometric.sampler import (
-    HeteroSamplerOutput,
-    NeighborSampler,
-    NodeSamplerInput,
-    SamplerOutput,
-)
+from torch_geometric.sampler import HeteroSamplerOutput, NodeSamplerInput, SamplerOutput
 from torch_geometric.sampler.base import SubgraphType
+
+from gnnscale._compat import NeighborSampler
 
 __all__ = [
     "HopSampler",
@@ -336,7 +333,8 @@ class HopSampler(NeighborSampler):
             out.edge = None  # PyG's loader then maps no edge through perm and sets no e_id
         return out
 
-    def _sample(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
+    def sample_seeds(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
+        """One batch around ``seed``: read ahead and checked over a prepared folder."""
         if self.store is None:
             return self._draw(seed, seed_time, **kwargs)
         if self.is_hetero:
@@ -358,7 +356,7 @@ class HopSampler(NeighborSampler):
             and self.subgraph_type == SubgraphType.directional
         )
         if not simple:
-            return super()._sample(seed, seed_time, **kwargs)
+            return self.pyg_sample_seeds(seed, seed_time, **kwargs)
         if not isinstance(seed, dict):
             out = sample_hops(
                 self.colptr,

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from lightning.pytorch.loggers import CSVLogger
 
 from gnnscale import FullBatchDataModule, GradActivationMonitor, GraphSAGE, NeighborDataModule
+from gnnscale._compat import forward_hooks
 from gnnscale.callbacks import ThroughputMonitor
 from gnnscale.cli import main
 from gnnscale.measure import peak_rss_mb
@@ -65,7 +66,7 @@ def test_logged_grad_norms_match_a_manual_backward(tmp_path):
     assert total > 0
     assert float(row["monitor/grad_norm_total"]) == pytest.approx(total, rel=1e-4)
     # Hooks are gone after fit: a later forward pass runs untouched.
-    assert all(not conv._forward_hooks for conv in model.gnn.convs)
+    assert all(not list(forward_hooks(conv)) for conv in model.gnn.convs)
 
 
 def test_dead_fraction_flags_a_broken_layer(tmp_path):

@@ -236,13 +236,13 @@ def watch(frame, event, arg):
         threading.setprofile(None)
 sys.setprofile(watch)
 threading.setprofile(watch)
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
+from gnnscale._compat import MultiProcessingLauncher
 def launch(self, *args, **kwargs):
     sys.setprofile(None)
     state = "uninitialised" if driver_rc() == 3 else "initialised"
     print("driver", state, *first, sep="\\n", flush=True)
     os._exit(0)
-_MultiProcessingLauncher.launch = launch
+MultiProcessingLauncher.launch = launch
 from gnnscale.cli import run
 run()
 """

@@ -17,6 +17,7 @@ from torch.utils.data import DistributedSampler
 from torch_geometric.data import Batch, Data
 
 from gnnscale import GraphDataModule, GraphGINE
+from gnnscale._compat import worker_processes
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
 from gnnscale.errors import ConfigError
@@ -345,7 +346,7 @@ def test_workers_memory_stays_flat_over_epochs(tmp_path):
         loader.sampler.set_epoch(epoch)
         for _ in loader:
             pass
-        workers = loader.batches._iterator._workers  # the ResumableLoader's DataLoader
+        workers = worker_processes(loader.batches)  # the ResumableLoader's DataLoader
         after[epoch] = [anon_mb(w.pid) for w in workers]
     del loader
     for first, last in zip(after[1], after[5], strict=True):

@@ -118,7 +118,7 @@ def _inclusion(sampler, seeds, edge_types, hop, draws):
     """
     drawn = {}
     for _ in range(draws):
-        out = sampler._sample(seeds)
+        out = sampler.sample_seeds(seeds)
         for edge_type in edge_types:
             if edge_type is None:
                 edge, targets, seed = out.edge, out.node[out.col], seeds

@@ -12,6 +12,7 @@ import torch
 from registry import recipe
 
 from gnnscale import GraphSAGE, HeteroNeighborDataModule, make_synthetic_graph, stores
+from gnnscale._compat import in_memory_data
 from gnnscale.cli import Trainer, main
 from gnnscale.data.graphs import AtomGraphs, prepare_graphs
 from gnnscale.errors import ConfigError
@@ -309,7 +310,7 @@ def test_plan_counts_graphs_read_into_memory(tmp_path):
     args = [*_tiny("many_graphs_on_disk", tmp_path), "--num_batches=2"]
     memory = main(["plan", *config, *args, "--data.init_args.storage=memory"])
     held = memory.datamodule.graphs
-    nbytes = sum(v.numel() * v.element_size() for v in held._data.to_dict().values())
+    nbytes = sum(v.numel() * v.element_size() for v in in_memory_data(held).to_dict().values())
     assert memory.trainer.memory_plan.graph_mb >= nbytes / 2**20 > 0
 
 

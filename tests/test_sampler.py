@@ -202,7 +202,7 @@ def test_typed_hops_draw_each_edge_types_fanout_from_the_last_hops_nodes(replace
     data = _typed_graph()
     sampler = HopSampler(data, TYPED_FANOUT, replace=replace)
     seeds = {"user": torch.randperm(300)[:40], "tag": torch.tensor([3, 7])}
-    out = sampler._sample(seeds)
+    out = sampler.sample_seeds(seeds)
     _check_typed_batch(data, out, seeds, TYPED_FANOUT, replace)
     assert set(out.node) == {"user", "item", "tag"}
     assert out.num_sampled_nodes["item"][0] == 0 and out.num_sampled_nodes["item"][1] > 0
@@ -259,7 +259,7 @@ def test_disjoint_subgraphs_are_each_seeds_own():
     data = _typed_graph()
     sampler = HopSampler(data, TYPED_FANOUT, disjoint=True)
     seeds = {"user": torch.tensor([5, 5, 9])}  # a seed twice: two subgraphs
-    out = sampler._sample(seeds)
+    out = sampler.sample_seeds(seeds)
     for t in out.node:  # a node once per subgraph, in as many subgraphs as reach it
         key = out.batch[t] * 1000 + out.node[t]
         assert key.unique().numel() == key.numel()
@@ -272,9 +272,9 @@ def test_disjoint_subgraphs_are_each_seeds_own():
     assert users[0] == again[0] == 5
     # A seed's subgraph is what the joint sampler would draw from it alone.
     torch.manual_seed(0)
-    alone = HopSampler(data, TYPED_FANOUT)._sample({"user": torch.tensor([9])})
+    alone = HopSampler(data, TYPED_FANOUT).sample_seeds({"user": torch.tensor([9])})
     torch.manual_seed(0)
-    both = HopSampler(data, TYPED_FANOUT, disjoint=True)._sample({"user": torch.tensor([9])})
+    both = HopSampler(data, TYPED_FANOUT, disjoint=True).sample_seeds({"user": torch.tensor([9])})
     for t in alone.node:
         assert torch.equal(alone.node[t].sort().values, both.node[t].sort().values)
 
@@ -287,7 +287,7 @@ def test_what_it_does_not_cover_goes_to_pygs_sampler(monkeypatch):
     )
     induced = HopSampler(data, TYPED_FANOUT, subgraph_type="induced")
     with pytest.raises(ZeroDivisionError):
-        induced._sample({"user": torch.tensor([1])})
+        induced.sample_seeds({"user": torch.tensor([1])})
     assert len(calls) == 1
-    HopSampler(data, TYPED_FANOUT)._sample({"user": torch.tensor([1])})
+    HopSampler(data, TYPED_FANOUT).sample_seeds({"user": torch.tensor([1])})
     assert len(calls) == 1

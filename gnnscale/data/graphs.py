@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torch_geometric.data import Batch, Data, InMemoryDataset
 
+from gnnscale._compat import in_memory_data
 from gnnscale.batch import supervise
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.loaders import resumable
@@ -353,7 +354,7 @@ class GraphDataModule(L.LightningDataModule):
         graph_mb, mapped_mb = 0.0, 0.0  # on disk, batches read their graphs from the store
         if self.storage == "memory":  # every graph read in and collated (InMemoryDataset)
             graphs: Any = self.graphs
-            graph_mb = tensor_mb(*store_tensors(graphs._data), *graphs.slices.values())
+            graph_mb = tensor_mb(*store_tensors(in_memory_data(graphs)), *graphs.slices.values())
         elif self.store.backend == "lmdb":  # LMDB maps its file; SQLite reads, unmapped
             mapped_mb = self.store.path.stat().st_size / MiB
         return MemoryProfile(

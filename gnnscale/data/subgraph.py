@@ -12,8 +12,9 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch_geometric.data import Data
-from torch_geometric.loader import ClusterData, ClusterLoader
+from torch_geometric.loader import ClusterLoader
 
+from gnnscale._compat import ClusterData
 from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_positive
 from gnnscale.data.node import NodeDataModule
 from gnnscale.data.resume import ResumableLoader
@@ -38,9 +39,9 @@ class _ClusterData(ClusterData):
 
     partitioner = "none (partition read from the cache)"
 
-    def _metis(self, edge_index: Tensor, num_nodes: int) -> Tensor:
+    def partition(self, edge_index: Tensor, num_nodes: int) -> Tensor:
         try:
-            cluster = super()._metis(edge_index, num_nodes)
+            cluster = super().partition(edge_index, num_nodes)
             self.partitioner = "METIS (torch-sparse or pyg-lib)"
             return cluster
         except ImportError:

@@ -25,6 +25,7 @@ from torch import Tensor
 from torch_geometric import nn as pyg_nn
 from torch_geometric.index import index2ptr
 
+from gnnscale._compat import forward_hooks
 from gnnscale.batch import HopLayout, SubgraphLayout
 from gnnscale.errors import ConfigError
 from gnnscale.models.dropout import Dropout
@@ -409,8 +410,8 @@ def _call_forward_hooks(module: torch.nn.Module, args: tuple, out: Tensor) -> No
     Monitoring (``gnnscale.MonitorCallback``) and explanation tools hook the convs; their
     hooks see the layer's output rows as if the conv had run (what they return is ignored).
     """
-    for key, hook in module._forward_hooks.items():
-        if key in module._forward_hooks_with_kwargs:
+    for hook, with_kwargs in forward_hooks(module):
+        if with_kwargs:
             hook(module, args, {}, out)
         else:
             hook(module, args, out)

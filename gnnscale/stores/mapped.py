@@ -32,11 +32,12 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
-from torch_geometric.data import EdgeAttr, FeatureStore, GraphStore, TensorAttr
+from torch_geometric.data import EdgeAttr, FeatureStore, HeteroData, TensorAttr
 from torch_geometric.data.graph_store import EdgeLayout
 from torch_geometric.sampler import BaseSampler, NodeSamplerInput
 from torch_geometric.typing import EdgeTensorType, EdgeType, NodeType
 
+from gnnscale._compat import GraphStore
 from gnnscale.batch import FeatureReads
 from gnnscale.errors import ConfigError
 from gnnscale.sampler import HopSampler
@@ -131,8 +132,10 @@ class MappedFeatureStore(FeatureStore):
         an in-memory loader slices from ``data.edge_attr``. Edge types without features, or
         without ``e_id``, are left as they are.
         """
-        for store in batch.edge_stores:
-            attr = self.edge_attr.get(store._key)
+        hetero = isinstance(batch, HeteroData)
+        stores = {t: batch[t] for t in batch.edge_types} if hetero else {None: batch}
+        for edge_type, store in stores.items():
+            attr = self.edge_attr.get(edge_type)
             if attr is not None and "e_id" in store:
                 store.edge_attr = gather(attr, store.e_id, self.graph.threads)
         return batch
@@ -277,11 +280,11 @@ class MappedGraphStore(GraphStore):
         for t, ids in node.items() if isinstance(node, dict) else [(None, node)]:
             self.graph.check_ids(ids, t)
 
-    def _edge_to_layout(
+    def edge_layout(
         self, attr: EdgeAttr, layout: EdgeLayout, store: bool = False
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """PyG's conversion; the stored CSC comes with its map to the input's edge ids."""
-        row, col, perm = super()._edge_to_layout(attr, layout, store)
+        row, col, perm = super().edge_layout(attr, layout, store)
         if layout == EdgeLayout.CSC:
             perm = self.perm_by_type.get(attr.edge_type)
         return row, col, perm

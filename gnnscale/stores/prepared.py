@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from gnnscale._compat import disable_torch_function_subclass
 from gnnscale.stores import reads
 from gnnscale.stores.manifest import (
     DTYPES,
@@ -78,7 +79,7 @@ class MappedTensor(Tensor):
                     f"{name}: a tensor of a prepared graph ({target._file[0]}) is read-only; "
                     "write into a copy (.clone()) or prepare a new folder"
                 )
-        with torch._C.DisableTorchFunctionSubclass():
+        with disable_torch_function_subclass():
             out = func(*args, **kwargs)
         source = args[0] if args and isinstance(args[0], MappedTensor) else None
         if (
@@ -92,7 +93,7 @@ class MappedTensor(Tensor):
         return out
 
     def __reduce_ex__(self, protocol: Any) -> Any:
-        with torch._C.DisableTorchFunctionSubclass():
+        with disable_torch_function_subclass():
             whole = tuple(self.shape) == self._file[3] and self.storage_offset() == 0
             if not whole:  # a view: its own values, copied
                 return Tensor.__reduce_ex__(self.clone(), protocol)

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from gnnscale._compat import shared_storage
+
 __all__ = ["RowCache", "gather", "read_ahead"]
 
 MIN_ROWS = 256  # rows per thread below which a thread's hand-off costs more than it saves
@@ -50,7 +52,7 @@ def _output(tensor: Tensor, rows: int) -> Tensor:
     shape = (rows, *tensor.shape[1:])
     if torch.utils.data.get_worker_info() is None:
         return _private(tensor, rows)
-    storage = tensor.untyped_storage()._new_shared(math.prod(shape) * tensor.itemsize)
+    storage = shared_storage(tensor, math.prod(shape) * tensor.itemsize)
     return tensor.new_empty(0).set_(storage).view(shape)
 
 
