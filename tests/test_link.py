@@ -7,6 +7,8 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from torch_geometric.data import HeteroData
+from torch_geometric.utils import to_undirected
 
 from gnnscale import (
     LinkDataModule,
@@ -674,3 +676,58 @@ def test_a_training_pair_carries_its_destinations_training_degree_less_its_own_e
     assert positive.any() and (~positive).any()
     assert torch.equal(pairs.edge_label_popularity[positive], (degree[dst[positive]] - 1).float())
     assert torch.equal(pairs.edge_label_popularity[~positive], degree[dst[~positive]].float())
+
+
+class _PlantedCitations(LinkDataModule):
+    """A homogeneous graph of equal communities: each node cites within its own community.
+
+    Every node has about the same degree, so recommending the most cited nodes is barely better
+    than chance; features are each community's centre under heavy noise, so an untrained
+    encoder ranks little better, and one that learns from the citations ranks well.
+    """
+
+    def _load(self):
+        g = torch.Generator().manual_seed(0)
+        nodes, communities, cites, channels = 1200, 12, 6, 16
+        community = torch.arange(nodes) % communities
+        src = torch.arange(nodes).repeat_interleave(cites)
+        dst = community[src] + communities * torch.randint(
+            nodes // communities, src.shape, generator=g
+        )
+        edge_index = to_undirected(torch.stack([src, dst]), num_nodes=nodes)
+        edge_index = edge_index[:, edge_index[0] != edge_index[1]]
+        centres = torch.randn(communities, channels, generator=g)
+        x = centres[community] + 10 * torch.randn(nodes, channels, generator=g)
+        data = HeteroData()
+        data["node"].x, data["node"].num_nodes = x, nodes
+        data["node", "to", "node"].edge_index = edge_index
+        return data
+
+
+def test_a_homogeneous_graph_learnt_ranks_far_above_popularity_and_an_untrained_encoder(
+    cora_root,
+):
+    """The citation recipe's model on a planted graph: recall@20 learnt, untrained, popularity.
+
+    Measured over seeds 0-2: learnt 0.18-0.19, untrained 0.06-0.08 (a GCN's averaging already
+    denoises the features), popularity 0.008, of a ceiling near 0.2 (20 of a community's 99).
+
+    Fails if training stops helping (a loss that does not reach the encoder, negatives that are
+    positives), or if the ranking falls to popularity's.
+    """
+    torch.manual_seed(0)
+    dm = _PlantedCitations(
+        dataset="Cora",  # a homogeneous dataset's settings; the graph is the planted one
+        root=cora_root,
+        batch_size=512,
+        num_neighbors=[10, 5],
+        split=LinkSplit(val_fraction=0.05, test_fraction=0.1, disjoint_train_ratio=0.0),
+    )
+    model = LinkPredictor(dm.graph_spec, conv="gcn", hidden_channels=32, num_layers=2)
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False)
+    (untrained,) = L.Trainer(**quiet).test(model, dm, verbose=False)
+    result = _fit_and_test(model, dm, epochs=10)
+    recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
+    assert recall > 10 * popular, (recall, popular)
+    assert recall > 1.6 * untrained["test/recall@20"], (recall, untrained["test/recall@20"])
+    assert result["test/auc"] > 0.9
