@@ -2,6 +2,7 @@ import dataclasses
 import json
 import re
 import sys
+import warnings
 
 import lightning as L
 import numpy as np
@@ -731,3 +732,13 @@ def test_a_homogeneous_graph_learnt_ranks_far_above_popularity_and_an_untrained_
     assert recall > 10 * popular, (recall, popular)
     assert recall > 1.6 * untrained["test/recall@20"], (recall, untrained["test/recall@20"])
     assert result["test/auc"] > 0.9
+
+
+def test_hard_negatives_within_one_node_type_warn_in_one_line(cora_root):
+    dm = LinkDataModule(dataset="Cora", root=cora_root, batch_size=256, num_hard_negatives=1)
+    with pytest.warns(UserWarning, match="num_hard_negatives=1 within one node type") as caught:
+        dm.train_dataloader()
+    assert "\n" not in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _dm(num_hard_negatives=1).train_dataloader()  # users and items: as meant

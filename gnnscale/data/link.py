@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch_geometric.data import HeteroData
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
@@ -348,6 +349,12 @@ class LinkDataModule(HeteroGraphData):
         label_index, label = self.links.labels("train")
         self.links.hold(self.fanout(), self.batch_size, self.feature_cache_gib)
         transform = None
+        if self.num_hard_negatives and target[0] == target[2]:
+            rank_zero_warn(
+                f"gnnscale: --data.num_hard_negatives={self.num_hard_negatives} within one node "
+                f"type ({edge_key(target)}): those negatives are mostly nodes it would link to, "
+                "and rank below popularity (recipes/link_prediction_pinsage/README.md); set 0"
+            )
         if self.num_hard_negatives:
             transform = HardNegatives(
                 target,
