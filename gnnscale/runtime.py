@@ -210,12 +210,14 @@ def cpu_precision(precision: str, accelerator: str) -> str:
 # PyG's advice to install pyg-lib, which is not on PyPI (torch-sparse samples instead); a
 # deprecation inside Lightning's own pytree helper; Lightning's note that its model summary
 # counts no FLOPs under bf16-mixed; its note, with a prediction writer, that a loader's batches
-# carry no dataset indices (gnnscale's predictions carry their own ids).
+# carry no dataset indices (gnnscale's predictions carry their own ids); its note that the
+# node models' own batch transfer (whole-graph tensors stay in host memory) is the one used.
 UNACTIONABLE = (
     "Using 'NeighborSampler' without a 'pyg-lib' installation is deprecated",
     "`isinstance(treespec, LeafSpec)` is deprecated",
     "Precision bf16-mixed is not supported by the model summary",
     "Couldn't infer the batch indices fetched from your dataloader",
+    "You have overridden `transfer_batch_to_device` in `LightningModule` but have passed in a",
     # Under DDP, for gnnscale's own per-rank figures: each rank's epoch time, throughput and
     # memory, and its mean training loss (a reduction every step would cost a collective).
     "It is recommended to use `self.log('perf/",
