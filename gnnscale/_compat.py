@@ -95,12 +95,12 @@ class NeighborSampler(torch_geometric.sampler.NeighborSampler):
 
 
 class ClusterData(torch_geometric.loader.ClusterData):
-    """PyG's ``ClusterData``, its METIS call overridable as ``partition``."""
+    """PyG's ``ClusterData``, its METIS call overridable as ``cluster_nodes``."""
 
     def _metis(self, edge_index: Tensor, num_nodes: int) -> Tensor:
-        return self.partition(edge_index, num_nodes)
+        return self.cluster_nodes(edge_index, num_nodes)
 
-    def partition(self, edge_index: Tensor, num_nodes: int) -> Tensor:
+    def cluster_nodes(self, edge_index: Tensor, num_nodes: int) -> Tensor:
         """Each node's cluster; PyG's (pyg-lib's or torch-sparse's METIS)."""
         return super()._metis(edge_index, num_nodes)
 

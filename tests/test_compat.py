@@ -57,12 +57,12 @@ def test_pygs_public_calls_reach_the_names_handed_on():
     assert called == ["sample_seeds", "pyg_sample_seeds"]
 
     class Clusters(_compat.ClusterData):
-        def partition(self, edge_index, num_nodes):
-            called.append("partition")
+        def cluster_nodes(self, edge_index, num_nodes):
+            called.append("cluster_nodes")
             return torch.arange(num_nodes) % 2
 
     Clusters(data, num_parts=2, log=False)
-    assert called[-1] == "partition"
+    assert called[-1] == "cluster_nodes"
 
     class Store(_compat.GraphStore, MyGraphStore):
         def edge_layout(self, attr, layout, store=False):

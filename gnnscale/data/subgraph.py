@@ -39,9 +39,9 @@ class _ClusterData(ClusterData):
 
     partitioner = "none (partition read from the cache)"
 
-    def partition(self, edge_index: Tensor, num_nodes: int) -> Tensor:
+    def cluster_nodes(self, edge_index: Tensor, num_nodes: int) -> Tensor:
         try:
-            cluster = super().partition(edge_index, num_nodes)
+            cluster = super().cluster_nodes(edge_index, num_nodes)
             self.partitioner = "METIS (torch-sparse or pyg-lib)"
             return cluster
         except ImportError:
