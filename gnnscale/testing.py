@@ -35,6 +35,7 @@ __all__ = [
     "TINY_ARGS",
     "centroid_accuracy",
     "cli_args",
+    "quiet_trainer",
     "damage_a_weight",
     "requires_cuda",
     "requires_torch_sparse",
@@ -248,3 +249,15 @@ def users_items_tags(
     data["item", "has", "tag"].edge_index = tagged
     data["tag", "of", "item"].edge_index = tagged.flip(0)
     return data
+
+
+def quiet_trainer(**kwargs: Any) -> L.Trainer:
+    """A CPU ``Trainer`` that logs, checkpoints and prints nothing; ``kwargs`` add or override."""
+    quiet: dict[str, Any] = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    return L.Trainer(**{**quiet, **kwargs})

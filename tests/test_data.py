@@ -3,7 +3,6 @@ import pickle
 import time
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from torch_geometric.data import Data
@@ -33,7 +32,7 @@ from gnnscale.data.loaders import RankShare
 from gnnscale.errors import ConfigError, GroupSettingError
 from gnnscale.handshake import BatchRequest
 from gnnscale.stores.manifest import split_labels
-from gnnscale.testing import TINY
+from gnnscale.testing import TINY, quiet_trainer
 
 
 def test_synthetic_is_deterministic_homophilous_and_skewed():
@@ -284,10 +283,7 @@ def test_unlabelled_nodes_outside_the_splits_train(monkeypatch, tmp_path):
         data[key] &= ~outside
     monkeypatch.setattr(gdata, "load_dataset", lambda *a: data)
     dm = NeighborDataModule(root=tmp_path, num_neighbors=[5, 5], batch_size=256)
-    trainer = L.Trainer(
-        max_epochs=1, accelerator="cpu", logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
-    )  # fmt: skip
+    trainer = quiet_trainer(max_epochs=1)
     trainer.fit(GraphSAGE(32, 5, hidden_channels=16), dm)
     assert torch.isfinite(trainer.callback_metrics["train/loss_epoch"])
 
@@ -298,11 +294,7 @@ def test_a_datamodule_serving_two_fits_takes_each_fits_model(tmp_path):
     dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 5], batch_size=256)
 
     def fit(num_layers: int) -> None:
-        trainer = L.Trainer(
-            max_epochs=1, limit_train_batches=1, limit_val_batches=0, accelerator="cpu",
-            logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False,
-        )  # fmt: skip
+        trainer = quiet_trainer(max_epochs=1, limit_train_batches=1, limit_val_batches=0)
         trainer.fit(GraphSAGE(TINY.num_features, 5, hidden_channels=16, num_layers=num_layers), dm)
 
     fit(2)

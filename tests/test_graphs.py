@@ -35,7 +35,7 @@ from gnnscale.stores.graphs import (
     write_graphs,
 )
 from gnnscale.stores.graphs_manifest import StoreManifest
-from gnnscale.testing import run_or_show_stacks
+from gnnscale.testing import quiet_trainer, run_or_show_stacks
 
 SMALL = AtomGraphs(num_graphs=300, seed=3)
 
@@ -370,15 +370,7 @@ def test_the_gnn_beats_the_edge_blind_rule_by_far(tmp_path):
         num_rbf=16,
         optimizer=lambda p: torch.optim.Adam(p, lr=5e-3),
     )
-    trainer = L.Trainer(
-        max_epochs=15,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        limit_val_batches=0,
-    )
+    trainer = quiet_trainer(max_epochs=15, limit_val_batches=0)
     start = time.perf_counter()
     trainer.fit(model, dm)
     (result,) = trainer.test(model, dm, verbose=False)
@@ -433,13 +425,7 @@ def test_predict_writes_each_graphs_value_once(store, tmp_path):
     L.seed_everything(0)
     dm = GraphDataModule(store, batch_size=16, split=GraphSplit(0.1, 0.2))
     model = GraphGINE(dm.num_features, dm.num_classes, dm.num_edge_features, hidden_channels=8)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[PredictionWriter(tmp_path / "predictions")],
-    )
+    trainer = quiet_trainer(callbacks=[PredictionWriter(tmp_path / "predictions")])
     trainer.predict(model, dm, return_predictions=False)
     table = pq.read_table(tmp_path / "predictions")
     graphs, values = table.column("graph").to_numpy(), table.column("value").to_numpy()

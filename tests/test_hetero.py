@@ -17,7 +17,7 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import read_metrics
-from gnnscale.testing import centroid_accuracy, run_or_show_stacks
+from gnnscale.testing import centroid_accuracy, quiet_trainer, run_or_show_stacks
 
 # 8 classes; features alone reach about 0.4 (the nearest centroid), the graph much more.
 TINY = SyntheticRecommender(
@@ -232,13 +232,7 @@ def test_seed_logits_depend_on_neighbours_of_other_types():
 
 
 def _fit_and_test(model, dm, epochs):
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=epochs)
     trainer.fit(model, dm)
     (result,) = trainer.test(model, dm, verbose=False)
     return result["test/acc"]
@@ -450,15 +444,7 @@ def test_predict_writes_each_target_nodes_class_once(tmp_path):
     L.seed_everything(0)
     dm = _dm(eval=EvalArgs(mode="sampled", num_neighbors=[-1, -1], batch_size=700))
     model = _model(dm, hidden_channels=16)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[PredictionWriter(tmp_path / "predictions")],
-    )
+    trainer = quiet_trainer(max_epochs=2, callbacks=[PredictionWriter(tmp_path / "predictions")])
     trainer.fit(model, dm)
     trainer.predict(model, dm, return_predictions=False)
     table = pq.read_table(tmp_path / "predictions")

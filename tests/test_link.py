@@ -4,7 +4,6 @@ import re
 import sys
 import warnings
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -28,7 +27,7 @@ from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.link import top_destinations
 from gnnscale.plan import _batch_nodes
 from gnnscale.stores import link_split
-from gnnscale.testing import TINY_ARGS, run_or_show_stacks
+from gnnscale.testing import TINY_ARGS, quiet_trainer, run_or_show_stacks
 
 TINY = SyntheticRecommender(
     num_users=600, num_items=300, num_categories=20, num_communities=5, interactions_per_user=12
@@ -51,13 +50,7 @@ def _global(batch, edge_type):
 
 def _fit_and_test(model, dm, epochs):
     """Train quietly for ``epochs``, then the test metrics of the last weights."""
-    trainer = L.Trainer(
-        max_epochs=epochs,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=epochs)
     trainer.fit(model, dm)
     (result,) = trainer.test(model, dm, verbose=False)
     return result
@@ -471,14 +464,7 @@ def test_predict_recommends_each_users_top_k_unknown_items(tmp_path, prior):
     torch.manual_seed(0)
     dm = _dm(eval=LinkEvalArgs(k=10, candidates=50))  # predict ranks every item regardless
     model = LinkPredictor(dm.graph_spec, hidden_channels=16, popularity_prior=prior)
-    trainer = L.Trainer(
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[PredictionWriter(tmp_path / "predictions")],
-    )
+    trainer = quiet_trainer(max_epochs=1, callbacks=[PredictionWriter(tmp_path / "predictions")])
     trainer.fit(model, dm)
     trainer.predict(model, dm, return_predictions=False)
     table = pq.read_table(tmp_path / "predictions")
@@ -510,12 +496,7 @@ def test_predict_gives_a_user_with_fewer_than_k_unknown_items_only_those(tmp_pat
     torch.manual_seed(0)
     dm = _dm(eval=LinkEvalArgs(k=TINY.num_items))
     model = LinkPredictor(dm.graph_spec, hidden_channels=16)
-    trainer = L.Trainer(
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[PredictionWriter(tmp_path / "predictions")],
-    )
+    trainer = quiet_trainer(callbacks=[PredictionWriter(tmp_path / "predictions")])
     trainer.predict(model, dm, return_predictions=False)
     table = pq.read_table(tmp_path / "predictions").to_pydict()
     edges = make_recommender_graph(TINY)[RATES].edge_index
@@ -725,8 +706,7 @@ def test_a_homogeneous_graph_learnt_ranks_far_above_popularity_and_an_untrained_
         split=LinkSplit(val_fraction=0.05, test_fraction=0.1, disjoint_train_ratio=0.0),
     )
     model = LinkPredictor(dm.graph_spec, conv="gcn", hidden_channels=32, num_layers=2)
-    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False)
-    (untrained,) = L.Trainer(**quiet).test(model, dm, verbose=False)
+    (untrained,) = quiet_trainer().test(model, dm, verbose=False)
     result = _fit_and_test(model, dm, epochs=10)
     recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
     assert recall > 10 * popular, (recall, popular)

@@ -29,19 +29,12 @@ from gnnscale.errors import ConfigError
 from gnnscale.models import fast
 from gnnscale.models.dropout import Dropout
 from gnnscale.sampler import HopSampler
-from gnnscale.testing import TINY, requires_torch_sparse
+from gnnscale.testing import TINY, quiet_trainer, requires_torch_sparse
 
 
 def _trainer(tmp_path, max_epochs, **kwargs) -> L.Trainer:
-    return L.Trainer(
-        accelerator="cpu",
-        max_epochs=max_epochs,
-        default_root_dir=tmp_path,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+    kwargs.setdefault("enable_checkpointing", True)
+    return quiet_trainer(max_epochs=max_epochs, default_root_dir=tmp_path, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import sys
 import textwrap
 import zipfile
 
-import lightning as L
 import numpy as np
 import pytest
 import torch
@@ -23,6 +22,7 @@ from gnnscale.sampler import HopSampler
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.ogb import prepare_ogb
 from gnnscale.stores.prepared import PreparedGraph
+from gnnscale.testing import quiet_trainer
 
 SPLITS = {"train": "train", "val": "valid", "test": "test"}  # ours: OGB's file
 SCHEME = {"ogbn-arxiv": "time", "ogbn-products": "sales_ranking", "ogbn-papers100M": "time"}
@@ -278,14 +278,7 @@ def test_the_mag_download_trains_its_papers_from_the_folder(tmp_path):
     out = prepare_ogb("ogbn-mag", tmp_path, tmp_path / "store")
     dm = HeteroNeighborDataModule("prepared", out, batch_size=16, num_neighbors=[3, 3])
     model = HeteroSAGE(dm.num_classes, dm.graph_spec, hidden_channels=16)
-    trainer = L.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=1)
     trainer.fit(model, dm)
     assert dm.target_type == "paper" and trainer.global_step > 0
 

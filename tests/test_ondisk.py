@@ -38,7 +38,7 @@ from gnnscale.stores import atomic, reads, writing
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.writing import write_graph
-from gnnscale.testing import TINY, centroid_accuracy, cli_args
+from gnnscale.testing import TINY, centroid_accuracy, cli_args, quiet_trainer
 
 SAMPLED = ["--data.eval.mode=sampled", "--data.eval.num_neighbors=[-1,-1]"]
 
@@ -215,14 +215,7 @@ def test_streamed_synthetic_needs_the_edges(tmp_path):
         "prepared", folder, [10, 10], 128, eval=EvalArgs(mode="sampled", num_neighbors=[-1, -1])
     )
     model = GraphSAGE(32, 5, hidden_channels=64)
-    trainer = L.Trainer(
-        max_epochs=4,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=4)
     trainer.fit(model, dm)
     acc = trainer.test(model, dm, verbose=False)[0]["test/acc"]
     bar = centroid_accuracy(dm.data)

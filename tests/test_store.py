@@ -49,7 +49,7 @@ from gnnscale.stores import reads
 from gnnscale.stores.manifest import PreparedGraphError, split_labels
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph
 from gnnscale.stores.writing import write_graph
-from gnnscale.testing import TINY, centroid_accuracy, run_or_show_stacks
+from gnnscale.testing import TINY, centroid_accuracy, quiet_trainer, run_or_show_stacks
 
 SPLITS = ("train", "val", "test")
 RELATIONS = {  # (src, rel, dst): edges; "inst" has no features and no labels
@@ -379,14 +379,7 @@ def test_gatv2_reading_edge_features_trains_from_a_folder_as_in_memory(edge_feat
         L.seed_everything(0)
         model = GATv2(TINY.num_features, TINY.num_classes, hidden_channels=16, heads=2, edge_dim=3)
         before = model.gnn.convs[0].lin_edge.weight.detach().clone()
-        trainer = L.Trainer(
-            max_epochs=1,
-            accelerator="cpu",
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
+        trainer = quiet_trainer(max_epochs=1)
         trainer.fit(model, dm)
         assert not torch.equal(model.gnn.convs[0].lin_edge.weight, before)
         trained[name] = model.state_dict()
@@ -753,14 +746,7 @@ def test_a_graph_prepared_from_npy_by_the_cli_trains_above_its_features_alone(tm
         "prepared", out, [10, 10], 128, eval=EvalArgs(mode="sampled", num_neighbors=[-1, -1])
     )
     model = GraphSAGE(32, 5, hidden_channels=64)
-    trainer = L.Trainer(
-        max_epochs=4,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=4)
     trainer.fit(model, dm)
     acc = trainer.test(model, dm, verbose=False)[0]["test/acc"]
     assert acc > bar + 0.1, (acc, bar)
@@ -816,14 +802,7 @@ def test_the_heterogeneous_datamodule_trains_in_place_from_a_prepared_folder(tmp
     lr = {"optimizer": functools.partial(torch.optim.Adam, lr=0.01)}
     lr["embedding_optimizer"] = functools.partial(torch.optim.SparseAdam, lr=0.01)
     model = HeteroSAGE(disk.num_classes, disk.graph_spec, hidden_channels=32, **lr)
-    trainer = L.Trainer(
-        max_epochs=5,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=5)
     trainer.fit(model, disk)
     acc = trainer.test(model, disk, verbose=False)[0]["test/acc"]
     bar = centroid_accuracy(memory.data["item"])
@@ -1021,14 +1000,7 @@ def test_links_trained_from_a_store_rank_well_above_popularity(tmp_path):
         optimizer=lambda p: torch.optim.Adam(p, lr=0.01),
         embedding_optimizer=lambda p: torch.optim.SparseAdam(p, lr=0.01),
     )
-    trainer = L.Trainer(
-        max_epochs=4,
-        accelerator="cpu",
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(max_epochs=4)
     trainer.fit(model, dm)
     (result,) = trainer.test(model, dm, verbose=False)
     recall, popular = result["test/recall@20"], result["test/recall@20_popularity"]
