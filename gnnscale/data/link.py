@@ -349,13 +349,14 @@ class LinkDataModule(HeteroGraphData):
         label_index, label = self.links.labels("train")
         self.links.hold(self.fanout(), self.batch_size, self.feature_cache_gib)
         transform = None
-        if self.num_hard_negatives and target[0] == target[2]:
-            rank_zero_warn(
-                f"gnnscale: --data.num_hard_negatives={self.num_hard_negatives} within one node "
-                f"type ({edge_key(target)}): those negatives are mostly nodes it would link to, "
-                "and rank below popularity (recipes/link_prediction_pinsage/README.md); set 0"
-            )
         if self.num_hard_negatives:
+            if target[0] == target[2]:
+                rank_zero_warn(
+                    f"gnnscale: --data.num_hard_negatives={self.num_hard_negatives} within one "
+                    f"node type ({edge_key(target)}): those negatives are mostly nodes it would "
+                    "link to, and rank below popularity "
+                    "(recipes/link_prediction_pinsage/README.md); set 0"
+                )
             transform = HardNegatives(
                 target,
                 self.links.known("train"),
