@@ -46,7 +46,13 @@ from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError
 from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
-from gnnscale.preemption import PREEMPTED_EXIT, Preemption, forwarded, launched_by
+from gnnscale.preemption import (
+    PREEMPTED_EXIT,
+    Preemption,
+    forwarded,
+    launched_by,
+    launcher_gone,
+)
 from gnnscale.prepare import prepare_graphs_main, prepare_main
 
 __all__ = ["SUBCOMMANDS", "GnnscaleCLI", "Trainer", "main", "run"]
@@ -393,7 +399,9 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
         run: ``False`` only builds the model, DataModule and Trainer from ``args`` (given
             without a subcommand), as the benchmarks do.
     """
-    if "TORCHELASTIC_RUN_ID" in os.environ:  # a torchrun rank: stop if its agent is killed
+    # A rank started by another process (torchrun's agent; Lightning's ddp launcher, rank 0, sets
+    # LOCAL_RANK for the ranks it starts): stop if that process is killed.
+    if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
         launched_by(os.getppid())
     checks.check_config_keys(sys.argv[1:] if args is None else args)
     runtime.steady_cpu_memory()
@@ -464,6 +472,17 @@ def run() -> None:
             raise
         print(f"gnnscale: error: {line}", file=sys.stderr)
         sys.exit(1 if err.errno in NO_ROOM else 2)
+    except Exception:
+        if not launcher_gone() or os.environ.get("GNNSCALE_DEBUG"):
+            raise
+        # Its collectives fail once the launcher, rank 0 under Lightning's ddp, is gone.
+        print(
+            f"gnnscale: local rank {os.environ.get('LOCAL_RANK', '?')} stopped: the process that "
+            "launched it was killed, so nothing more could be saved. Resume from the last "
+            "checkpoint saved: the same command with --ckpt_path last",
+            file=sys.stderr,
+        )
+        sys.exit(PREEMPTED_EXIT)
 
 
 def _disk_refusal(err: OSError, writes_a_store: bool = False) -> str | None:

@@ -19,6 +19,12 @@ collective for ranks that never come. torch's forked ranks ask for a SIGINT, whi
 unsaved. So each rank asks the kernel for a SIGTERM when its launcher dies
 (:func:`die_with_parent`, Linux): torchrun's as the command starts (``gnnscale.cli``), and every
 rank again as training starts (a forked rank's SIGINT replaced); they then stop as on a SIGTERM.
+
+Lightning's own ``ddp`` launcher is rank 0: the ranks it starts (``LOCAL_RANK`` set) ask for the
+same SIGTERM, but with rank 0 gone they can neither agree nor save (rank 0 writes the
+checkpoints), and their next collective fails. :func:`launcher_gone` tells the command that this
+failure was the launcher's death: it stops in one line with :data:`PREEMPTED_EXIT`, and the run
+resumes from the last checkpoint saved before it.
 """
 
 from __future__ import annotations
@@ -41,7 +47,14 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from gnnscale._compat import MultiProcessingLauncher
 
-__all__ = ["PREEMPTED_EXIT", "Preemption", "die_with_parent", "forwarded", "launched_by"]
+__all__ = [
+    "PREEMPTED_EXIT",
+    "Preemption",
+    "die_with_parent",
+    "forwarded",
+    "launched_by",
+    "launcher_gone",
+]
 
 PREEMPTED_EXIT = 143  # 128 + SIGTERM: what a shell reports for a process the signal ended
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
@@ -87,6 +100,12 @@ def launched_by(parent: int) -> None:
     global _launcher
     _launcher = parent
     die_with_parent(parent)
+
+
+def launcher_gone() -> bool:
+    """Whether this process is a rank whose launching process has died (its parent changed)."""
+    launcher = _launcher or int(os.environ.get(LAUNCHER_ENV, 0)) or None
+    return launcher is not None and launcher != os.getpid() and os.getppid() != launcher
 
 
 class Preemption(L.Callback):

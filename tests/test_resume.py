@@ -394,6 +394,68 @@ def test_sigkill_to_the_launcher_of_ddp_ranks_stops_every_rank_saved(tmp_path, l
     assert said in (tmp_path / "stderr").read_text(errors="replace"), _tail(tmp_path / "stderr")
 
 
+@pytest.mark.slow
+def test_sigkill_to_rank_0_that_launched_the_others_stops_them_in_one_line_and_it_resumes(
+    tmp_path,
+):
+    """Lightning's ddp launcher is rank 0 itself: killed outright, it leaves the rank it started
+    unable to agree or save (rank 0 writes), and its next collective failed with gloo's
+    "Connection reset by peer" traceback. It now stops in one line, status 143, and the run
+    resumes from the last checkpoint saved."""
+    argv = [sys.executable, "-m", "gnnscale.cli", "fit", "--config"]
+    argv += [str(recipe("multi_gpu_ddp").config), *cli_args(tmp_path)]
+    argv += ["--trainer.accelerator=cpu", "--data.batch_size=24", "--trainer.strategy=ddp"]
+    log = (tmp_path / "stderr").open("wb")  # the ranks share it, as on a terminal
+    job = subprocess.Popen([*argv, "--trainer.max_epochs=1000"], cwd=tmp_path, stderr=log)
+    last = tmp_path / "runs" / "multi_gpu_ddp" / "version_0" / "checkpoints" / "last.ckpt"
+    family: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + 300
+        while not last.is_file():  # training: the periodic checkpoint is there
+            assert job.poll() is None and time.monotonic() < deadline, _tail(tmp_path / "stderr")
+            time.sleep(0.5)
+        family = psutil.Process(job.pid).children(recursive=True)
+        assert any("gnnscale.cli" in p.cmdline() for p in family)  # rank 1, a command of its own
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(timeout=10)
+        _, alive = psutil.wait_procs(family, timeout=15)
+    finally:
+        job.kill()
+        for p in family:  # whatever is left, so that no rank outlives the test
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        log.close()
+    said = _tail(tmp_path / "stderr")
+    assert not alive, (alive, said)
+    assert "gnnscale: local rank 1 stopped: the process that launched it was killed" in said, said
+    assert "Traceback" not in said and "Connection reset" not in said, said
+
+    epoch = torch.load(last, weights_only=True)["epoch"]  # whole: saved before the kill
+    resumed = subprocess.run(
+        [*argv, f"--trainer.max_epochs={epoch + 1}", "--ckpt_path=last"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "--ckpt_path last resumes" in resumed.stderr
+
+
+def test_a_rank_whose_launcher_is_gone_knows_it(tmp_path):
+    """``launcher_gone`` is what turns a rank's failed collective into the one line: true only
+    in a launched rank whose parent has changed."""
+    code = (
+        "import os, sys, time; from gnnscale import preemption as p\n"
+        "assert not p.launcher_gone()\n"  # not a launched rank
+        "p._launcher = os.getppid(); assert not p.launcher_gone()\n"  # its launcher alive
+        "p._launcher = 1 if os.getppid() != 1 else 2; print(p.launcher_gone())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
 def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:]
 
