@@ -24,10 +24,10 @@ is the same in every process and every run of the same folder and settings.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from itertools import pairwise
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -159,45 +159,124 @@ def write_split(
         chunk_edges: Edges per chunk.
         verify: ``full`` checks an existing split's every block's checksum; ``size`` its sizes.
     """
-    key = _key(target)
-    manifest = graph.manifest
-    n_src, n_dst = manifest.node_count(target[0]), manifest.node_count(target[2])
-    num_edges = manifest.edge_count(key)
-    disjoint = fractions[2] > 0
+    split = _Split(graph, target, reverse, fractions, seed, chunk_edges)
+    return prepare(
+        out,
+        split.source(),
+        split.fill,
+        split.size(),
+        derived=True,
+        verify=verify,
+        check=split.check,
+    )
 
-    def chosen(codes: tuple[int, ...], swap: bool = False) -> Edges:
-        def chunks(size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-            edges = _relation(graph, key, size)
-            for (src, dst), part in zip(
-                edges, parts(num_edges, fractions, seed, size), strict=True
-            ):
+
+@dataclass(frozen=True)
+class _Split:
+    """One relation's split: what :func:`write_split` writes, a method for each part."""
+
+    graph: PreparedGraph
+    target: tuple[str, str, str]
+    reverse: tuple[str, str, str] | None
+    fractions: tuple[float, float, float]
+    seed: int
+    chunk_edges: int
+
+    @property
+    def key(self) -> str:
+        return _key(self.target)
+
+    @property
+    def n_src(self) -> int:
+        return self.graph.manifest.node_count(self.target[0])
+
+    @property
+    def n_dst(self) -> int:
+        return self.graph.manifest.node_count(self.target[2])
+
+    @property
+    def num_edges(self) -> int:
+        return self.graph.manifest.edge_count(self.key)
+
+    def source(self) -> dict[str, Any]:
+        """What the split is made from: another value writes it again."""
+        return {
+            "graph": self.graph.manifest.key,
+            "target": list(self.target),
+            "reverse": self.reverse,
+            "fractions": list(self.fractions),
+            "seed": self.seed,
+            "chunk_edges": self.chunk_edges,
+            "known": True,  # a split written before it holds no known keys: written again
+        }
+
+    def size(self) -> int:
+        """Bytes it writes, about: each stage's CSCs, its pairs and its known keys."""
+        num_edges = self.num_edges
+        csc = 3 * 16 * num_edges * (2 if self.reverse else 1)
+        return csc + 2 * 24 * num_edges + 3 * 8 * num_edges
+
+    def edges(self, codes: tuple[int, ...], swap: bool = False) -> Edges:
+        """The relation's edges whose part is one of ``codes`` (``swap``: reversed)."""
+
+        def chunks() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+            edges = _relation(self.graph, self.key, self.chunk_edges)
+            drawn = parts(self.num_edges, self.fractions, self.seed, self.chunk_edges)
+            for (src, dst), part in zip(edges, drawn, strict=True):
                 keep = np.isin(part, codes)
                 yield (dst[keep], src[keep]) if swap else (src[keep], dst[keep])
 
-        count = sum(
-            int(np.isin(p, codes).sum()) for p in parts(num_edges, fractions, seed, chunk_edges)
-        )
-        return Edges(f"{graph.folder}/{key}", count, lambda size: chunks(chunk_edges))
+        drawn = parts(self.num_edges, self.fractions, self.seed, self.chunk_edges)
+        count = sum(int(np.isin(p, codes).sum()) for p in drawn)
+        return Edges(f"{self.graph.folder}/{self.key}", count, lambda size: chunks())
+
+    def fill(self, folder: Path) -> Manifest:
+        """Write every stage's message CSCs, supervision pairs and known keys into ``folder``."""
+        disjoint = self.fractions[2] > 0
+        supervised = {
+            "train": (TRAIN_SUPERVISION,) if disjoint else (TRAIN,),
+            "val": (VAL,),
+            "test": (TEST,),
+        }
+        files: dict[str, FileEntry] = {}
+        for stage in STAGES:
+            (folder / stage).mkdir()
+            files |= self.messages(folder, stage)
+            pairs = self.labels(folder / stage, stage, supervised[stage], stage != "train")
+            files |= {f"{stage}/{name}": entry for name, entry in pairs.items()}
+            files[f"{stage}/known"] = self.known(folder, stage, files)
+        return Manifest(num_nodes=self.graph.manifest.num_nodes, num_edges={}, files=files)
+
+    def messages(self, folder: Path, stage: str) -> dict[str, FileEntry]:
+        """The CSCs ``stage`` passes messages on: the relation's, and its reverse's."""
+        relations = [(self.key, False, self.n_src, self.n_dst)]
+        if self.reverse is not None:
+            relations.append((_key(self.reverse), True, self.n_dst, self.n_src))
+        files: dict[str, FileEntry] = {}
+        for key, swap, n_src, n_dst in relations:
+            edges = self.edges(MESSAGES[stage], swap=swap)
+            written = write_csc(
+                edges, n_src, n_dst, folder / stage / key, self.chunk_edges, ids=False
+            )
+            files |= {f"{stage}/{key}/{name}": entry for name, entry in written.items()}
+        return files
 
     def labels(
-        folder: Path, stage: str, codes: tuple[int, ...], negatives: bool
+        self, folder: Path, stage: str, codes: tuple[int, ...], negatives: bool
     ) -> dict[str, FileEntry]:
-        positives = chosen(codes)
-        index, label = (
-            FileWriter(folder / "label_index.bin", "int64"),
-            FileWriter(folder / "label.bin", "float32"),
-        )
-        count = positives.num_edges
+        """The stage's supervision pairs and labels; ``negatives``: as many uniform pairs."""
+        positives = self.edges(codes)
+        index = FileWriter(folder / "label_index.bin", "int64")
+        label = FileWriter(folder / "label.bin", "float32")
+        count, chunk = positives.num_edges, self.chunk_edges
         for row in (0, 1):
-            for pair in positives.chunks(chunk_edges):
+            for pair in positives.chunks(chunk):
                 index.write(torch.from_numpy(np.ascontiguousarray(pair[row])))
             if negatives:  # as many uniform pairs, drawn by rows so that each row's are its own
-                rng = np.random.default_rng([seed, 1 + STAGES.index(stage), row])
-                high = n_src if row == 0 else n_dst
-                for a in range(0, count, chunk_edges):
-                    index.write(
-                        torch.from_numpy(rng.integers(0, high, min(chunk_edges, count - a)))
-                    )
+                rng = np.random.default_rng([self.seed, 1 + STAGES.index(stage), row])
+                high = self.n_src if row == 0 else self.n_dst
+                for a in range(0, count, chunk):
+                    index.write(torch.from_numpy(rng.integers(0, high, min(chunk, count - a))))
         label.write(torch.ones(count))
         if negatives:
             label.write(torch.zeros(count))
@@ -205,68 +284,37 @@ def write_split(
         pairs = replace(index.close(), shape=(2, label_entry.shape[0]))
         return {"label_index": pairs, "label": label_entry}
 
-    def fill(folder: Path) -> Manifest:
-        files: dict[str, FileEntry] = {}
-        for stage in STAGES:
-            messages = chosen(MESSAGES[stage])
-            (folder / stage).mkdir()
-            for name, e in write_csc(
-                messages, n_src, n_dst, folder / stage / key, chunk_edges, ids=False
-            ).items():
-                files[f"{stage}/{key}/{name}"] = e
-            if reverse is not None:
-                back = chosen(MESSAGES[stage], swap=True)
-                rkey = _key(reverse)
-                for name, e in write_csc(
-                    back, n_dst, n_src, folder / stage / rkey, chunk_edges, ids=False
-                ).items():
-                    files[f"{stage}/{rkey}/{name}"] = e
-            supervised = {
-                "train": (TRAIN_SUPERVISION,) if disjoint else (TRAIN,),
-                "val": (VAL,),
-                "test": (TEST,),
-            }
-            for name, e in labels(
-                folder / stage, stage, supervised[stage], stage != "train"
-            ).items():
-                files[f"{stage}/{name}"] = e
-            files[f"{stage}/known"] = known(folder, stage, files)
-        return Manifest(num_nodes=manifest.num_nodes, num_edges={}, files=files)
+    def known(self, folder: Path, stage: str, files: dict[str, FileEntry]) -> FileEntry:
+        """The keys the stage knows: its graph's edges and its true pairs (:func:`write_known`)."""
 
-    def known(folder: Path, stage: str, files: dict[str, FileEntry]) -> FileEntry:
         def mapped(name: str) -> Tensor:
             shape = files[f"{stage}/{name}"].shape
             if not np.prod(shape):
                 return torch.empty(shape, dtype=torch.long)
-            path = str(folder / stage / f"{name}.bin")
-            return map_file(path, 0, "int64", shape, False)
+            return map_file(str(folder / stage / f"{name}.bin"), 0, "int64", shape, False)
 
         index = mapped("label_index")
         true = index.size(1) // (1 if stage == "train" else 2)  # true pairs, then as many random
-        row, colptr = mapped(f"{key}/row"), mapped(f"{key}/colptr")
+        row, colptr = mapped(f"{self.key}/row"), mapped(f"{self.key}/colptr")
         return write_known(row, colptr, index[:, :true], folder / stage / "known.bin")
 
-    source = {
-        "graph": manifest.key,
-        "target": list(target),
-        "reverse": reverse,
-        "fractions": list(fractions),
-        "seed": seed,
-        "chunk_edges": chunk_edges,
-        "known": True,  # a split written before it holds no known keys: written again
-    }
-
-    def check(split: PreparedGraph) -> None:  # what the sampler reads and trusts
+    def check(self, split: PreparedGraph) -> None:
+        """Refuse a split holding a node id the sampler would trust out of range."""
+        n_src, n_dst, chunk = self.n_src, self.n_dst, self.chunk_edges
         for stage in STAGES:
-            pairs = f"{stage}/label_index"
-            ids = [(pairs, split.tensor(pairs)[0], n_src), (pairs, split.tensor(pairs)[1], n_dst)]
-            ids.append((f"{stage}/{key}/row", split.tensor(f"{stage}/{key}/row"), n_src))
-            if reverse is not None:
-                back = f"{stage}/{_key(reverse)}/row"
+            pairs = split.tensor(f"{stage}/label_index")
+            row = f"{stage}/{self.key}/row"
+            ids = [
+                (f"{stage}/label_index", pairs[0], n_src),
+                (f"{stage}/label_index", pairs[1], n_dst),
+                (row, split.tensor(row), n_src),
+            ]
+            if self.reverse is not None:
+                back = f"{stage}/{_key(self.reverse)}/row"
                 ids.append((back, split.tensor(back), n_dst))
             for name, tensor, count in ids:
-                for a in range(0, tensor.numel(), chunk_edges):
-                    low, high = (int(v) for v in torch.aminmax(tensor[a : a + chunk_edges]))
+                for a in range(0, tensor.numel(), chunk):
+                    low, high = (int(v) for v in torch.aminmax(tensor[a : a + chunk]))
                     if low < 0 or high >= count:
                         raise PreparedGraphError(
                             f"{split.path(name)} holds node {low if low < 0 else high:,}, "
@@ -277,9 +325,6 @@ def write_split(
                 raise PreparedGraphError(
                     f"{split.path(f'{stage}/known')} holds a key outside 0..{n_src * n_dst - 1:,}"
                 )
-
-    size = 3 * 16 * num_edges * (2 if reverse else 1) + 2 * 24 * num_edges + 3 * 8 * num_edges
-    return prepare(out, source, fill, size, derived=True, verify=verify, check=check)
 
 
 def write_pairs(
