@@ -27,7 +27,7 @@ aggregation in the loader).
 
 ``hetero_node_classification`` (``HeteroSAGE``) has two switches of its own:
 ``--model.init_args.target_only_layers=false`` and ``--model.init_args.project_after_mean=false``
-(``gnnscale.models.hetero.target_only``).
+(``gnnscale.models.fast_hetero.target_only``).
 """
 
 from __future__ import annotations

@@ -240,7 +240,7 @@ print(json.dumps({"s": phases, "reads": reads, "nodes": nodes / batches}))
 PHASE_BATCHES = 5
 LIMIT_GIB = 8.0  # the limited fits' memory, page cache included: the paper features 3.6x it
 # The node fit again with every sampled paper projected before the first layer averages it
-# (HeteroSAGE's default averages the raw features first: gnnscale.models.hetero.target_only).
+# (HeteroSAGE's default averages the raw features first: gnnscale.models.fast_hetero.target_only).
 UNPROJECTED = "--model.init_args.project_after_mean=false"
 
 

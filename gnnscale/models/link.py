@@ -50,7 +50,7 @@ class LinkPredictor(HeteroGNN):
         optimizer: Optimizer of the dense weights.
         embedding_optimizer: Optimizer of the sparse tables.
         target_only_layers: In training, compute each layer only for the rows the next one
-            reads (``gnnscale.models.hetero.target_only``; the pairs' scores are the same);
+            reads (``gnnscale.models.fast_hetero.target_only``; the pairs' scores are the same);
             false: PyG's forward over every sampled node at every layer.
         conv: ``sage``: GraphSAGE layers (a mean of the neighbours beside the node's own row).
             ``gcn``: GCN layers (self-loops, symmetric degree normalisation: the graph
@@ -59,7 +59,7 @@ class LinkPredictor(HeteroGNN):
             (``target_only_layers`` is GraphSAGE's).
         project_after_mean: With target-only layers on a CPU, the first layer averages each
             relation's raw features and the input layers project the averages, not every
-            sampled row (``gnnscale.models.hetero.target_only``'s ``inputs``; the same
+            sampled row (``gnnscale.models.fast_hetero.target_only``'s ``inputs``; the same
             outputs). On a MAG240M-shaped graph's citations (2M papers, batches of 1,024): a
             training step 1.32x as fast and the trainer 640 MiB against 775; the recipe's
             epoch the same.
