@@ -42,7 +42,7 @@ from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.checkpoint import load as load_checkpoint
 from gnnscale.data.datasets import check_size
 from gnnscale.data.synthetic import SyntheticGraph
-from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError
+from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, MemoryLimitError
 from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
 from gnnscale.memory import Plannable
 from gnnscale.plan import MemoryPlan, format_plan, plan
@@ -407,6 +407,18 @@ def main(args: list[str] | None = None, run: bool = True) -> GnnscaleCLI:
     runtime.steady_cpu_memory()
     runtime.fork_safe_cuda_check()
     runtime.quiet()
+    # Past the memory it can see, an allocation fails and the command says so in one line.
+    with runtime.limited_memory() as limit:
+        try:
+            return _cli(args, run)
+        except BaseException as err:
+            if limit is not None and runtime.out_of_memory(err):
+                raise MemoryLimitError(runtime.out_of_memory_line(err, limit)) from err
+            raise
+
+
+def _cli(args: list[str] | None, run: bool) -> GnnscaleCLI:
+    """The Lightning CLI, built (and, ``run``, its subcommand run) from ``args``."""
     return GnnscaleCLI(
         # Any model and DataModule: node, link and graph-level ones, or a user's own. The class
         # (``--data=...`` or the config's ``class_path``) comes before its ``init_args``.

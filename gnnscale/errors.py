@@ -1,4 +1,4 @@
-"""The exceptions ``gnnscale`` prints as one line: refused input, and a run that diverged."""
+"""The exceptions ``gnnscale`` prints as one line: refused input, too much memory, divergence."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ __all__ = [
     "ConfigError",
     "GnnscaleError",
     "GroupSettingError",
+    "MemoryLimitError",
     "TrainingDiverged",
     "cause",
     "check_probabilities",
@@ -54,6 +55,10 @@ class GroupSettingError(ConfigError):
     def __reduce__(self) -> tuple[type, tuple[str, str, str]]:
         """Pickled with its three arguments (a DataLoader worker's error crosses processes)."""
         return type(self), (self.template, self.name, self.parent)
+
+
+class MemoryLimitError(GnnscaleError, MemoryError):
+    """The run needed more memory than its process may take (``GNNSCALE_MEMORY_LIMIT``)."""
 
 
 class TrainingDiverged(GnnscaleError, RuntimeError):

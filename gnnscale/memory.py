@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import psutil
@@ -63,6 +64,63 @@ def check_fits(nbytes: int, graph: str, sizes: str, fix: str) -> None:
             f"{graph} alone takes about {nbytes / 2**30:,.1f} GiB ({sizes}) and this machine "
             f"has {memory / 2**30:,.1f} GiB: {fix}"
         )
+
+
+@dataclass(frozen=True)
+class Visible:
+    """The memory this process can see: the tighter of its memory cgroup and the machine.
+
+    Args:
+        limit: Bytes in all (the cgroup's limit, or the machine's memory).
+        available: Bytes it may still take: the limit less what is in use, page cache that
+            can be dropped not counted as in use.
+        where: What sets them: ``"cgroup"`` or ``"machine"``.
+    """
+
+    limit: int
+    available: int
+    where: str
+
+
+def _cgroup_files() -> tuple[Path, Path, Path] | None:
+    """This process's memory cgroup's limit, usage and stat files (v2, else v1)."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # v2: one hierarchy
+            folder = Path("/sys/fs/cgroup", path.lstrip("/"))
+            if (folder / "memory.max").is_file():
+                return folder / "memory.max", folder / "memory.current", folder / "memory.stat"
+        if "memory" in controllers.split(","):
+            folder = Path("/sys/fs/cgroup/memory", path.lstrip("/"))
+            if (folder / "memory.limit_in_bytes").is_file():
+                limit, usage = folder / "memory.limit_in_bytes", folder / "memory.usage_in_bytes"
+                return limit, usage, folder / "memory.stat"
+    return None
+
+
+def visible_memory() -> Visible:
+    """The memory this process may still take, and in all (:class:`Visible`)."""
+    machine, swap = psutil.virtual_memory(), psutil.swap_memory()  # the kernel swaps first
+    seen = Visible(machine.total + swap.total, machine.available + swap.free, "machine")
+    files = _cgroup_files()
+    if files is None:
+        return seen
+    try:
+        text = files[0].read_text().strip()
+        limit = machine.total if text == "max" else int(text)
+        used = int(files[1].read_text())
+        stat = dict(line.split() for line in files[2].read_text().splitlines() if " " in line)
+    except (OSError, ValueError):
+        return seen
+    if limit >= seen.limit:  # unlimited (v1 says so with a huge number)
+        return seen
+    # Page cache counts as used in a cgroup; its inactive part is dropped before anyone is killed.
+    cache = int(stat.get("inactive_file", stat.get("total_inactive_file", 0)))
+    return Visible(limit, min(max(limit - used + cache, 0), seen.available), "cgroup")
 
 
 def store_tensors(*graphs: Any) -> list[Tensor]:

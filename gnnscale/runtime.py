@@ -9,10 +9,14 @@ here so that the command line holds only the command line.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
+import sys
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -20,8 +24,14 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
 from gnnscale.batch import LayerwiseBatch
-from gnnscale.errors import ConfigError
+from gnnscale.errors import ConfigError, cause
 from gnnscale.measure import cpu_bf16_native, keep_freed_memory, set_mmap_threshold, trim_heap
+from gnnscale.memory import visible_memory
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None  # type: ignore[assignment]
 
 __all__ = [
     "DEFAULT_MMAP_THRESHOLD",
@@ -31,8 +41,12 @@ __all__ = [
     "cpu_precision",
     "forks_ranks",
     "keep_freed_memory_now",
+    "limited_memory",
+    "memory_limit_setting",
     "mmap_setting",
     "on_gpu",
+    "out_of_memory",
+    "out_of_memory_line",
     "quiet",
     "steady_cpu_memory",
 ]
@@ -250,3 +264,114 @@ def quiet() -> None:
     logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")  # rank_zero_info's
     if not any(isinstance(f, _NoAdvert) for f in logger.filters):
         logger.addFilter(_NoAdvert())
+
+
+# GNNSCALE_MEMORY_LIMIT: past it, an allocation fails in the process (torch, numpy and Python
+# raise, and the command says so in one line) instead of the kernel killing it without a word.
+# "auto" (the default): the memory the process can see (its cgroup's limit or the machine's),
+# less what other processes hold; "off"; or a size such as 1.5GiB or 800MiB.
+_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def memory_limit_setting() -> tuple[int, str] | None:
+    """``GNNSCALE_MEMORY_LIMIT`` checked: the limit in bytes and what sets it, or ``None``."""
+    value = os.environ.get("GNNSCALE_MEMORY_LIMIT", "auto").strip()
+    if value.lower() == "off":
+        return None
+    if value.lower() == "auto":  # what it holds now and what it can still take, a little less
+        seen = visible_memory()
+        where = "its memory cgroup's limit" if seen.where == "cgroup" else "this machine's memory"
+        return min(seen.limit, _data_bytes() + int(0.97 * seen.available)), where
+    found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", value.lower())
+    if found is None or float(found[1]) <= 0:
+        raise ConfigError(
+            "GNNSCALE_MEMORY_LIMIT must be auto (the memory this process can see, the default), "
+            f"off, or a size such as 1.5GiB or 800MiB (got {value!r}); set it so or unset it"
+        )
+    return int(float(found[1]) * _UNITS[found[2]]), "GNNSCALE_MEMORY_LIMIT"
+
+
+def _data_bytes() -> int:
+    """This process's data (heap and private mappings) as ``RLIMIT_DATA`` counts it."""
+    with contextlib.suppress(OSError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("VmData:")).split()[1]) * 1024
+    return 0
+
+
+@contextlib.contextmanager
+def limited_memory() -> Iterator[tuple[int, str] | None]:
+    """While inside, this process's data (heap and private mappings) stays under the limit.
+
+    ``RLIMIT_DATA`` (Linux; a no-op elsewhere, or where the user set a lower one): the kernel
+    refuses the allocation that would pass it, so the process gets an error it can report
+    where a memory cgroup or the machine would have killed it. It counts what the process
+    wrote, not the files it maps (a prepared graph's pages are not counted); processes it
+    forks (loader workers, DDP ranks) inherit it and count what they share with it. Yields
+    the limit and what sets it, ``None`` when none is set (nor where a GPU is visible: CUDA's
+    driver maps host memory of its own, and the limit has not been measured beside it).
+    """
+    setting = memory_limit_setting()
+    rlimit = getattr(resource, "RLIMIT_DATA", None) if resource is not None else None
+    # With a GPU, CUDA's driver maps host memory of its own: not limited (not yet measured).
+    gpu = torch.cuda.is_available()
+    if setting is None or rlimit is None or not sys.platform.startswith("linux") or gpu:
+        yield None
+        return
+    soft, hard = resource.getrlimit(rlimit)
+    limit = setting[0] if hard == resource.RLIM_INFINITY else min(setting[0], hard)
+    if soft != resource.RLIM_INFINITY and soft <= limit:  # the user's own, tighter one stays
+        yield None
+        return
+    resource.setrlimit(rlimit, (limit, hard))
+    try:
+        yield setting
+    finally:
+        resource.setrlimit(rlimit, (soft, hard))
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` (or what it was raised from) is an allocation the process was refused."""
+    # torch's allocator's words, C++'s (a sort's buffers), errno 12's (a fork, an mmap)
+    refused = "can't allocate memory", "std::bad_alloc", "Cannot allocate memory"
+    return (
+        cause(err, lambda e: isinstance(e, MemoryError) or any(r in str(e) for r in refused))
+        is not None
+    )
+
+
+def out_of_memory_line(err: BaseException, limit: tuple[int, str]) -> str:
+    """What to say when ``err`` was an allocation past ``limit``: where the run was, what to lower.
+
+    Where: the Lightning loop in ``err``'s traceback (a DataLoader worker's or a forked rank's
+    is text in its message).
+    """
+    frames: list[str] = []
+    seen: BaseException | None = err
+    while seen is not None:
+        tb = seen.__traceback__
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_filename)
+            tb = tb.tb_next
+        frames.append(str(seen))
+        seen = seen.__cause__ or seen.__context__
+    where = "\n".join(frames)
+    if "evaluation_loop" in where or "prediction_loop" in where:
+        doing = "evaluating"
+        fix = "lower --data.eval.batch_size or the evaluation's fan-out (--data.eval.num_neighbors)"
+    elif "training_epoch_loop" in where or "fit_loop" in where:
+        doing = "training"
+        fix = "lower --data.batch_size or the fan-out (--data.num_neighbors)"
+    else:
+        doing = "loading the data"
+        fix = (
+            "prepare the graph on disk once (gnnscale prepare) and train from its folder "
+            "(--data.dataset=prepared), or use a smaller graph"
+        )
+    gib = limit[0] / 2**30
+    if doing != "loading the data":
+        fix += f" (gnnscale plan with the same arguments and --budget_gb {gib:.1f} suggests values)"
+    return (
+        f"the run needed more memory than the {gib:.1f} GiB this process may take ({limit[1]}), "
+        f"{doing}: {fix}; GNNSCALE_MEMORY_LIMIT=off leaves the limit to the kernel"
+    )

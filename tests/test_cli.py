@@ -333,6 +333,7 @@ def test_a_forking_strategy_leaves_cuda_uninitialised(monkeypatch, strategy, ask
     [
         ("GNNSCALE_MMAP_THRESHOLD", "64k", "GNNSCALE_MMAP_THRESHOLD must be 0 for glibc"),
         ("GNNSCALE_CPU_BF16", "yes", r"GNNSCALE_CPU_BF16 must be 1 or 0 \(got 'yes'\)"),
+        ("GNNSCALE_MEMORY_LIMIT", "2 gallons", "GNNSCALE_MEMORY_LIMIT must be auto .* or a size"),
     ],
 )
 def test_a_malformed_environment_variable_is_one_line(tmp_path, monkeypatch, name, value, message):
