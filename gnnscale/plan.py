@@ -426,6 +426,13 @@ def _suggest(profile: MemoryProfile, result: MemoryPlan, budget_mb: float) -> li
     if room <= 0:
         return [f"the data and process alone take {result.base_mb:,.0f} MiB: {profile.data_fix}"]
     tips = []
+    if result.train_mb > room:  # the training step first: what training leaves grows with it
+        # MiB per node of an average batch, with the epoch's tail batch folded in.
+        mean_nodes = statistics.mean(b.nodes for b in result.batches)
+        tip = profile.smaller_batches(room / (result.train_mb / mean_nodes), mean_nodes)
+        tips += [tip] if tip else []
+    if after_training <= 0:  # the steps' own leftovers exceed it: evaluation is not the cause
+        return tips
     if result.eval_mb > after_training and profile.eval_fix is not None:
         tips.append(
             f"evaluation ({result.eval_mode}) needs {result.eval_mb:,.0f} MiB: {profile.eval_fix}"
@@ -436,12 +443,7 @@ def _suggest(profile: MemoryProfile, result: MemoryPlan, budget_mb: float) -> li
             "gnnscale's StreamingCheckpointIO (no CheckpointIO in --trainer.plugins) or "
             "--trainer.enable_checkpointing=false"
         )
-    if result.train_mb <= room:
-        return tips
-    # MiB per node of an average batch, with the epoch's tail batch folded in.
-    mean_nodes = statistics.mean(b.nodes for b in result.batches)
-    tip = profile.smaller_batches(room / (result.train_mb / mean_nodes), mean_nodes)
-    return [*tips, tip] if tip else tips
+    return tips
 
 
 def format_plan(result: MemoryPlan) -> str:

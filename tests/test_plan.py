@@ -433,3 +433,46 @@ def test_plan_of_a_prepared_store_reports_private_memory_apart_from_the_mapped_f
     assert _mib("private peak", text) == pytest.approx(plan.private_mb, abs=1)
     assert _mib("mapped graph files", text) == pytest.approx(plan.mapped_mb, abs=1)
     assert "private peak" not in format_plan(replace(plan, mapped_mb=0.0))  # nothing mapped
+
+
+def test_the_advice_puts_the_step_first_and_names_no_setting_already_made():
+    """`gnnscale plan --budget_gb 2` of a fan-out [-1, -1] on a graph of degree 200 (its measured
+    figures below) advised evaluation, then a checkpoint of 0 MiB, before the training step
+    that set the peak: with the steps' own leftovers over the budget, only the step is named."""
+    from gnnscale.memory import MemoryProfile
+    from gnnscale.plan import BatchStats, MemoryPlan
+
+    def smaller(max_nodes, mean_nodes):
+        return f"--data.batch_size={int(1024 * max_nodes / mean_nodes)}"
+
+    profile = MemoryProfile(100.0, "sampled", smaller, eval_fix="use the evaluation's fix")
+    measured = MemoryPlan(
+        base_mb=1550, graph_mb=588, model_mb=1, train_mb=2363, resident_mb=2198, eval_mb=360,
+        checkpoint_mb=0, peak_mb=4359, growth_mb=447, mapped_mb=0,
+        batches=[BatchStats(200_000, 22_500_000, [], 75.0, 434.0)], batches_per_epoch=20,
+        eval_mode="sampled",
+    )  # fmt: skip
+    (tip,) = _suggest(profile, measured, 2048)
+    assert tip.startswith("--data.batch_size=")
+    # A step that fits, an evaluation that does not: evaluation is named, a free checkpoint not.
+    fits = replace(measured, train_mb=500)
+    assert _suggest(profile, fits, 2198 + 447 + 100) == [
+        "evaluation (sampled) needs 360 MiB: use the evaluation's fix"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mode", "val_mode", "fix"),
+    [
+        ("layerwise", None, "use --data.eval.mode=sampled "),
+        ("layerwise", "sampled", "use --data.eval.mode=sampled "),
+        ("sampled", "full", "use --data.eval.val_mode=sampled "),
+        ("sampled", None, "lower --data.eval.batch_size (now 4,096) or the evaluation's fan-out"),
+    ],
+)
+def test_the_evaluation_advice_names_a_mode_not_already_set(mode, val_mode, fix):
+    from gnnscale import NeighborDataModule
+    from gnnscale.data import EvalArgs
+
+    dm = NeighborDataModule("synthetic", eval=EvalArgs(mode=mode, val_mode=val_mode))
+    assert dm._eval_fix().startswith(fix)

@@ -399,7 +399,21 @@ class NodeDataModule(L.LightningDataModule):
             mapped_mb=self.source.mapped_mb,
             layerwise=layerwise,
             data_fix=data_fix,
-            eval_fix="use --data.eval.mode=sampled (memory of a training batch, without gradients)",
+            eval_fix=self._eval_fix(),
+        )
+
+    def _eval_fix(self) -> str:
+        """What lowers evaluation's memory, among the settings not already so."""
+        exact = [
+            f"--data.eval.{flag}=sampled"
+            for flag in ("mode", "val_mode")
+            if getattr(self.eval, flag) not in (None, "sampled")
+        ]
+        if exact:
+            return f"use {' and '.join(exact)} (memory of a training batch, without gradients)"
+        return (
+            f"lower --data.eval.batch_size (now {self.eval.batch_size:,}) or the evaluation's "
+            f"fan-out (--data.eval.num_neighbors, now {self._eval_fanout()})"
         )
 
     def _smaller_batches(self, max_nodes: float, mean_nodes: float) -> str | None:
