@@ -3,7 +3,7 @@
 Written by ``python benchmarks/figures.py allocator`` (its block in benchmarks/README.md).
 
 ``gnnscale`` sets glibc's mmap threshold at start (``GNNSCALE_MMAP_THRESHOLD``, see
-``gnnscale.runtime.steady_cpu_memory``): ``0`` (the default) leaves glibc's dynamic threshold,
+``gnnscale.cli.runtime.steady_cpu_memory``): ``0`` (the default) leaves glibc's dynamic threshold,
 except that a run of one batch an epoch (a full graph) keeps freed memory in the heap once
 training starts; ``off`` serves every tensor from the heap and keeps freed memory there, fast to
 reuse; a number of bytes fixes it: tensors above it get their own mapping, returned to the
@@ -23,7 +23,7 @@ from pathlib import Path
 from blocks import Block
 from registry import REPO, recipe
 
-from gnnscale.runtime import DEFAULT_MMAP_THRESHOLD
+from gnnscale.cli.runtime import DEFAULT_MMAP_THRESHOLD
 from recipes import measure
 
 SETTINGS = {  # label: GNNSCALE_MMAP_THRESHOLD

@@ -73,7 +73,7 @@ def machine() -> str:
     text = f"{cpu}, {os.cpu_count()} cores, {memory:.0f} GiB"
     if torch.cuda.is_available():
         text += f", {torch.cuda.get_device_name()}"
-    else:  # without them, bf16-mixed recipes train in fp32 (gnnscale.runtime.cpu_precision)
+    else:  # without them, bf16-mixed recipes train in fp32 (gnnscale.cli.runtime.cpu_precision)
         text += f", CPU bf16 kernels: {'yes' if cpu_bf16_native() else 'no'}"
     return text
 

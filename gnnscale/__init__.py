@@ -6,10 +6,9 @@ and their switches, ``models/dropout.py`` the CPU dropout), ``sparse.py`` (the s
 adjacency that data and models both build), ``stores/`` (graphs on disk: prepared graphs,
 many-graph stores, caches), ``batch.py`` (what batches carry between DataModules and models),
 ``handshake.py`` (what a DataModule and its model tell each other when the run is built), and
-beside them the CLI (``cli.py``: a table of subcommands; ``argerrors.py`` condenses
-jsonargparse's refusals to one line), process policy (``runtime.py``: allocator, precision,
-warnings), the memory planner (``plan.py``), callbacks, checkpointing, measurement helpers and
-test helpers.
+beside them the command line (``cli/``: what only the command uses, from its subcommand table
+to process policy, resume and pre-emption), the memory planner (``plan.py``), callbacks,
+checkpointing, measurement helpers and test helpers.
 """
 
 from gnnscale.callbacks import GradActivationMonitor, ThroughputMonitor

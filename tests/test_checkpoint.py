@@ -5,9 +5,8 @@ import pytest
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 
-from gnnscale import runs
 from gnnscale.checkpoint import StreamingCheckpointIO, damage, load
-from gnnscale.cli import main
+from gnnscale.cli import main, resume
 from gnnscale.errors import ConfigError
 from gnnscale.testing import cli_args, damage_a_weight
 
@@ -140,7 +139,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_by_every_load(tmp_path):
     with pytest.raises(ConfigError, match=refused):
         io.load_checkpoint(evil, weights_only=None)  # torch 2.5's default would be False
     with pytest.raises(ConfigError, match=refused):
-        runs._load(evil)  # gnnscale's check of a resumed run's settings
+        resume._load(evil)  # gnnscale's check of a resumed run's settings
     with pytest.raises(ConfigError, match=refused):
         load(evil)
     assert not marker.exists()

@@ -17,13 +17,14 @@ from jsonargparse import Namespace
 from registry import recipe
 
 import gnnscale.cli
+import gnnscale.cli.command
+import gnnscale.cli.runtime
 import gnnscale.data.node
-import gnnscale.runtime
 from gnnscale import FullBatchDataModule, make_synthetic_graph
 from gnnscale.cli import main
+from gnnscale.cli.prepare import prepare_graphs_main, prepare_main
 from gnnscale.errors import ConfigError, GnnscaleError, TrainingDiverged
 from gnnscale.measure import read_metrics
-from gnnscale.prepare import prepare_graphs_main, prepare_main
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.testing import (
     TINY,
@@ -208,7 +209,7 @@ def test_a_refusal_from_a_loader_worker_is_one_line_too(monkeypatch, capsys):
         raise PreparedGraphError("row.bin holds a damaged neighbour id")
 
     loader = torch.utils.data.DataLoader(range(4), num_workers=1, collate_fn=sample)
-    monkeypatch.setattr(gnnscale.cli, "main", lambda: next(iter(loader)))
+    monkeypatch.setattr(gnnscale.cli.command, "main", lambda: next(iter(loader)))
     monkeypatch.setattr(sys, "argv", ["gnnscale", "fit"])
     monkeypatch.delenv("GNNSCALE_DEBUG", raising=False)
     with pytest.raises(SystemExit) as done:
@@ -264,7 +265,7 @@ def test_true_precisions_train(tmp_path, precision):
 def test_cpu_bf16_autocast_falls_back_to_fp32_without_bf16_kernels(
     tmp_path, monkeypatch, native, keep, asked, runs
 ):
-    monkeypatch.setattr(gnnscale.runtime, "cpu_bf16_native", lambda: native)
+    monkeypatch.setattr(gnnscale.cli.runtime, "cpu_bf16_native", lambda: native)
     if keep is None:
         monkeypatch.delenv("GNNSCALE_CPU_BF16", raising=False)
     else:
@@ -294,7 +295,7 @@ def test_a_key_given_twice_in_a_config_is_refused(tmp_path):
     assert not (tmp_path / "runs").exists()
     # merge keys repeat by design, and equal keys in different mappings are not a repeat
     config.write_text("a: &x {k: 1}\nb:\n  <<: *x\n  k: 2\nc: {k: 3}\n")
-    gnnscale.checks.check_config_keys([f"--config={config}"])
+    gnnscale.cli.checks.check_config_keys([f"--config={config}"])
 
 
 def _ddp(start_method):
@@ -322,9 +323,9 @@ def test_a_forking_strategy_leaves_cuda_uninitialised(monkeypatch, strategy, ask
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: asked.append(1) or False)
     if asks:
         with pytest.raises(ConfigError, match="this GPU has no bf16"):
-            gnnscale.runtime.check_precision("bf16-mixed", "gpu", strategy)
+            gnnscale.cli.runtime.check_precision("bf16-mixed", "gpu", strategy)
     else:
-        gnnscale.runtime.check_precision("bf16-mixed", "gpu", strategy)
+        gnnscale.cli.runtime.check_precision("bf16-mixed", "gpu", strategy)
     assert len(asked) == asks
 
 
@@ -337,7 +338,7 @@ def test_a_forking_strategy_leaves_cuda_uninitialised(monkeypatch, strategy, ask
     ],
 )
 def test_a_malformed_environment_variable_is_one_line(tmp_path, monkeypatch, name, value, message):
-    monkeypatch.setattr(gnnscale.runtime, "cpu_bf16_native", lambda: False)
+    monkeypatch.setattr(gnnscale.cli.runtime, "cpu_bf16_native", lambda: False)
     monkeypatch.setenv(name, value)
     with pytest.raises(ConfigError, match=message):
         _fit_planetoid(tmp_path, "--trainer.precision=bf16-mixed")
@@ -348,7 +349,7 @@ def test_a_recipe_fit_prints_no_warning_a_user_cannot_act_on_and_one_test_table(
     tmp_path, capsys, caplog
 ):
     # The messages gnnscale silences, each alone: any other warning still reaches the user.
-    from gnnscale.runtime import UNACTIONABLE
+    from gnnscale.cli.runtime import UNACTIONABLE
 
     config = ["--config", str(recipe("neighbor_sage").config)]
     args = ["--trainer.max_epochs=2", "--trainer.limit_train_batches=2", "--data.batch_size=256"]
@@ -399,8 +400,8 @@ def test_freed_memory_is_kept_where_steps_repeat_and_nothing_trains_after(
     calls, stages = [], []
     monkeypatch.setattr(AllocatorStages, "CALLS", calls)
     monkeypatch.setattr(AllocatorStages, "stages", stages)
-    monkeypatch.setattr(gnnscale.runtime, "keep_freed_memory", lambda: calls.append(True))
-    monkeypatch.setattr(gnnscale.runtime, "trim_heap", lambda: None)
+    monkeypatch.setattr(gnnscale.cli.runtime, "keep_freed_memory", lambda: calls.append(True))
+    monkeypatch.setattr(gnnscale.cli.runtime, "trim_heap", lambda: None)
     if env is not None:  # a fixed threshold the user chose: left alone
         monkeypatch.setenv("GNNSCALE_MMAP_THRESHOLD", env)
     callback = f"--trainer.callbacks+={__name__}.AllocatorStages"
@@ -556,7 +557,7 @@ def test_a_writers_option_is_taken_only_as_spelled_in_full(tmp_path, command):
     ],
 )
 def test_a_folder_that_cannot_be_written_is_one_line(monkeypatch, capsys, code, status, line):
-    import gnnscale.cli as cli
+    import gnnscale.cli.command as cli
 
     def failing(*args, **kwargs):  # as Lightning's logger or a checkpoint save fails there
         raise OSError(code, os.strerror(code), "/mnt/runs/x")

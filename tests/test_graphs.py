@@ -18,12 +18,12 @@ from torch_geometric.data import Batch, Data
 
 from gnnscale import GraphDataModule, GraphGINE
 from gnnscale._compat import worker_processes
+from gnnscale.cli.prepare import prepare_graphs_main
 from gnnscale.data.args import GraphSplit, LoaderArgs
 from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import anon_mb
-from gnnscale.prepare import prepare_graphs_main
 from gnnscale.stores import atomic
 from gnnscale.stores import graphs as graph_stores
 from gnnscale.stores.graphs import (

@@ -85,7 +85,7 @@ def test_trim_heap_returns_the_freed_heap_pages():
 PRIMITIVES = """
 import os, sys
 import torch
-from gnnscale.runtime import steady_cpu_memory
+from gnnscale.cli.runtime import steady_cpu_memory
 from gnnscale.measure import rss_mb, trim_heap
 if sys.argv[1] == "large":
     os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = os.environ["LRU_CACHE_CAPACITY"] = "1024"

@@ -12,9 +12,9 @@ import harness
 import pytest
 from registry import recipe
 
+from gnnscale.cli.runtime import limited_memory, memory_limit_setting, out_of_memory
 from gnnscale.errors import ConfigError
 from gnnscale.memory import visible_memory
-from gnnscale.runtime import limited_memory, memory_limit_setting, out_of_memory
 from gnnscale.testing import cli_args
 
 GIB = 2**30
@@ -55,7 +55,7 @@ _ALLOCATE = """
 import os, re, resource, sys
 from pathlib import Path
 import numpy as np, torch
-from gnnscale.runtime import limited_memory, out_of_memory
+from gnnscale.cli.runtime import limited_memory, out_of_memory
 data = int(re.search(r"VmData:\\s+(\\d+)", Path("/proc/self/status").read_text())[1]) * 1024
 os.environ["GNNSCALE_MEMORY_LIMIT"] = str(data + 200 * 2**20)
 refused = []

@@ -16,8 +16,8 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import NeighborLoader
 
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, stores
+from gnnscale.cli.prepare import prepare_main
 from gnnscale.errors import ConfigError
-from gnnscale.prepare import prepare_main
 from gnnscale.sampler import HopSampler
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.ogb import prepare_ogb

@@ -42,7 +42,7 @@ def tracked_text_files() -> dict[str, str]:
 
 def test_no_file_tells_history_as_a_diary():
     files = tracked_text_files()
-    assert "CHANGELOG.md" in files and "gnnscale/cli.py" in files
+    assert "CHANGELOG.md" in files and "gnnscale/cli/command.py" in files
     assert diary_mentions(files) == []
 
 

@@ -20,10 +20,10 @@ import torch
 
 import gnnscale.cli
 from gnnscale import NeighborDataModule, Preprocess, make_synthetic_graph, stores
+from gnnscale.cli.prepare import Dataset, Npy, Ogb, Recommender, Synthetic, prepare, prepare_main
 from gnnscale.data.datasets import DATASETS
 from gnnscale.data.synthetic import write_streamed_synthetic
 from gnnscale.errors import ConfigError
-from gnnscale.prepare import Dataset, Npy, Ogb, Recommender, Synthetic, prepare, prepare_main
 from gnnscale.stores.ogb import OGB
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.writing import write_graph
@@ -97,7 +97,7 @@ def test_help_says_gnnscale_prepare_and_lists_the_sources(capsys):
     shown = capsys.readouterr().out
     assert shown.startswith("usage: gnnscale prepare ")
     for source in SOURCES:
-        assert f"gnnscale.prepare.{source.__name__}" in shown, source
+        assert f"gnnscale.cli.prepare.{source.__name__}" in shown, source
     with pytest.raises(SystemExit):
         prepare_main(["--source.help", "Npy"])
     assert "--source.root" in capsys.readouterr().out

@@ -15,8 +15,8 @@ import pytest
 from registry import REPO, recipe
 
 from gnnscale.cli import main
+from gnnscale.cli.prepare import prepare_main
 from gnnscale.errors import GnnscaleError
-from gnnscale.prepare import prepare_main
 from gnnscale.testing import cli_args
 
 DOC = REPO / "docs" / "refused_inputs.md"

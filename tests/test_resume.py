@@ -315,7 +315,7 @@ def test_a_damaged_last_checkpoint_is_refused_or_passed_over_for_the_whole_one(t
 
 _ORPHANED = """
 import os, sys, time
-from gnnscale.preemption import die_with_parent
+from gnnscale.cli.preemption import die_with_parent
 if os.fork() == 0:
     die_with_parent(os.getppid())
     print("child", os.getpid(), flush=True)
@@ -338,7 +338,7 @@ def test_a_process_that_asked_dies_with_its_parent_or_at_once_if_it_is_gone():
     finally:
         parent.kill()
     # Asked with a parent that is not (any more) the parent: SIGTERM at once.
-    gone = "from gnnscale.preemption import die_with_parent; die_with_parent(1); input()"
+    gone = "from gnnscale.cli.preemption import die_with_parent; die_with_parent(1); input()"
     done = subprocess.run([sys.executable, "-c", gone], stdin=subprocess.PIPE, timeout=60)
     assert done.returncode == -signal.SIGTERM
 
@@ -446,7 +446,7 @@ def test_a_rank_whose_launcher_is_gone_knows_it(tmp_path):
     """``launcher_gone`` is what turns a rank's failed collective into the one line: true only
     in a launched rank whose parent has changed."""
     code = (
-        "import os, sys, time; from gnnscale import preemption as p\n"
+        "import os, sys, time; from gnnscale.cli import preemption as p\n"
         "assert not p.launcher_gone()\n"  # not a launched rank
         "p._launcher = os.getppid(); assert not p.launcher_gone()\n"  # its launcher alive
         "p._launcher = 1 if os.getppid() != 1 else 2; print(p.launcher_gone())\n"

@@ -38,12 +38,12 @@ from gnnscale import (
     make_synthetic_graph,
     stores,
 )
+from gnnscale.cli.prepare import prepare_main
 from gnnscale.data import datasets
 from gnnscale.data.args import EvalArgs
 from gnnscale.data.synthetic import write_streamed_synthetic
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
-from gnnscale.prepare import prepare_main
 from gnnscale.sampler import HopSampler
 from gnnscale.stores import reads
 from gnnscale.stores.manifest import PreparedGraphError, split_labels

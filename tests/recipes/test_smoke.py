@@ -26,10 +26,10 @@ from gnnscale import (
     make_synthetic_graph,
 )
 from gnnscale.cli import main
+from gnnscale.cli.prepare import prepare_graphs_main, prepare_main
 from gnnscale.data.args import GraphSplit
 from gnnscale.data.graphs import features_only_mae
 from gnnscale.measure import read_metrics
-from gnnscale.prepare import prepare_graphs_main, prepare_main
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.testing import (
     centroid_accuracy,

@@ -320,6 +320,9 @@ def limited_memory() -> Iterator[tuple[int, str] | None]:
         return
     soft, hard = resource.getrlimit(rlimit)
     limit = setting[0] if hard == resource.RLIM_INFINITY else min(setting[0], hard)
+    if limit <= _data_bytes():  # already past it: every allocation would fail
+        yield None
+        return
     if soft != resource.RLIM_INFINITY and soft <= limit:  # the user's own, tighter one stays
         yield None
         return

@@ -8,7 +8,7 @@
 
 ``plan`` is a subcommand like ``fit``: :class:`Trainer` adds the method it runs, so LightningCLI
 builds its parser (``gnnscale plan --help``) from the method's signature. ``prepare`` and
-``prepare-graphs`` need no model or trainer: they are functions (``gnnscale.prepare``), each
+``prepare-graphs`` need no model or trainer: they are functions (``gnnscale.cli.prepare``), each
 parsed by jsonargparse on its own; :data:`SUBCOMMANDS` maps them.
 """
 
@@ -35,25 +35,25 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.utilities import rank_zero_info
 from torch.multiprocessing import ProcessExitedException
 
-from gnnscale import argerrors, checks, runs, runtime
 from gnnscale._compat import LightningCLI, logger_opened, saved_batches_that_stepped
 from gnnscale.callbacks import PredictionWriter
 from gnnscale.checkpoint import StreamingCheckpointIO
 from gnnscale.checkpoint import load as load_checkpoint
-from gnnscale.data.datasets import check_size
-from gnnscale.data.synthetic import SyntheticGraph
-from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, MemoryLimitError
-from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
-from gnnscale.memory import Plannable
-from gnnscale.plan import MemoryPlan, format_plan, plan
-from gnnscale.preemption import (
+from gnnscale.cli import argerrors, checks, resume, runtime
+from gnnscale.cli.preemption import (
     PREEMPTED_EXIT,
     Preemption,
     forwarded,
     launched_by,
     launcher_gone,
 )
-from gnnscale.prepare import prepare_graphs_main, prepare_main
+from gnnscale.cli.prepare import prepare_graphs_main, prepare_main
+from gnnscale.data.datasets import check_size
+from gnnscale.data.synthetic import SyntheticGraph
+from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, MemoryLimitError
+from gnnscale.handshake import BatchRequest, ConfiguresBatches, GraphSpec
+from gnnscale.memory import Plannable
+from gnnscale.plan import MemoryPlan, format_plan, plan
 
 __all__ = ["SUBCOMMANDS", "GnnscaleCLI", "Trainer", "main", "run"]
 
@@ -163,7 +163,8 @@ class GnnscaleCLI(LightningCLI):
         """Parse, and check ``--ckpt_path`` against the config before anything is written.
 
         A key or value jsonargparse refuses becomes one line (``ConfigError``); so does a
-        checkpoint of a run with other settings (``gnnscale.runs``). ``last`` is resolved here.
+        checkpoint of a run with other settings (``gnnscale.cli.resume``). ``last`` is resolved
+        here.
         """
         try:
             super().parse_arguments(parser, args)
@@ -173,13 +174,13 @@ class GnnscaleCLI(LightningCLI):
             raise ConfigError(argerrors.one_line(str(err), command)) from err
         subcommand = self.config.get("subcommand")
         config = self.config[subcommand] if subcommand else self.config
-        self.settings = runs.settings(config)  # what its checkpoints will say they continue
+        self.settings = resume.settings(config)  # what its checkpoints will say they continue
         # Before Lightning replaces the model's settings with the checkpoint's, silently.
         ckpt_path = config.get("ckpt_path")
         if ckpt_path == "last":
-            config.ckpt_path = str(runs.resolve_last(config, self.settings, subcommand))
+            config.ckpt_path = str(resume.resolve_last(config, self.settings, subcommand))
         elif ckpt_path and ckpt_path not in ("best", "hpc", "registry"):  # Lightning's names
-            runs.check(Path(ckpt_path), self.settings, subcommand)
+            resume.check(Path(ckpt_path), self.settings, subcommand)
 
     def before_instantiate_classes(self) -> None:
         """Refuse a precision the device cannot run, or a graph too large to load or generate.
@@ -233,7 +234,7 @@ class GnnscaleCLI(LightningCLI):
 
         Unless ``--trainer.plugins`` names another ``CheckpointIO``: Lightning's own holds a
         second copy of every checkpoint in memory while it saves (see ``gnnscale.checkpoint``).
-        Settings that would change what the run means are refused (``gnnscale.checks``).
+        Settings that would change what the run means are refused (``gnnscale.cli.checks``).
         """
         trainer = self.config_init.get(str(self.subcommand), self.config_init).get("trainer", {})
         accumulate = trainer.get("accumulate_grad_batches", 1)
@@ -254,7 +255,7 @@ class GnnscaleCLI(LightningCLI):
         kwargs["callbacks"] = [
             *callbacks,
             Preemption(),
-            runs.SavedSettings(self.settings),
+            resume.SavedSettings(self.settings),
             checks.AccumulationCheck(),
             runtime.SameStepMemory(),
         ]
@@ -518,7 +519,3 @@ def _disk_refusal(err: OSError, writes_a_store: bool = False) -> str | None:
             "space there, then resume with --ckpt_path last"
         )
     return None
-
-
-if __name__ == "__main__":
-    run()

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from jsonargparse import ArgumentError, ArgumentParser
 
-from gnnscale import argerrors
+from gnnscale.cli import argerrors
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.datasets import check_root, check_size
 from gnnscale.data.graphs import prepare_graphs
