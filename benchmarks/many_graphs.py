@@ -30,7 +30,7 @@ from blocks import Block
 from gnnscale._compat import worker_processes
 from gnnscale.cli import main
 from gnnscale.data.args import GraphSplit, LoaderArgs
-from gnnscale.data.graphs import AtomGraphs, GraphDataModule, features_only_mae, prepare_graphs
+from gnnscale.data.many_graphs import AtomGraphs, GraphDataModule, features_only_mae, prepare_graphs
 from gnnscale.measure import anon_mb, peak_rss_mb, rss_mb
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "many_graphs_on_disk"

@@ -20,13 +20,18 @@ from gnnscale import GraphDataModule, GraphGINE
 from gnnscale._compat import worker_processes
 from gnnscale.cli.prepare import prepare_graphs_main
 from gnnscale.data.args import GraphSplit, LoaderArgs
-from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, features_only_mae, prepare_graphs
+from gnnscale.data.many_graphs import (
+    AtomGraphDataset,
+    AtomGraphs,
+    features_only_mae,
+    prepare_graphs,
+)
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import anon_mb
 from gnnscale.stores import atomic
-from gnnscale.stores import graphs as graph_stores
-from gnnscale.stores.graphs import (
+from gnnscale.stores import graph_db as graph_stores
+from gnnscale.stores.graph_db import (
     GraphStore,
     GraphStoreError,
     decode,
@@ -34,7 +39,7 @@ from gnnscale.stores.graphs import (
     verify,
     write_graphs,
 )
-from gnnscale.stores.graphs_manifest import StoreManifest
+from gnnscale.stores.graph_db_manifest import StoreManifest
 from gnnscale.testing import quiet_trainer, run_or_show_stacks
 
 SMALL = AtomGraphs(num_graphs=300, seed=3)
@@ -142,8 +147,8 @@ def test_a_store_without_manifest_is_refused(store, tmp_path):
 KILLED = """
 import os, signal, sys
 from pathlib import Path
-from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs, write_graphs
-from gnnscale.stores import graphs
+from gnnscale.data.many_graphs import AtomGraphDataset, AtomGraphs, write_graphs
+from gnnscale.stores import graph_db as graphs
 from dataclasses import asdict
 
 graphs._estimated_bytes = lambda *args: 0  # it reads a sample: only the writer's reads here
@@ -306,7 +311,7 @@ def test_two_ranks_train_every_graph_exactly_once_per_epoch(store):
 def test_the_exactly_once_check_fails_a_broken_sampler(store):
     """The check above fails a plain DistributedSampler (its padding trains a graph twice)."""
     dm = GraphDataModule(store, batch_size=16, split=GraphSplit(0.1, 0.09))
-    from gnnscale.data.graphs import _Split
+    from gnnscale.data.many_graphs import _Split
 
     split = _Split(dm.graphs, dm.splits["train"])
     per_rank = []

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from gnnscale.data.graphs import AtomGraphDataset, AtomGraphs
+from gnnscale.data.many_graphs import AtomGraphDataset, AtomGraphs
 from gnnscale.data.sources import folder_digest
 from gnnscale.data.synthetic import (
     SyntheticRecommender,
@@ -15,8 +15,8 @@ from gnnscale.data.synthetic import (
     make_synthetic_graph,
 )
 from gnnscale.stores import link_split, prepare_npy, save_npy, write_graph
-from gnnscale.stores.graphs import GraphStore, write_graphs
-from gnnscale.stores.graphs_manifest import GraphStoreError, StoreManifest
+from gnnscale.stores.graph_db import GraphStore, write_graphs
+from gnnscale.stores.graph_db_manifest import GraphStoreError, StoreManifest
 from gnnscale.stores.manifest import CHECKS, Manifest, PreparedGraphError
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.testing import TINY

@@ -14,7 +14,7 @@ from registry import recipe
 from gnnscale import GraphSAGE, HeteroNeighborDataModule, make_synthetic_graph, stores
 from gnnscale._compat import in_memory_data
 from gnnscale.cli import Trainer, main
-from gnnscale.data.graphs import AtomGraphs, prepare_graphs
+from gnnscale.data.many_graphs import AtomGraphs, prepare_graphs
 from gnnscale.errors import ConfigError
 from gnnscale.plan import _suggest, format_plan
 from gnnscale.stores.writing import write_graph

@@ -3,7 +3,7 @@
 Neither needs a model or a trainer: each is a function, parsed by jsonargparse on its own
 (``gnnscale.cli.SUBCOMMANDS`` maps the names). ``prepare`` writes one graph to a folder every
 process maps (``gnnscale.stores``); ``prepare-graphs`` many small graphs to a store
-(``gnnscale.stores.graphs``).
+(``gnnscale.stores.graph_db``).
 
 What ``prepare`` reads is one typed choice, ``--source``, as ``fit``'s ``--data`` is: a class per
 source (:class:`Dataset`, :class:`Synthetic`, :class:`Npy`, :class:`Ogb`, :class:`Recommender`),
@@ -26,7 +26,7 @@ from jsonargparse import ArgumentError, ArgumentParser
 from gnnscale.cli import argerrors
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.datasets import check_root, check_size
-from gnnscale.data.graphs import prepare_graphs
+from gnnscale.data.many_graphs import prepare_graphs
 from gnnscale.data.neighbor import NeighborDataModule
 from gnnscale.data.synthetic import (
     SyntheticGraph,
@@ -362,5 +362,5 @@ def prepare_main(args: list[str] | None = None) -> Path:
 
 
 def prepare_graphs_main(args: list[str] | None = None) -> Path:
-    """``gnnscale prepare-graphs``: many small graphs to a store (``gnnscale.stores.graphs``)."""
+    """``gnnscale prepare-graphs``: many small graphs to a store (``gnnscale.stores.graph_db``)."""
     return _function_main(prepare_graphs, "gnnscale prepare-graphs", args)

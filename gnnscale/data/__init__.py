@@ -14,10 +14,10 @@
 
 from gnnscale.data.args import EvalArgs, GraphSplit, LoaderArgs, NodeSplit, Preprocess
 from gnnscale.data.datasets import DATASETS, load_dataset
-from gnnscale.data.graphs import AtomGraphs, GraphDataModule
 from gnnscale.data.hetero import HeteroNeighborDataModule
 from gnnscale.data.link import LinkDataModule, LinkEvalArgs
 from gnnscale.data.link_graphs import LinkSplit
+from gnnscale.data.many_graphs import AtomGraphs, GraphDataModule
 from gnnscale.data.neighbor import NeighborDataModule
 from gnnscale.data.node import FullBatchDataModule, NodeDataModule
 from gnnscale.data.pinsage import PinSAGENeighbors

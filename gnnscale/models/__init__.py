@@ -10,7 +10,7 @@
 
 from gnnscale.models.embedding import EmbeddingSAGE
 from gnnscale.models.fast import LayerSpeedTricks, SpeedTricks
-from gnnscale.models.graph import GraphGINE
+from gnnscale.models.graph_level import GraphGINE
 from gnnscale.models.hetero import HeteroSAGE
 from gnnscale.models.link import LinkPredictor
 from gnnscale.models.node import GATv2, GraphSAGE, NodeClassifier

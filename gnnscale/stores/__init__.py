@@ -8,8 +8,8 @@
   (``npy``: a folder of ``.npy`` arrays or Parquet edge lists; ``ogb``: OGB's node-property
   downloads as they unpack); ``link_split`` streams a relation's link-prediction split (or all its
   edges as seed pairs, ``seed_edges``) into a folder of its own;
-- ``graphs``: many small graphs in an LMDB or SQLite store, read one graph at a time
-  (``graphs_manifest``: the store's manifest);
+- ``graph_db``: many small graphs in an LMDB or SQLite store, read one graph at a time
+  (``graph_db_manifest``: the store's manifest);
 - ``cache``: folders of derived data (partitions, normalisations) built once, checked on reuse;
 - ``atomic``: what their writers share: the lock, the partial folder beside the target, the
   manifest written last, the rename into place.

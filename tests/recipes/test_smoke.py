@@ -28,7 +28,7 @@ from gnnscale import (
 from gnnscale.cli import main
 from gnnscale.cli.prepare import prepare_graphs_main, prepare_main
 from gnnscale.data.args import GraphSplit
-from gnnscale.data.graphs import features_only_mae
+from gnnscale.data.many_graphs import features_only_mae
 from gnnscale.measure import read_metrics
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.testing import (

@@ -22,7 +22,7 @@ from gnnscale.data.resume import ResumableLoader
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.memory import MemoryProfile, MiB, proportional_batches, store_tensors, tensor_mb
-from gnnscale.stores.graphs import BACKENDS, Backend, GraphStore, write_graphs
+from gnnscale.stores.graph_db import BACKENDS, Backend, GraphStore, write_graphs
 
 # --- the generated atom-like graphs --------------------------------------------------------
 
@@ -131,7 +131,7 @@ def prepare_graphs(
     """Write the generated atom-like graphs to a store, for ``--data.root OUT``.
 
     Your own graphs (an in-memory PyG dataset, a generator):
-    ``gnnscale.stores.graphs.write_graphs``.
+    ``gnnscale.stores.graph_db.write_graphs``.
 
     Args:
         out: Folder to create (atomically; a killed prepare rerun with the same settings

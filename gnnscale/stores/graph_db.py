@@ -44,7 +44,7 @@ from tqdm import tqdm
 
 from gnnscale.errors import ConfigError
 from gnnscale.stores import atomic
-from gnnscale.stores.graphs_manifest import (
+from gnnscale.stores.graph_db_manifest import (
     BACKENDS,
     Backend,
     GraphStoreError,

@@ -1,4 +1,4 @@
-"""A graph store's format: its manifest, read and written here only (``gnnscale.stores.graphs``).
+"""A graph store's format: its manifest, read and written here only (``gnnscale.stores.graph_db``).
 
 ``gnnscale prepare-graphs`` writes many small graphs into one database file (LMDB or SQLite)
 and, last, ``manifest.json``: what the graphs are (``source``, part of the resume key), how many,
