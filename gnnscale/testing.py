@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import struct
@@ -21,21 +22,30 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import psutil
 import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
 
-from gnnscale.data.synthetic import SyntheticGraph
+from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_recommender_graph
 
 __all__ = [
+    "LINK_TINY",
+    "MAG_COUNTS",
+    "MAG_RELATIONS",
+    "SPLITS",
     "TORCH_SPARSE_MISSING",
     "KillAtStep",
     "TINY",
     "TINY_ARGS",
+    "by_destination",
     "centroid_accuracy",
     "cli_args",
     "damage_a_weight",
+    "npy_homogeneous",
+    "npy_mag",
+    "prepared_recommender",
     "quiet_trainer",
     "requires_cuda",
     "requires_torch_sparse",
@@ -261,3 +271,87 @@ def quiet_trainer(**kwargs: Any) -> L.Trainer:
         "enable_model_summary": False,
     }
     return L.Trainer(**{**quiet, **kwargs})
+
+
+# A MAG-shaped graph small enough for a test (``npy_mag``): papers with labels, authors with
+# float16 features, featureless institutions.
+MAG_RELATIONS = {  # (src, rel, dst): edges
+    ("paper", "cites", "paper"): 3000,
+    ("author", "writes", "paper"): 1500,
+    ("paper", "rev_writes", "author"): 1500,
+    ("author", "affiliated_with", "inst"): 300,
+}
+MAG_COUNTS = {"paper": 400, "author": 300, "inst": 20}
+SPLITS = ("train", "val", "test")
+# The generated recommender graph the store tests prepare (``prepared_recommender``).
+LINK_TINY = SyntheticRecommender(
+    num_users=600, num_items=300, num_categories=20, num_communities=5, interactions_per_user=12
+)
+
+
+def by_destination(edge_index: torch.Tensor) -> torch.Tensor:
+    """The edges in a store's order: stably sorted by destination (PyG's CSC with pyg-lib)."""
+    return edge_index[:, edge_index[1].sort(stable=True).indices]
+
+
+def npy_homogeneous(folder: Path) -> Data:
+    """A random graph written to ``folder`` as a .npy folder (int32 edges); the graph itself."""
+    g = torch.Generator().manual_seed(0)
+    n = 500
+    x, y = torch.randn(n, 8, generator=g), torch.randint(5, (n,), generator=g)
+    edge_index = torch.randint(n, (2, 4000), generator=g)
+    perm = torch.randperm(n, generator=g)
+    splits = dict(zip(SPLITS, (perm[:300], perm[300:400], perm[400:]), strict=True))
+    folder.mkdir()
+    np.save(folder / "x.npy", x.numpy())
+    np.save(folder / "y.npy", y.numpy())
+    np.save(folder / "edge_index.npy", edge_index.numpy().astype(np.int32))
+    for name, index in splits.items():
+        np.save(folder / f"{name}.npy", index.numpy())
+    masks = {
+        f"{k}_mask": torch.zeros(n, dtype=torch.bool).index_fill_(0, v, True)
+        for k, v in splits.items()
+    }
+    return Data(x=x, y=y, edge_index=by_destination(edge_index), **masks)
+
+
+def npy_mag(folder: Path) -> tuple[HeteroData, torch.Tensor]:
+    """:data:`MAG_RELATIONS`' graph as a .npy folder in ``folder``; it, and its training papers."""
+    g = torch.Generator().manual_seed(1)
+    data = HeteroData()
+    data["paper"].x = torch.randn(MAG_COUNTS["paper"], 8, generator=g)
+    data["paper"].y = torch.randint(4, (MAG_COUNTS["paper"],), generator=g)
+    data["author"].x = torch.randn(MAG_COUNTS["author"], 4, generator=g).half()
+    data["inst"].num_nodes = MAG_COUNTS["inst"]
+    train = torch.randperm(MAG_COUNTS["paper"], generator=g)[:200]
+    data["paper"].train_mask = torch.zeros(MAG_COUNTS["paper"], dtype=torch.bool).index_fill_(
+        0, train, True
+    )
+    for (src, rel, dst), m in MAG_RELATIONS.items():
+        edge_index = torch.stack(
+            [
+                torch.randint(MAG_COUNTS[src], (m,), generator=g),
+                torch.randint(MAG_COUNTS[dst], (m,), generator=g),
+            ]
+        )
+        data[src, rel, dst].edge_index = by_destination(edge_index)
+        (folder / "edges" / f"{src}__{rel}__{dst}").mkdir(parents=True)
+        np.save(folder / "edges" / f"{src}__{rel}__{dst}" / "edge_index.npy", edge_index.numpy())
+    for node_type in ("paper", "author"):
+        (folder / "nodes" / node_type).mkdir(parents=True)
+        np.save(folder / "nodes" / node_type / "x.npy", data[node_type].x.numpy())
+    np.save(folder / "nodes" / "paper" / "y.npy", data["paper"].y.numpy())
+    np.save(folder / "nodes" / "paper" / "train.npy", train.numpy())
+    (folder / "num_nodes.json").write_text(json.dumps({"inst": MAG_COUNTS["inst"]}))
+    return data, train
+
+
+def prepared_recommender(folder: Path, cfg: SyntheticRecommender) -> tuple[Path, HeteroData]:
+    """The recommender graph ``cfg`` generates, saved as .npy and prepared in ``folder``; it too."""
+    from gnnscale import stores
+
+    data = make_recommender_graph(cfg)
+    for store in data.node_stores:
+        store.pop("community", None)
+    npy = stores.save_npy(data, folder / "npy")
+    return stores.prepare_npy(npy, folder / "store"), data

@@ -7,7 +7,7 @@ import torch
 import torch_geometric.typing
 from registry import CORA_RAW
 
-from gnnscale.testing import TORCH_SPARSE_MISSING
+from gnnscale.testing import TORCH_SPARSE_MISSING, npy_homogeneous, npy_mag
 
 # One thread: on a shared 2-core machine, two OpenMP threads wait at barriers for a descheduled
 # sibling, which made small fits here 10-30x slower. Child processes inherit the variable.
@@ -34,3 +34,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("torch_sparse") is not None:
             item.add_marker(pytest.mark.skip(reason=TORCH_SPARSE_MISSING))
+
+
+@pytest.fixture
+def homogeneous(tmp_path):
+    """A random graph as a .npy folder (int32 edges), and the same graph in memory."""
+    folder = tmp_path / "npy"
+    return folder, npy_homogeneous(folder)
+
+
+@pytest.fixture
+def heterogeneous(tmp_path):
+    """A MAG-shaped graph (papers with labels, authors with float16 features, featureless
+    institutions) as a .npy folder, the same graph in memory, and its training papers."""
+    folder = tmp_path / "npy"
+    return folder, *npy_mag(folder)

@@ -466,11 +466,11 @@ def test_an_error_that_is_not_about_the_data_is_not_blamed_on_the_download(
 
 
 # A fresh process whose private memory (RLIMIT_DATA) is capped a few MiB above its start, as in
-# test_store.py. A first prepare of a tiny download starts the threads the code uses (pyarrow's
-# CSV readers, tqdm's monitor, torch's pool) before the cap: each thread's stack counts as private
-# memory, a fixed cost that the cap would otherwise measure instead of the chunks. pyarrow's
-# pool of reader threads is held to one, started then: under load it started another under the
-# cap ("Failed to launch worker thread").
+# test_store_prepare.py. A first prepare of a tiny download starts the threads the code uses
+# (pyarrow's CSV readers, tqdm's monitor, torch's pool) before the cap: each thread's stack
+# counts as private memory, a fixed cost that the cap would otherwise measure instead of the
+# chunks. pyarrow's pool of reader threads is held to one, started then: under load it started
+# another under the cap ("Failed to launch worker thread").
 _BOUNDED = """
 import resource, sys
 import pyarrow

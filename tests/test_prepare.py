@@ -1,7 +1,7 @@
 """``gnnscale prepare``: one typed ``--source`` per kind of input, each writing its folder.
 
 The sources' folders are compared with the writers they call (their graphs are tested in
-``test_store.py``, ``test_ondisk.py`` and ``test_ogb.py``); here: that each source is reached
+``test_store_*.py``, ``test_ondisk.py`` and ``test_ogb.py``); here: that each source is reached
 from the command line and its config file, that what it records about its input is what the
 command recorded before the sources were typed (so folders prepared then are kept), that the
 old form is refused in one line saying what to write, and that a refusal names the ``--source``
