@@ -88,8 +88,9 @@ def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_pa
         output, problem = _run_section(name, tmp_path)
         if problem and "(SIGSEGV)" in problem:
             # A torchrun rank training from a store dies of a segmentation fault in native code,
-            # very rarely (seen twice in the slow tier, never reproduced; test_store's two-rank link
-            # test does the same): run once more, keeping the first run's stacks as a warning.
+            # very rarely (seen twice in the slow tier, never reproduced; test_store_tasks'
+            # two-rank link test does the same): run once more, keeping the first run's stacks
+            # as a warning.
             warnings.warn(f"section {name} crashed; run once more:\n{problem}", stacklevel=1)
             (tmp_path / "again").mkdir(exist_ok=True)
             output, problem = _run_section(name, tmp_path / "again")
