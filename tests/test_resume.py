@@ -415,7 +415,8 @@ def test_sigkill_to_rank_0_that_launched_the_others_stops_them_in_one_line_and_i
             assert job.poll() is None and time.monotonic() < deadline, _tail(tmp_path / "stderr")
             time.sleep(0.5)
         family = psutil.Process(job.pid).children(recursive=True)
-        assert any("gnnscale.cli" in p.cmdline() for p in family)  # rank 1, a command of its own
+        # rank 1, a command of its own (``-m gnnscale.cli.__main__``: Lightning's relaunch)
+        assert any(arg.startswith("gnnscale.cli") for p in family for arg in p.cmdline())
         os.kill(job.pid, signal.SIGKILL)
         job.wait(timeout=10)
         _, alive = psutil.wait_procs(family, timeout=15)
