@@ -84,6 +84,8 @@ def test_an_allocation_past_the_limit_is_an_error_the_process_can_report():
     with limited_memory():  # this process's own limit is what it was before, after
         pass
     assert not out_of_memory(ValueError("a value"))
+    # A forked DDP rank's MemoryError reaches the launcher as its traceback's text.
+    assert out_of_memory(RuntimeError("-- Process 1 terminated...\nnumpy...MemoryError: ..."))
 
 
 # A fit whose batches need far more than the graph: every neighbour of every node, wide layers.
@@ -131,6 +133,36 @@ def test_a_fit_whose_batches_pass_its_memory_limit_stops_in_one_line(tmp_path):
         lines[0],
     ), lines[0]
     assert not list((tmp_path / "runs").rglob("*.ckpt"))  # nothing trained, nothing kept
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA is Linux's")
+def test_forked_ddp_ranks_past_the_memory_limit_stop_in_one_line(tmp_path):
+    """The ranks inherit the limit; the one that fails reaches the launcher as a
+    ``ProcessRaisedException`` whose message is its traceback (a status 1 traceback before)."""
+    args = ["fit", "--config", str(recipe("multi_gpu_ddp").config), *cli_args(tmp_path)]
+    args += [
+        "--data.synthetic.num_nodes=30000",
+        "--data.synthetic.avg_degree=100",
+        "--data.synthetic.num_features=256",
+        "--data.num_neighbors=[-1,-1]",
+        "--data.batch_size=1024",
+        "--trainer.accumulate_grad_batches=1",
+        "--model.hidden_channels=4096",
+        "--trainer.num_sanity_val_steps=0",
+        "--trainer.max_epochs=1",
+    ]
+    done = subprocess.run(
+        [sys.executable, "-c", _FIT, "700", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in done.stderr.splitlines() if line.startswith("gnnscale: error:")]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr[-3000:]
+    assert "training: lower --data.batch_size or the fan-out" in lines[0], lines[0]
 
 
 @pytest.mark.slow

@@ -335,8 +335,9 @@ def limited_memory() -> Iterator[tuple[int, str] | None]:
 
 def out_of_memory(err: BaseException) -> bool:
     """Whether ``err`` (or what it was raised from) is an allocation the process was refused."""
-    # torch's allocator's words, C++'s (a sort's buffers), errno 12's (a fork, an mmap)
-    refused = "can't allocate memory", "std::bad_alloc", "Cannot allocate memory"
+    # torch's allocator's words, C++'s (a sort's buffers), errno 12's (a fork, an mmap), and a
+    # MemoryError raised in a forked DDP rank, which reaches the launcher as its traceback's text
+    refused = "can't allocate memory", "std::bad_alloc", "Cannot allocate memory", "MemoryError:"
     return (
         cause(err, lambda e: isinstance(e, MemoryError) or any(r in str(e) for r in refused))
         is not None
