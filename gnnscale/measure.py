@@ -36,6 +36,7 @@ __all__ = [
     "ProcessTreeMemory",
     "anon_mb",
     "cpu_bf16_native",
+    "data_mb",
     "SavedTensors",
     "peak_rss_mb",
     "read_metrics",
@@ -57,6 +58,11 @@ def _status_mb(field: str) -> float | None:
         if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return None
+
+
+def data_mb() -> float:
+    """This process's data in MiB (``VmData``, what ``RLIMIT_DATA`` counts; 0 off Linux)."""
+    return _status_mb("VmData") or 0.0
 
 
 def rss_mb() -> float:

@@ -28,6 +28,7 @@ import pytest
 import torch
 from torch_geometric.data import Data, HeteroData
 
+from gnnscale import stores
 from gnnscale.data.synthetic import SyntheticGraph, SyntheticRecommender, make_recommender_graph
 
 __all__ = [
@@ -348,8 +349,6 @@ def npy_mag(folder: Path) -> tuple[HeteroData, torch.Tensor]:
 
 def prepared_recommender(folder: Path, cfg: SyntheticRecommender) -> tuple[Path, HeteroData]:
     """The recommender graph ``cfg`` generates, saved as .npy and prepared in ``folder``; it too."""
-    from gnnscale import stores
-
     data = make_recommender_graph(cfg)
     for store in data.node_stores:
         store.pop("community", None)

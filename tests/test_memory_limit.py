@@ -52,12 +52,11 @@ def test_the_memory_a_process_can_see_is_its_cgroups_limit_where_it_has_one():
 
 # Inside the limit an allocation past it is an error of the process's own; after, it is lifted.
 _ALLOCATE = """
-import os, re, resource, sys
-from pathlib import Path
+import os, resource
 import numpy as np, torch
 from gnnscale.cli.runtime import limited_memory, out_of_memory
-data = int(re.search(r"VmData:\\s+(\\d+)", Path("/proc/self/status").read_text())[1]) * 1024
-os.environ["GNNSCALE_MEMORY_LIMIT"] = str(data + 200 * 2**20)
+from gnnscale.measure import data_mb
+os.environ["GNNSCALE_MEMORY_LIMIT"] = f"{data_mb() + 200:.0f}MiB"
 refused = []
 with limited_memory() as limit:
     assert limit is not None and resource.getrlimit(resource.RLIMIT_DATA)[0] == limit[0]
@@ -92,19 +91,19 @@ def test_an_allocation_past_the_limit_is_an_error_the_process_can_report():
 # The limit is set above what the process holds once its modules are loaded: 600 MiB more, where
 # loading the graph took under 400 and a training step over 900 (the step's, not the graph's).
 _FIT = """
-import os, re, sys
-from pathlib import Path
+import os, sys
 import gnnscale.cli
-data = int(re.search(r"VmData:\\s+(\\d+)", Path("/proc/self/status").read_text())[1]) * 1024
-os.environ["GNNSCALE_MEMORY_LIMIT"] = str(data + int(sys.argv[1]) * 2**20)
+from gnnscale.measure import data_mb
+os.environ["GNNSCALE_MEMORY_LIMIT"] = f"{data_mb() + int(sys.argv[1]):.0f}MiB"
 sys.argv = ["gnnscale", *sys.argv[2:]]
 gnnscale.cli.run()
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA is Linux's")
-def test_a_fit_whose_batches_pass_its_memory_limit_stops_in_one_line(tmp_path):
-    args = ["fit", "--config", str(recipe("neighbor_sage").config), *cli_args(tmp_path)]
+def _wide_fit(tmp_path, name, room_mib):
+    """``name``'s recipe fitted with wide batches, ``room_mib`` above its start: it must stop
+    with status 2 and one line, no traceback; that line."""
+    args = ["fit", "--config", str(recipe(name).config), *cli_args(tmp_path)]
     args += [
         "--data.synthetic.num_nodes=30000",
         "--data.synthetic.avg_degree=100",
@@ -117,43 +116,7 @@ def test_a_fit_whose_batches_pass_its_memory_limit_stops_in_one_line(tmp_path):
         "--trainer.max_epochs=1",
     ]
     done = subprocess.run(
-        [sys.executable, "-c", _FIT, "600", *args],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    lines = [line for line in done.stderr.splitlines() if line.startswith("gnnscale: error:")]
-    assert done.returncode == 2, done.stderr[-3000:]
-    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr[-3000:]
-    assert re.search(
-        r"the run needed more memory than the [\d.]+ GiB this process may take "
-        r"\(GNNSCALE_MEMORY_LIMIT\), training: lower --data.batch_size or the fan-out "
-        r"\(--data.num_neighbors\) \(gnnscale plan with the same arguments and --budget_gb",
-        lines[0],
-    ), lines[0]
-    assert not list((tmp_path / "runs").rglob("*.ckpt"))  # nothing trained, nothing kept
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA is Linux's")
-def test_forked_ddp_ranks_past_the_memory_limit_stop_in_one_line(tmp_path):
-    """The ranks inherit the limit; the one that fails reaches the launcher as a
-    ``ProcessRaisedException`` whose message is its traceback (a status 1 traceback before)."""
-    args = ["fit", "--config", str(recipe("multi_gpu_ddp").config), *cli_args(tmp_path)]
-    args += [
-        "--data.synthetic.num_nodes=30000",
-        "--data.synthetic.avg_degree=100",
-        "--data.synthetic.num_features=256",
-        "--data.num_neighbors=[-1,-1]",
-        "--data.batch_size=1024",
-        "--trainer.accumulate_grad_batches=1",
-        "--model.hidden_channels=4096",
-        "--trainer.num_sanity_val_steps=0",
-        "--trainer.max_epochs=1",
-    ]
-    done = subprocess.run(
-        [sys.executable, "-c", _FIT, "700", *args],
+        [sys.executable, "-c", _FIT, str(room_mib), *args],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -162,7 +125,28 @@ def test_forked_ddp_ranks_past_the_memory_limit_stop_in_one_line(tmp_path):
     lines = [line for line in done.stderr.splitlines() if line.startswith("gnnscale: error:")]
     assert done.returncode == 2, done.stderr[-3000:]
     assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr[-3000:]
-    assert "training: lower --data.batch_size or the fan-out" in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA is Linux's")
+def test_a_fit_whose_batches_pass_its_memory_limit_stops_in_one_line(tmp_path):
+    line = _wide_fit(tmp_path, "neighbor_sage", 600)
+    assert re.search(
+        r"the run needed more memory than the [\d.]+ GiB this process may take "
+        r"\(GNNSCALE_MEMORY_LIMIT\), training: lower --data.batch_size or the fan-out "
+        r"\(--data.num_neighbors\) \(gnnscale plan with the same arguments and --budget_gb",
+        line,
+    ), line
+    assert not list((tmp_path / "runs").rglob("*.ckpt"))  # nothing trained, nothing kept
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_DATA is Linux's")
+def test_forked_ddp_ranks_past_the_memory_limit_stop_in_one_line(tmp_path):
+    """The ranks inherit the limit; the one that fails reaches the launcher as a
+    ``ProcessRaisedException`` whose message is its traceback (a status 1 traceback before)."""
+    line = _wide_fit(tmp_path, "multi_gpu_ddp", 700)
+    assert "training: lower --data.batch_size or the fan-out" in line, line
 
 
 @pytest.mark.slow

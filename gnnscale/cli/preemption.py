@@ -102,9 +102,14 @@ def launched_by(parent: int) -> None:
     die_with_parent(parent)
 
 
+def _launcher_pid() -> int | None:
+    """The process that launched this rank (this process itself, if it forked ranks); or None."""
+    return _launcher or int(os.environ.get(LAUNCHER_ENV, 0)) or None
+
+
 def launcher_gone() -> bool:
     """Whether this process is a rank whose launching process has died (its parent changed)."""
-    launcher = _launcher or int(os.environ.get(LAUNCHER_ENV, 0)) or None
+    launcher = _launcher_pid()
     return launcher is not None and launcher != os.getpid() and os.getppid() != launcher
 
 
@@ -130,7 +135,7 @@ class Preemption(L.Callback):
         A rank also asks for a SIGTERM when its launcher dies, replacing torch's SIGINT.
         """
         self.previous = signal.signal(signal.SIGTERM, self._note)
-        launcher = _launcher or int(os.environ.get(LAUNCHER_ENV, 0)) or None
+        launcher = _launcher_pid()
         if launcher is not None and launcher != os.getpid():
             die_with_parent(launcher)
 

@@ -14,9 +14,9 @@ import logging
 import os
 import re
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -25,7 +25,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 
 from gnnscale.batch import LayerwiseBatch
 from gnnscale.errors import ConfigError, cause
-from gnnscale.measure import cpu_bf16_native, keep_freed_memory, set_mmap_threshold, trim_heap
+from gnnscale.measure import (
+    cpu_bf16_native,
+    data_mb,
+    keep_freed_memory,
+    set_mmap_threshold,
+    trim_heap,
+)
 from gnnscale.memory import visible_memory
 
 try:
@@ -281,7 +287,7 @@ def memory_limit_setting() -> tuple[int, str] | None:
     if value.lower() == "auto":  # what it holds now and what it can still take, a little less
         seen = visible_memory()
         where = "its memory cgroup's limit" if seen.where == "cgroup" else "this machine's memory"
-        return min(seen.limit, _data_bytes() + int(0.97 * seen.available)), where
+        return min(seen.limit, int(data_mb() * 2**20) + int(0.97 * seen.available)), where
     found = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", value.lower())
     if found is None or float(found[1]) <= 0:
         raise ConfigError(
@@ -289,14 +295,6 @@ def memory_limit_setting() -> tuple[int, str] | None:
             f"off, or a size such as 1.5GiB or 800MiB (got {value!r}); set it so or unset it"
         )
     return int(float(found[1]) * _UNITS[found[2]]), "GNNSCALE_MEMORY_LIMIT"
-
-
-def _data_bytes() -> int:
-    """This process's data (heap and private mappings) as ``RLIMIT_DATA`` counts it."""
-    with contextlib.suppress(OSError, StopIteration):
-        status = Path("/proc/self/status").read_text().splitlines()
-        return int(next(line for line in status if line.startswith("VmData:")).split()[1]) * 1024
-    return 0
 
 
 @contextlib.contextmanager
@@ -320,7 +318,7 @@ def limited_memory() -> Iterator[tuple[int, str] | None]:
         return
     soft, hard = resource.getrlimit(rlimit)
     limit = setting[0] if hard == resource.RLIM_INFINITY else min(setting[0], hard)
-    if limit <= _data_bytes():  # already past it: every allocation would fail
+    if limit <= int(data_mb() * 2**20):  # already past it: every allocation would fail
         yield None
         return
     if soft != resource.RLIM_INFINITY and soft <= limit:  # the user's own, tighter one stays
@@ -350,16 +348,7 @@ def out_of_memory_line(err: BaseException, limit: tuple[int, str]) -> str:
     Where: the Lightning loop in ``err``'s traceback (a DataLoader worker's or a forked rank's
     is text in its message).
     """
-    frames: list[str] = []
-    seen: BaseException | None = err
-    while seen is not None:
-        tb = seen.__traceback__
-        while tb is not None:
-            frames.append(tb.tb_frame.f_code.co_filename)
-            tb = tb.tb_next
-        frames.append(str(seen))
-        seen = seen.__cause__ or seen.__context__
-    where = "\n".join(frames)
+    where = "".join(traceback.format_exception(err))  # every frame of the chain, and messages
     if "evaluation_loop" in where or "prediction_loop" in where:
         doing = "evaluating"
         fix = "lower --data.eval.batch_size or the evaluation's fan-out (--data.eval.num_neighbors)"
