@@ -98,6 +98,24 @@ def test_a_seed_gives_the_same_batch_and_another_seed_another():
     assert not torch.equal(a.edge, c.edge)
 
 
+@pytest.mark.parametrize("id_range", [50, 5_000, 200_000])
+def test_relabelling_by_a_table_equals_relabelling_by_a_sort(monkeypatch, id_range):
+    # Known ids keep their places, new ones follow in id order, repeats share one local id.
+    g = torch.Generator().manual_seed(id_range)
+    for known_size, found_size in [(0, 40), (30, 0), (30, 400), (300, 2_000)]:
+        known = torch.randperm(id_range, generator=g)[:known_size]
+        drawn = torch.randint(0, id_range, (found_size,), generator=g)
+        found = torch.cat([known[: known_size // 2], drawn])
+        by = {}
+        for name, dense in [("table", 10**12), ("sort", 0)]:
+            monkeypatch.setattr(gsampler, "DENSE_RANGE", dense)
+            by[name] = gsampler._add_new(known, found)
+        (local, added), (local_s, added_s) = by["table"], by["sort"]
+        assert torch.equal(local, local_s) and torch.equal(added, added_s)
+        assert torch.equal(torch.cat([known, added])[local], found)
+        assert bool((added[1:] > added[:-1]).all()) and not bool(torch.isin(added, known).any())
+
+
 def test_pygs_loader_gets_the_input_graphs_edge_ids(graph):
     # e_id indexes the input's edge list (PyG maps CSC positions back), as with PyG's backends.
     data = graph.clone()
