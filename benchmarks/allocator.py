@@ -20,7 +20,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from blocks import Block
+from blocks import PER_PROCESS, Block, Section
 from registry import REPO, recipe
 
 from gnnscale.cli.runtime import DEFAULT_MMAP_THRESHOLD
@@ -102,3 +102,13 @@ def blocks(tiny: bool) -> list[Block]:
         "a `glibc.malloc` tunable, if set, wins.",
     ]
     return [Block(REPO / "benchmarks" / "README.md", "allocator", "\n".join(lines))]
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "s/epoch and peak memory of three recipes under each glibc mmap setting, the default marked"
+    ),
+    writes="allocator in benchmarks/README.md",
+    threads=PER_PROCESS,
+)

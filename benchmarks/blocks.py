@@ -2,17 +2,20 @@
 
 A block is the text between ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->`` in a markdown file.
 Only ``benchmarks/figures.py`` writes them; every block ends with a stamp that names the command
-that wrote it, the commit, the machine and the threads, so a reader can rerun it.
+that wrote it, the commit, the machine and the threads, so a reader can rerun it. Each file of
+figures.py's sections declares itself as a :class:`Section` (its ``SECTION``).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import os
 import platform
 import re
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +24,8 @@ import torch
 from gnnscale.measure import cpu_bf16_native
 
 REPO = Path(__file__).resolve().parents[1]
+# The threads of a section whose runs are fresh processes with torch's defaults, for its stamp.
+PER_PROCESS = f"{torch.get_num_threads()} torch threads per process (torch's default)"
 
 
 @dataclass
@@ -36,6 +41,35 @@ class Block:
     path: Path
     name: str
     text: str
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section of ``benchmarks/figures.py``, declared by its file as ``SECTION``.
+
+    The section is named as its file (``store_large_links`` is ``store_large_links.py``).
+
+    Args:
+        run: Measures and returns the blocks; ``run(tiny, options)``, options being figures.py's
+            arguments (``--recipes``, ``--seeds``, ``--threads``).
+        about: What it measures, in a sentence (``figures.py --help``).
+        writes: The blocks it writes, where.
+        threads: How many threads and processes it measures with, for the stamp; or a function
+            of the options that says so.
+        on_request: Runs only when named (it takes long, a large disk, or a second environment).
+        formerly: Names it had before, which older stamps give; still accepted.
+    """
+
+    run: Callable[[bool, argparse.Namespace], list[Block]]
+    about: str
+    writes: str
+    threads: str | Callable[[argparse.Namespace], str]
+    on_request: bool = False
+    formerly: tuple[str, ...] = ()
+
+    def threads_for(self, options: argparse.Namespace) -> str:
+        """The stamp's words on threads, for a run with ``options``."""
+        return self.threads if isinstance(self.threads, str) else self.threads(options)
 
 
 def _git(*args: str) -> str:

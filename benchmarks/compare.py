@@ -37,7 +37,8 @@ from typing import Any
 
 import harness
 import psutil
-from blocks import Block
+import torch
+from blocks import Block, Section
 from compare_results import WARMUP_EPOCHS, check_targets, summarise_rows
 from compare_rows import (
     RECIPES,
@@ -323,3 +324,14 @@ def blocks(
     if size_name == "tiny":
         markdown = "**Tiny settings: a check of the pipeline, not figures.**\n\n" + markdown
     return [Block(Path("benchmarks/README.md"), "benchmarks", markdown)]
+
+
+SECTION = Section(
+    run=lambda tiny, o: blocks("tiny" if tiny else "full", o.threads),
+    about=(
+        "gnnscale against hand-written PyG loops, memory bandwidth, GATv2 against its O(E) "
+        "bound, scaling to 10^7 nodes"
+    ),
+    writes="benchmarks in benchmarks/README.md; benchmarks/results/",
+    threads=lambda o: f"{o.threads or torch.get_num_threads()} torch thread(s) per process",
+)

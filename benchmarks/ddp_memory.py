@@ -1,10 +1,10 @@
 """Per-process memory under DDP, and accuracy reduced across ranks (multi_gpu_ddp's ``memory``).
 
-Written by ``python benchmarks/figures.py ddp``, which runs this file in a new process (its DDP
-ranks fork from it): the recipe's config with 2 CPU processes, recording in every rank how much
-of its resident memory is its own (USS) and how much it shares with the others, next to the
-size of the graph the launching process built. Then the best checkpoint is tested again in one
-process: the DDP test accuracy, reduced from per-rank counts, should match it.
+Written by ``python benchmarks/figures.py ddp_memory``, which runs this file in a new process
+(its DDP ranks fork from it): the recipe's config with 2 CPU processes, recording in every rank
+how much of its resident memory is its own (USS) and how much it shares with the others, next to
+the size of the graph the launching process built. Then the best checkpoint is tested again in
+one process: the DDP test accuracy, reduced from per-rank counts, should match it.
 
     python benchmarks/ddp_memory.py --num-nodes 20000 --json [CLI overrides]
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import harness
 import lightning as L
 import psutil
-from blocks import Block
+from blocks import Block, Section
 
 from gnnscale.cli import main
 from gnnscale.measure import read_metrics
@@ -131,3 +131,12 @@ def blocks(tiny: bool) -> list[Block]:
 
 if __name__ == "__main__":
     main_cli()
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about="each DDP rank's resident, unique and shared memory; accuracy reduced across ranks",
+    writes="memory in multi_gpu_ddp's README",
+    threads="2 processes, torch's default threads each",
+    formerly=("ddp",),
+)

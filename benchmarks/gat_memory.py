@@ -1,7 +1,7 @@
 """Peak memory of GAT attention, dense [B, N, N, 2F] against edge-wise GATv2, and what it buys.
 
 The figures of the ``gat_attention_memory`` recipe's README (its ``memory`` block), written by
-``python benchmarks/figures.py gat``.
+``python benchmarks/figures.py gat_memory``.
 
 1. A dense GAT output layer (every node pair repeated and concatenated into [B, N, N, 2F]) at
    sizes that fit, fitted as a + b * N^2 and extrapolated to the case (N = 500).
@@ -34,7 +34,7 @@ import harness
 import torch
 import torch.nn.functional as F
 import yaml
-from blocks import Block
+from blocks import Block, Section
 from torch import Tensor, nn
 from torch_geometric.data import Batch
 from torch_geometric.utils import to_dense_adj
@@ -305,3 +305,12 @@ def main(argv: list[str] | None = None) -> str:
 
 if __name__ == "__main__":
     print(main())
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about="dense [B, N, N, 2F] attention against edge-wise GATv2: peak memory and what it buys",
+    writes="memory in gat_attention_memory's README",
+    threads="1 torch thread per measurement",
+    formerly=("gat",),
+)

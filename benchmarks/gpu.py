@@ -15,7 +15,7 @@ from pathlib import Path
 
 import harness
 import torch
-from blocks import Block
+from blocks import Block, Section
 from harness import number
 from registry import REPO, recipe
 
@@ -85,3 +85,15 @@ def blocks(tiny: bool) -> list[Block]:
         "25%). Host peak RSS: the largest process's `VmHWM`.",
     ]
     return [Block(REPO / "benchmarks" / "README.md", "gpu", "\n".join(lines))]
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "the sampler, hetero and link recipes on one GPU, and the planner's CUDA peak "
+        "against the fit's (under 10 minutes on one H100; without CUDA it measures and "
+        "writes nothing)"
+    ),
+    writes="gpu in benchmarks/README.md",
+    threads=f"one GPU; {torch.get_num_threads()} torch threads on the host",
+)

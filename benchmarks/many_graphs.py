@@ -1,6 +1,6 @@
 """many_graphs_on_disk's figures: the two stores, memory per rank, worker memory, training.
 
-Written by ``python benchmarks/figures.py graphs``, which runs this file in a new process; fits
+Written by ``python benchmarks/figures.py many_graphs``, which runs this file in a new process; fits
 run in further processes (their DDP ranks fork from them):
 
 - ``stores``: LMDB and PyG's SQLiteDatabase, the same graphs: write time, size, graphs/s read
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import harness
 import lightning as L
-from blocks import Block
+from blocks import Block, Section
 
 from gnnscale._compat import worker_processes
 from gnnscale.cli import main
@@ -273,3 +273,16 @@ def main_cli() -> None:
 
 if __name__ == "__main__":
     main_cli()
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "many_graphs_on_disk: LMDB against SQLite, memory per rank on disk against in "
+        "memory, worker memory over epochs, graphs/s and MAE against the edge-blind rule "
+        "(about 10 minutes)"
+    ),
+    writes="stores, memory, training in many_graphs_on_disk's README",
+    threads="torch's default threads per process (fits: 1 or 2 ranks)",
+    formerly=("graphs",),
+)

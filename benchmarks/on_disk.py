@@ -1,6 +1,6 @@
 """The same graph trained from disk and from memory (the ``on_disk_graph`` recipe's ``memory``).
 
-Written by ``python benchmarks/figures.py ondisk``. The graph is prepared once with ``gnnscale
+Written by ``python benchmarks/figures.py on_disk``. The graph is prepared once with ``gnnscale
 prepare --source Dataset`` (not the streamed ``Synthetic``), which writes the draw that
 ``--data.dataset=synthetic`` makes from the same settings; the recipe's config then fits on the
 folder and, as a baseline, on that graph built in memory:
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 import harness
-from blocks import Block
+from blocks import Block, Section
 from registry import REPO, recipe
 from workers import shipped_workers
 
@@ -186,3 +186,15 @@ def blocks(tiny: bool) -> list[Block]:
     if tiny:
         text = "**Tiny settings: a check of the pipeline, not figures.**\n\n" + text
     return [Block(RECIPE.folder / "README.md", "memory", text)]
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "on_disk_graph from its prepared folder against the same graph in memory, one "
+        "process and two ranks, warm and cold page cache"
+    ),
+    writes="memory in on_disk_graph's README",
+    threads="1 process with torch's default threads, or 2 ranks with 1 thread each",
+    formerly=("ondisk",),
+)

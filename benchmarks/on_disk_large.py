@@ -1,6 +1,6 @@
 """A graph of ogbn-papers100M's size, larger than this machine's memory, prepared and trained.
 
-Written by ``python benchmarks/figures.py ondisk-large`` (on_disk_graph's ``large`` block): the
+Written by ``python benchmarks/figures.py on_disk_large`` (on_disk_graph's ``large`` block): the
 recipe's ``prepare.yaml`` at 111M nodes and 1.6B edges (128 bfloat16 features: a 28 GB feature
 file, 45 GB in all), timed; then one epoch of the recipe's ``fit`` from the folder, its pages
 evicted first (a cold start), while a sampler outside the run records every training process's
@@ -20,9 +20,11 @@ from pathlib import Path
 
 import harness
 import psutil
-from blocks import REPO, Block
+import torch
+from blocks import REPO, Block, Section
 from on_disk import evict
 from registry import recipe
+from workers import shipped_workers
 
 from gnnscale.measure import ProcessTreeMemory
 from gnnscale.stores.manifest import Manifest
@@ -204,3 +206,17 @@ def blocks(tiny: bool) -> list[Block]:
 
 if __name__ == "__main__":
     print(blocks(tiny="--tiny" in sys.argv)[0].text)
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "a graph of ogbn-papers100M's size, larger than memory, prepared and trained for one"
+        " epoch (about an hour, 50 GiB of disk)"
+    ),
+    writes="large in on_disk_graph's README",
+    threads=f"{torch.get_num_threads()} torch threads, {shipped_workers('on_disk_graph')} loader "
+    "workers (the recipe's)",
+    on_request=True,
+    formerly=("ondisk-large",),
+)

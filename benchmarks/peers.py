@@ -41,7 +41,7 @@ import harness
 import numpy as np
 import peers_tasks
 import torch
-from blocks import Block
+from blocks import Block, Section
 from registry import REPO, recipe
 
 from recipes import Result, measure
@@ -357,3 +357,21 @@ def blocks(tiny: bool) -> list[Block]:
         *task_blocks,
         Block(Path("README.md"), "peers", "\n".join(short)),
     ]
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "the default, heterogeneous node and link recipes' jobs trained by gnnscale and DGL "
+        "(the default one by GraphBolt too) on the same graph, alternated, and where an "
+        "epoch of each one's loader goes (builds DGL's environment once, about 5 GB; about "
+        "45 minutes)"
+    ),
+    writes=(
+        "peers in benchmarks/README.md and README.md; peers-hetero, peers-link in "
+        "benchmarks/README.md"
+    ),
+    threads=f"{torch.get_num_threads()} torch threads per process (torch's default), "
+    "loader workers as each row says",
+    on_request=True,
+)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import harness
-from blocks import Block
+from blocks import PER_PROCESS, Block, Section
 from harness import number
 from registry import RECIPES, Recipe, offline_cora
 
@@ -282,3 +282,15 @@ def blocks(names: list[str], tiny: bool, seeds: int, workdir: Path | None = None
             out.append(Block(Path("README.md"), "recipes", brief))
             out.append(Block(Path("benchmarks/README.md"), "recipes", text))
     return out
+
+
+SECTION = Section(
+    run=lambda tiny, o: blocks(o.recipes or [r.name for r in RECIPES], tiny, o.seeds),
+    about=(
+        "every recipe of benchmarks/registry.py through gnnscale fit in a fresh process "
+        "(test metric, s/epoch, whole run, peak of its largest process), and gnnscale plan "
+        "on the same config"
+    ),
+    writes="recipes in README.md, results in each recipe's README",
+    threads=PER_PROCESS,
+)

@@ -265,7 +265,7 @@ RECIPES: tuple[Recipe, ...] = (
             ("PinSAGE neighbours", ()),
             ("uniform neighbours", ("--data.init_args.neighbors=uniform",)),
         ),
-        prepare_first=False,  # its prepare.yaml: the from-disk variant (figures.py store-tasks)
+        prepare_first=False,  # its prepare.yaml: the from-disk variant (figures.py store_tasks)
         task="link",
     ),
     Recipe(
@@ -289,7 +289,7 @@ RECIPES: tuple[Recipe, ...] = (
             *_NO_WORKERS,
             "--trainer.max_epochs=4",
         ),
-        prepare_first=False,  # its prepare.yaml: the from-disk variant (figures.py store-tasks)
+        prepare_first=False,  # its prepare.yaml: the from-disk variant (figures.py store_tasks)
         task="hetero_node",
     ),
     Recipe(

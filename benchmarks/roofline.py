@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from blocks import Block
+from blocks import Block, Section
 from registry import REPO, recipe
 
 from gnnscale._compat import TorchDispatchMode
@@ -416,3 +416,14 @@ if __name__ == "__main__":
 
     for block in blocks("--size" in sys.argv and "tiny" in sys.argv):
         print(block.text)
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "one training step of each sampler recipe against its matrix products alone, the "
+        "gather bandwidth, and its top operators"
+    ),
+    writes="roofline in benchmarks/README.md",
+    threads=f"{torch.get_num_threads()} torch threads, one process",
+)

@@ -1,9 +1,10 @@
 """Sparse against dense embedding tables: step time and memory (the recipe README's ``memory``).
 
-Written by ``python benchmarks/figures.py sparse``. For each table size, one graph with that many
-nodes; trains ``steps`` micro-batches of the recipe's model (``gnnscale.EmbeddingSAGE``) with
-a sparse table + SparseAdam, then a dense table + Adam, and reports the peak memory during
-training and the median time of one training step (forward, backward, both optimizer steps).
+Written by ``python benchmarks/figures.py sparse_embeddings``. For each table size, one graph
+with that many nodes; trains ``steps`` micro-batches of the recipe's model
+(``gnnscale.EmbeddingSAGE``) with a sparse table + SparseAdam, then a dense table + Adam, and
+reports the peak memory during training and the median time of one training step (forward,
+backward, both optimizer steps).
 """
 
 import argparse
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from blocks import Block
+from blocks import Block, Section
 
 from gnnscale import EmbeddingSAGE, EvalArgs, NeighborDataModule, SyntheticGraph
 from gnnscale.measure import peak_rss_mb, reset_peak_rss, rss_mb
@@ -178,3 +179,15 @@ def blocks(tiny: bool) -> list[Block]:
 
 if __name__ == "__main__":
     print(main())
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "a sparse embedding table with SparseAdam against a dense one with Adam: step time "
+        "and memory"
+    ),
+    writes="memory in sparse_embeddings' README",
+    threads=f"{torch.get_num_threads()} torch threads",
+    formerly=("sparse",),
+)

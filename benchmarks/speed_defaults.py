@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import harness
-from blocks import REPO, Block
+from blocks import PER_PROCESS, REPO, Block, Section
 from registry import recipe
 
 RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint", "hetero_node_classification")
@@ -312,3 +312,16 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "each of GraphSAGE's CPU speed tricks switched off in turn on the three sampler "
+        "recipes, and HeteroSAGE's on the hetero recipe, interleaved with the shipped runs "
+        "(about 15 minutes)"
+    ),
+    writes="speed_defaults in benchmarks/README.md",
+    threads=PER_PROCESS,
+    formerly=("speed",),
+)

@@ -1,11 +1,12 @@
 """A heterogeneous graph shaped like OGB-LSC MAG240M, its paper features larger than memory.
 
-Written by ``python benchmarks/figures.py store-large`` (on_disk_graph's ``store_large`` block:
-the node task) and ``store-large-links`` (its ``store_large_links`` block: the link task), each
-on a graph of its own; run only when named: about 50 GiB of disk, an hour or more each, so
-that each half can run on its own. MAG240M has 244M papers (768 float16 features, 175 GB),
-122M authors, 26k institutions; papers cite papers (5.3 per paper), authors write papers (3.2
-per author) and are affiliated with institutions (0.36 per author).
+Written by ``python benchmarks/figures.py store_large`` (on_disk_graph's ``store_large`` block:
+the node task) and ``store_large_links`` (its ``store_large_links`` block: the link task, from
+``store_large_links.py``), each on a graph of its own; run only when named: about 50 GiB of
+disk, an hour or more each, so that each half can run on its own. MAG240M has 244M papers
+(768 float16 features, 175 GB), 122M authors, 26k institutions; papers cite papers (5.3 per
+paper), authors write papers (3.2 per author) and are affiliated with institutions (0.36 per
+author).
 Here the same shape at a twelfth of the counts, 20M papers, so that the paper features alone
 (29 GiB) exceed this machine's memory:
 
@@ -31,7 +32,7 @@ Here the same shape at a twelfth of the counts, 20M papers, so that the paper fe
 - both again with the fit's memory limited (a memory cgroup of ``LIMIT_GIB``, the page cache
   included), so that the features are several times the memory the fit may use, not barely
   more: a second epoch here is served from the page cache in large part either way;
-- (``store-large-links``) ``gnnscale fit`` of the link recipe on the papers' citations, one
+- (``store_large_links``) ``gnnscale fit`` of the link recipe on the papers' citations, one
   process and two ranks under ``torchrun``, two epochs of a bounded number of batches from a
   cold page cache: 0.01% of the citations held out for each of validation and test (streamed
   into a split folder once, by the first run), each held-out citation's source ranking 1,000
@@ -53,9 +54,10 @@ from pathlib import Path
 import harness
 import numpy as np
 import psutil
-from blocks import REPO, Block
+import torch
+from blocks import REPO, Block, Section
 from device_reads import DiskReads, disk_reads
-from mag_graph import CITES, features_alone, write_graph
+from mag_graph import features_alone, write_graph
 from on_disk import DDP, TORCHRUN
 from store_reads import DEPTH, disk_rate
 
@@ -456,38 +458,15 @@ def blocks(tiny: bool) -> list[Block]:
     return _block(tiny, "store_large", text)
 
 
-def link_blocks(tiny: bool) -> list[Block]:
-    """on_disk_graph README's ``store_large_links`` block: the link task on its own graph."""
-    r, s = _measured(tiny, links=True), SHAPES["tiny" if tiny else "full"]
-    one, two, batches, size = r["links_1"], r["links_2"], s["link_batches"], f"{s['batch_size']:,}"
-    deep = float(np.median([r["deep"], r["deep_after"]]))
-    held = f"{int(s['held_out'] * s['papers'] * CITES):,}"
-    text = "\n".join(
-        [
-            "| link prediction: papers' citations | one process | two ranks (torchrun) |",
-            "|---|---:|---:|",
-            f"| `gnnscale fit`, whole run (2 epochs of {batches} batches of {size} citations "
-            f"a process, the first cold; validation, test) | {one['fit_s']:,.0f} s | "
-            f"{two['fit_s']:,.0f} s |",
-            f"| s/batch, first epoch (cold page cache) / second | "
-            f"{one['epoch_s'][0] / batches:.2f} / {one['epoch_s'][1] / batches:.2f} | "
-            f"{two['epoch_s'][0] / batches:.2f} / {two['epoch_s'][1] / batches:.2f} |",
-            f"| validation, s ({held} held-out citations, their sources each ranking "
-            f"{LINK_CANDIDATES:,} papers; a rank its share), first / second | "
-            f"{' / '.join(f'{v:.0f}' for v in one['val_s'])} | "
-            f"{' / '.join(f'{v:.0f}' for v in two['val_s'])} |",
-            f"| device reads/s while busy (share of the disk's random 4-KiB rate at depth 32, "
-            f"{deep:,.0f}) | "
-            f"{one['busy_reads_per_s']:,.0f} ({one['busy_reads_per_s'] / deep:.0%}) | "
-            f"{two['busy_reads_per_s']:,.0f} ({two['busy_reads_per_s'] / deep:.0%}) |",
-            f"| peak private memory, trainer / loader worker (per rank) | "
-            f"{one['private_mb'][0]:,.0f} / {one['private_mb'][1]:,.0f} MiB | "
-            f"{two['private_mb'][0]:,.0f} / {two['private_mb'][1]:,.0f} MiB |",
-            f"| test {LINK_METRIC} ({held} held-out citations) / the most cited papers' | "
-            f"{one['test'][f'test/{LINK_METRIC}']:.3f} / "
-            f"{one['test'][f'test/{LINK_METRIC}_popularity']:.3f} | "
-            f"{two['test'][f'test/{LINK_METRIC}']:.3f} / "
-            f"{two['test'][f'test/{LINK_METRIC}_popularity']:.3f} |",
-        ]
-    )
-    return _block(tiny, "store_large_links", text)
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "a heterogeneous graph shaped like MAG240M, its paper features larger than memory, "
+        "written as .npy, prepared by streaming and trained from the store: papers "
+        "classified (about an hour, 60 GiB of disk)"
+    ),
+    writes="store_large in on_disk_graph's README",
+    threads=f"{torch.get_num_threads()} torch threads, 1 loader worker",
+    on_request=True,
+    formerly=("store-large",),
+)

@@ -1,6 +1,6 @@
 """Streaming prepare (a .npy folder, OGB's layout) at two sizes, and PyG's own loop over it.
 
-Written by ``python benchmarks/figures.py store`` (on_disk_graph's ``store`` block):
+Written by ``python benchmarks/figures.py store_prepare`` (on_disk_graph's ``store`` block):
 
 - **Prepare**: a homogeneous graph (128 float32 features, 15 edges per node, labels, splits) is
   written as a ``.npy`` folder at two sizes, its pages evicted, then prepared by ``gnnscale
@@ -31,7 +31,7 @@ from pathlib import Path
 import harness
 import numpy as np
 import torch
-from blocks import Block
+from blocks import Block, Section
 from on_disk import evict_file
 
 SIZES = {"full": (2_000_000, 6_000_000), "tiny": (20_000, 60_000)}  # nodes of the two graphs
@@ -232,3 +232,16 @@ def blocks(tiny: bool) -> list[Block]:
         f"{'equal, every one' if loop['equal'] else 'NOT EQUAL'} (node ids, edges, features).",
     ]
     return [Block(Path("recipes/on_disk_graph/README.md"), "store", "\n".join(lines))]
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "a .npy folder prepared by streaming at two sizes (peak memory, throughput against a"
+        " plain copy), and a plain PyG loop over the store against the graph in memory (a "
+        "few minutes)"
+    ),
+    writes="store in on_disk_graph's README",
+    threads=f"{torch.get_num_threads()} torch threads, one process at a time",
+    formerly=("store",),
+)

@@ -1,6 +1,6 @@
 """Reads from disk on the papers100M-sized graph: one at a time against many, and a feature cache.
 
-Written by ``python benchmarks/figures.py reads`` (on_disk_graph's ``reads`` block; about 40
+Written by ``python benchmarks/figures.py store_reads`` (on_disk_graph's ``reads`` block; about 40
 minutes; run at full size only when named). The graph is ``ondisk-large``'s, reused where it
 lies (``$GNNSCALE_LARGE_DIR/gnnscale-large-full``), else prepared (40 GiB, minutes). In one run:
 
@@ -41,7 +41,7 @@ import harness
 import numpy as np
 import psutil
 import torch
-from blocks import Block
+from blocks import Block, Section
 from device_reads import DiskReads, disk_reads
 from on_disk import evict
 from on_disk_large import (
@@ -390,3 +390,17 @@ def blocks(tiny: bool) -> list[Block]:
 
 if __name__ == "__main__":
     print(blocks(tiny="--tiny" in sys.argv)[0].text)
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "on_disk_large's graph: the cold epoch with one read at a time against many, and "
+        "with feature caches of 10% and 25% of its feature file; the disk's own random-read "
+        "rates; which rows a cache should hold (about 40 minutes)"
+    ),
+    writes="reads in on_disk_graph's README",
+    threads=f"{torch.get_num_threads()} torch threads, loader workers as each row says",
+    on_request=True,
+    formerly=("reads",),
+)

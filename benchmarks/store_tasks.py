@@ -1,6 +1,6 @@
 """The hetero and link recipes trained from a prepared store against the same graph in memory.
 
-Written by ``python benchmarks/figures.py store-tasks`` (the ``from_disk`` block of
+Written by ``python benchmarks/figures.py store_tasks`` (the ``from_disk`` block of
 hetero_node_classification's and link_prediction_pinsage's READMEs). Each recipe's graph is
 prepared once by ``gnnscale prepare --config recipes/<name>/prepare.yaml`` (the draw its
 ``config.yaml`` makes in memory, same settings), then its ``config.yaml`` fits four ways: in
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import harness
-from blocks import Block
+from blocks import Block, Section
 from on_disk import fit
 from registry import REPO, recipe
 
@@ -119,3 +119,16 @@ def blocks(tiny: bool) -> list[Block]:
         with tempfile.TemporaryDirectory(prefix="gnnscale-store-tasks-") as tmp:
             out.append(block(name, tiny, measure(name, tiny, Path(tmp))))
     return out
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "the hetero and link recipes from a folder prepared by gnnscale prepare --source "
+        "Recommender against the same graph in memory, one process and two ranks (about 15 "
+        "minutes)"
+    ),
+    writes="from_disk in each of those recipes' README",
+    threads="1 process with torch's default threads, or 2 ranks with 1 thread each",
+    formerly=("store-tasks",),
+)

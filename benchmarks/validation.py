@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 import harness
-from blocks import Block
+from blocks import PER_PROCESS, Block, Section
 from registry import REPO, offline_cora, recipe
 
 from gnnscale.measure import read_metrics
@@ -149,3 +149,15 @@ def blocks(tiny: bool) -> list[Block]:
         "every run, of the checkpoint the run's own validation chose.",
     ]
     return [Block(REPO / "benchmarks" / "README.md", "validation", "\n".join(lines))]
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "per-epoch validation of the sampler recipes, sampled (as shipped) against exact, "
+        "and of the full-graph recipes every epoch against every other and against the "
+        "validation nodes' neighbourhoods alone"
+    ),
+    writes="validation in benchmarks/README.md",
+    threads=PER_PROCESS,
+)

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import yaml
-from blocks import Block
+from blocks import PER_PROCESS, Block, Section
 from registry import REPO, recipe
 
 from gnnscale.data.args import LoaderArgs
@@ -86,3 +86,14 @@ def blocks(tiny: bool) -> list[Block]:
         "run's processes (a worker is a process of its own).",
     ]
     return [Block(REPO / "benchmarks" / "README.md", "workers", "\n".join(lines))]
+
+
+SECTION = Section(
+    run=lambda tiny, _: blocks(tiny),
+    about=(
+        "s/epoch and peak memory of the sampler recipes with 0, 1 and 2 loader workers, the "
+        "shipped setting marked"
+    ),
+    writes="workers in benchmarks/README.md",
+    threads=PER_PROCESS,
+)

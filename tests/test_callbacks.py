@@ -4,7 +4,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
@@ -15,7 +14,7 @@ from gnnscale._compat import forward_hooks
 from gnnscale.callbacks import ThroughputMonitor
 from gnnscale.cli import main
 from gnnscale.measure import peak_rss_mb
-from gnnscale.testing import TINY, TINY_ARGS, cli_args
+from gnnscale.testing import TINY, TINY_ARGS, cli_args, quiet_trainer
 
 
 def _rows(log_dir: Path, key: str) -> list[dict[str, str]]:
@@ -26,15 +25,11 @@ def _rows(log_dir: Path, key: str) -> list[dict[str, str]]:
 
 def _fit(tmp_path: Path, model: GraphSAGE, max_steps: int, every: int) -> GradActivationMonitor:
     monitor = GradActivationMonitor(log_every_n_steps=every)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         max_steps=max_steps,
         logger=CSVLogger(tmp_path / "runs"),
         callbacks=[monitor],
         limit_val_batches=0,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(model, FullBatchDataModule(root=tmp_path / "data", synthetic=TINY))
     return monitor
@@ -161,15 +156,11 @@ def test_peak_rss_of_a_child_process_is_its_own():
 
 def test_throughput_monitor_times_each_validation_of_a_fit_apart_from_training(tmp_path):
     monitor = ThroughputMonitor()
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         max_epochs=3,
         logger=CSVLogger(tmp_path / "runs"),
         callbacks=[monitor],
         num_sanity_val_steps=1,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     model, dm = GraphSAGE(TINY.num_features, 5), FullBatchDataModule(root=tmp_path, synthetic=TINY)
     trainer.fit(model, dm)
@@ -182,16 +173,12 @@ def test_throughput_monitor_times_each_validation_of_a_fit_apart_from_training(t
 @pytest.mark.parametrize("limit", [3, None])
 def test_throughput_monitor_logs_the_share_of_an_epoch_cut_short(tmp_path, limit):
     dm = NeighborDataModule(root=tmp_path, synthetic=TINY, num_neighbors=[5, 5], batch_size=128)
-    trainer = L.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         max_epochs=2,
         limit_train_batches=limit,
         limit_val_batches=0,
         logger=CSVLogger(tmp_path / "runs"),
         callbacks=[ThroughputMonitor()],
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
     )
     trainer.fit(GraphSAGE(TINY.num_features, 5, hidden_channels=16), dm)
     whole = math.ceil(int(dm.data.train_mask.sum()) / 128)

@@ -84,7 +84,7 @@ def test_figure_command_fills_every_block_and_writes_nothing_at_tiny_size(tmp_pa
     written = [*REPO.rglob("README.md"), *(REPO / "benchmarks" / "results").iterdir()]
     before = {p: p.read_bytes() for p in written if ".venv" not in p.parts}
     outputs, problems = [], []
-    for name in figures.SECTIONS + figures.EXTRA_SECTIONS:  # every section, one at a time
+    for name in figures.FILES:  # every section, one at a time
         output, problem = _run_section(name, tmp_path)
         if problem and "(SIGSEGV)" in problem:
             # A torchrun rank training from a store dies of a segmentation fault in native code,
@@ -123,13 +123,39 @@ def test_figures_are_not_written_from_uncommitted_code(monkeypatch, capsys):
 
     monkeypatch.setattr(blocks, "dirty", lambda: True)
     ran = []
-    monkeypatch.setattr(figures, "_section", lambda *a: ran.append(a) or ([], ""))
+    section = blocks.Section(lambda *a: ran.append(a) or [], "it", "nothing", "1 thread")
+    monkeypatch.setattr(figures, "sections", lambda: {"recipes": section})
     with pytest.raises(SystemExit) as refused:
         figures.main(["recipes"])
     assert refused.value.code == 2 and not ran
     assert "uncommitted changes" in capsys.readouterr().err
     figures.main(["recipes", "--size", "tiny"])  # tiny prints, writes nothing: allowed
     assert ran
+
+
+def test_each_section_is_a_file_that_declares_itself_under_its_files_name(monkeypatch, capsys):
+    # Every file of benchmarks/ with a SECTION is run by figures.py, named as the file; a name
+    # older stamps give still runs its section; the README's table lists every section.
+    import figures
+
+    files = (REPO / "benchmarks").glob("*.py")
+    assert set(figures.FILES) == {p.stem for p in files if "\nSECTION = " in p.read_text()}
+    found = figures.sections()
+    formerly = [old for section in found.values() for old in section.formerly]
+    assert len(set(formerly)) == len(formerly) and not set(formerly) & set(found)
+    table = (REPO / "benchmarks" / "README.md").read_text()
+    assert [name for name in found if f"| `{name}` |" not in table] == []
+    ran = []
+    for name, section in found.items():
+        found[name] = dataclasses.replace(section, run=lambda *_, n=name: ran.append(n) or [])
+    monkeypatch.setattr(figures, "sections", lambda: found)
+    figures.main(["gat", "store-large-links", "peers", "--size", "tiny"])
+    figures.main(["--size", "tiny"])
+    assert ran[:3] == ["gat_memory", "store_large_links", "peers"]
+    assert ran[3:] == list(figures.FILES)  # at tiny size, those run only when named too
+    with pytest.raises(SystemExit):
+        figures.main(["gat_attention"])
+    assert "unknown sections ['gat_attention']" in capsys.readouterr().err
 
 
 SPEED_FIELDS = [f.name for f in dataclasses.fields(SpeedTricks)]

@@ -446,12 +446,7 @@ def test_heterogeneous_predict_from_a_folder_gives_the_predictions_in_memory(tmp
     model = _model(memory, hidden_channels=16)
     classes = {}
     for name, dm in (("memory", memory), ("disk", disk)):
-        trainer = L.Trainer(
-            accelerator="cpu",
-            logger=False,
-            enable_progress_bar=False,
-            callbacks=[PredictionWriter(tmp_path / name)],
-        )
+        trainer = quiet_trainer(callbacks=[PredictionWriter(tmp_path / name)])
         trainer.predict(model, dm, return_predictions=False)
         table = pq.read_table(tmp_path / name)
         assert table.column("node").to_pylist() == list(range(dm.num_nodes["item"]))

@@ -1,7 +1,7 @@
 """Dropout with a cheaper mask on the CPU: one of the node models' speed tricks.
 
 Switched by ``SpeedTricks.cpu_dropout`` (``gnnscale.models.fast``, where the others live);
-``python benchmarks/figures.py speed`` measures it off.
+``python benchmarks/figures.py speed_defaults`` measures it off.
 """
 
 from __future__ import annotations

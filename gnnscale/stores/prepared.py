@@ -230,7 +230,7 @@ class PreparedGraph:
         graph's features ran 25-40 times faster here (``benchmarks/on_disk_large.py``). A graph
         that fits keeps the readahead, which fills the cache sooner and maps pages 16 at a time:
         with ``MADV_RANDOM`` the recipe's 375 MiB graph trained 1.22x slower than in memory
-        (``figures.py ondisk``).
+        (``figures.py on_disk``).
         """
         entry = self.manifest.files[name]
         if math.prod(entry.shape) == 0:

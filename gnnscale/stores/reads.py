@@ -10,7 +10,7 @@ as one plain ``index_select`` plus the threads' hand-off.
 
 Measured here on a 4 GiB file, its pages evicted, 40,000 random 256-byte rows: one
 ``index_select`` 26k rows/s; 8 threads 60k, 32 threads 85k, 64 threads 92k. on_disk_graph's
-README (its ``reads`` block, ``python benchmarks/figures.py reads``) measures the epoch.
+README (its ``reads`` block, ``python benchmarks/figures.py store_reads``) measures the epoch.
 """
 
 from __future__ import annotations
