@@ -7,10 +7,10 @@ aggregation on the CSR adjacency the loader's worker laid out (``gnnscale.sparse
 rounded up to multiples (:func:`pad_rows`, :func:`padded_forward`) and the first layer
 aggregated in the loader (``gnnscale.data.layout.aggregate_first_layer``).
 
-Each earns its place at the epoch level: ``python benchmarks/figures.py speed_defaults`` measures every
-one switched in turn on the sampler recipes (benchmarks/README.md). Tricks that bought less
-than 3% there are gone (the backward from the adjacency's transpose, the in-place gradient of
-the targets' rows) or apply only where they paid (``bucket_rows: auto``).
+Each earns its place at the epoch level: ``python benchmarks/figures.py speed_defaults``
+measures every one switched in turn on the sampler recipes (benchmarks/README.md). Tricks that
+bought less than 3% there are gone (the backward from the adjacency's transpose, the in-place
+gradient of the targets' rows) or apply only where they paid (``bucket_rows: auto``).
 """
 
 from __future__ import annotations
