@@ -148,7 +148,9 @@ def _add_new(known: Tensor, found: Tensor) -> tuple[Tensor, Tensor]:
     count = known.numel()
     if not found.numel():
         return found, found
-    size = int(found.max()) + 1 if not count else int(max(found.max(), known.max())) + 1
+    size = int(found.max()) + 1
+    if count:
+        size = max(size, int(known.max()) + 1)
     if found.device.type == "cpu" and size <= DENSE_RANGE * (count + found.numel()):
         return _add_new_by_table(known, found, size)
     unique, inverse = torch.unique(torch.cat([known, found]), return_inverse=True)
