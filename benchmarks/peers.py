@@ -10,12 +10,12 @@ README's one line); ``--size tiny`` checks the pipeline on a small graph.
 - **The graph** is the recipe's own, built by its DataModule from ``recipes/neighbor_sage/
   config.yaml`` and dumped to one ``.npz`` (edges, features, labels, splits and the 1,024 nodes
   validated each epoch) that the peers read (``peer_dgl.py``).
-- **The runs**, alternated, each a fresh process, every round: ``gnnscale fit`` on the recipe
-  and ``peer_dgl.py`` with DGL's ``NeighborSampler`` and with GraphBolt, at 0 and 1 loader
-  workers. Same model (2 SAGE layers, mean, hidden 256, dropout 0.5), fan-out [15, 10], 1,024
-  seeds a batch, Adam 0.003, gradient accumulation 2, 4 epochs, validation of the same 1,024
-  nodes sampled each epoch, an exact layer-wise test; fp32 everywhere (gnnscale's recipe trains
-  in bf16 where the CPU has bf16 kernels: a row of its own), torch's default threads.
+- **The runs**, alternated over five rounds, each a fresh process, every round: ``gnnscale fit``
+  on the recipe and ``peer_dgl.py`` with DGL's ``NeighborSampler`` and with GraphBolt, at 0 and 1
+  loader workers. Same model (2 SAGE layers, mean, hidden 256, dropout 0.5), fan-out [15, 10],
+  1,024 seeds a batch, Adam 0.003, gradient accumulation 2, 4 epochs, validation of the same 1,024
+  nodes sampled each epoch, an exact layer-wise test; fp32 everywhere (gnnscale's recipe trains in
+  bf16 where the CPU has bf16 kernels: a row of its own), torch's default threads.
 - **Where an epoch goes**: two epochs of each tool's training loop in one process, each step
   timed inside the loop; the loader's share (what the steps leave) split into the sampler,
   PyG's gather of the batch's rows, gnnscale's layout (with the first layer's aggregation) and
@@ -55,6 +55,9 @@ PEER_SCRIPT = REPO / "benchmarks" / "peer_dgl.py"
 PEER_PACKAGES = ("torch==2.2.1", "numpy<2", "dgl==2.1.0", "pandas<2.3", "pydantic", "pyyaml")
 PEER_NO_DEPS = ("torchdata==0.7.1", "psutil")
 FP32 = "--trainer.precision=32-true"
+# The default job's epoch lasts under a second, and one tool's runs spread by 10-20% on a shared
+# 2-core machine: five alternated rounds, the median (the hetero and link jobs: three).
+ROUNDS = 5
 TASKS = {"hetero": "heterogeneous node classification", "link": "link prediction"}
 TOOLS = {"gnnscale": "gnnscale", "dgl": "DGL 2.1.0 `NeighborSampler`", "graphbolt": "GraphBolt"}
 
@@ -236,7 +239,7 @@ def measure_all(tiny: bool, workdir: Path) -> dict[str, Any]:
     runs = [("gnnscale", 0), ("dgl", 0), ("graphbolt", 0), ("gnnscale", 1), ("dgl", 1)]
     runs += [("graphbolt", 1), ("gnnscale shipped", 0)]
     results: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
-    for r in range(1 if tiny else 3):
+    for r in range(1 if tiny else ROUNDS):
         for tool, workers in runs:
             print(f"peers: round {r + 1}, {tool}, {workers} workers", flush=True)
             if tool.startswith("gnnscale"):
