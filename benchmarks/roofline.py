@@ -26,8 +26,8 @@ CLI; a few training batches are drawn once, and on the same batches, in one proc
 * **top operators**: ``torch.profiler``'s self CPU time per operator over the batches.
 
 Each recipe's step runs with its rows as sampled (``--model.speed.bucket_rows=0``), and with
-them rounded up to 1,024s (``bucket_rows=1024``: Cluster-GCN's and GraphSAINT's default,
-``auto``, where they train in bf16 on a CPU), held to the unpadded products; the neighbour
+them rounded up to 1,024s (``bucket_rows=1024``: the default, ``auto``, where they train in
+bf16 on a CPU), held to the unpadded products; the neighbour
 recipe's also as it was before target-only
 layers (PyG's ``BasicGNN.forward`` with ``trim_to_layer``, ``torch.nn.Dropout``, scatter
 aggregation) and as the hand loop's (``reddit.py``: no trimming, loss on ``out[:batch_size]``),
@@ -339,8 +339,8 @@ def blocks(tiny: bool) -> list[Block]:
     labels = {
         "gnnscale": "{}, rows as sampled",
         "bucketed": "{}, rows rounded up to 1,024s (`--model.speed.bucket_rows=1024`, "
-        "Cluster-GCN's and GraphSAINT's default in bf16 on a CPU; held to the unpadded GEMMs)",
-        "in_loader": "{}, first layer aggregated in the loader (as shipped)",
+        "the default in bf16 on a CPU; held to the unpadded GEMMs)",
+        "in_loader": "{}, first layer aggregated in the loader (as shipped; rows as sampled)",
         "before": "{}, before target-only layers (PyG trim_to_layer, torch dropout, scatter)",
         "hand": "{}, the hand loop's forward (no trimming)",
     }

@@ -5,19 +5,20 @@
     python benchmarks/speed_defaults.py --rounds 5 --recipes neighbor_sage --tricks cpu_dropout
 
 Each trick of ``gnnscale.models.fast`` is measured where a user sees it: ``gnnscale fit`` on
-``neighbor_sage``, ``cluster_gcn``, ``graphsaint`` (GraphSAGE) and ``hetero_node_classification``
-(HeteroSAGE) as shipped (4 epochs, no per-epoch validation), against the same run with that
-one trick switched: off for a default, on for an opt-in. The two arms alternate (A B, then
-B A, ...), each run a fresh process with the same seed as its partner; s/epoch is the median
-of ``perf/epoch_s`` after the first (warm-up) epoch.
+``neighbor_sage``, ``cluster_gcn``, ``graphsaint`` (GraphSAGE), ``hetero_node_classification``
+(HeteroSAGE) and ``link_prediction_pinsage`` (LinkPredictor) as shipped (4 epochs, no
+per-epoch validation), against the same run with that one trick switched: off for a default,
+on for an opt-in. The two arms alternate (A B, then B A, ...), each run a fresh process with
+the same seed as its partner; s/epoch is the median of ``perf/epoch_s`` after the first
+(warm-up) epoch.
 A trick is a default when the run without it takes at least 3% longer than the run with it on
 some recipe (the median of the pairs' ratios); else it is opt-in, or it goes.
 
 Each trick is switched by its setting in the model's ``speed`` group
 (``--model.init_args.speed.sparse_aggregation=false``, ``speed.cpu_dropout=false``,
-``speed.target_only_layers=false``, ``speed.bucket_rows=0`` (``auto`` pads Cluster-GCN and
-GraphSAINT batches in bf16 on a CPU; ``1024`` on neighbour batches is opt-in),
-``speed.aggregate_in_loader=false``; ``gnnscale.models.fast.SpeedTricks``), fused Adam by
+``speed.target_only_layers=false``, ``speed.bucket_rows=0`` (``auto`` pads where the
+products run in bf16 on a CPU), ``speed.aggregate_in_loader=false``;
+``gnnscale.models.fast.SpeedTricks``), fused Adam by
 ``--model.init_args.optimizer.init_args.fused=true``: off, each puts back what PyG or PyTorch
 does in its place.
 
@@ -25,9 +26,10 @@ Not every trick is on every recipe's path: Cluster-GCN and GraphSAINT batches ar
 (``fast.subgraph_forward``), which never take the neighbour-only paths (target-only layers,
 aggregation in the loader).
 
-``hetero_node_classification`` (``HeteroSAGE``) has two switches of its own:
-``--model.init_args.target_only_layers=false`` and ``--model.init_args.project_after_mean=false``
-(``gnnscale.models.fast_hetero.target_only``).
+``hetero_node_classification`` (``HeteroSAGE``) has switches of its own:
+``--model.init_args.target_only_layers=false``, ``--model.init_args.project_after_mean=false``
+and ``--model.init_args.bucket_rows=0`` (``gnnscale.models.fast_hetero.target_only``); the
+link recipe (``LinkPredictor``) is measured for the last only.
 """
 
 from __future__ import annotations
@@ -45,10 +47,17 @@ import harness
 from blocks import PER_PROCESS, REPO, Block, Section
 from registry import recipe
 
-RECIPES = ("neighbor_sage", "cluster_gcn", "graphsaint", "hetero_node_classification")
+RECIPES = (
+    "neighbor_sage",
+    "cluster_gcn",
+    "graphsaint",
+    "hetero_node_classification",
+    "link_prediction_pinsage",
+)
 NEIGHBOUR = ("neighbor_sage",)
 SUBGRAPH = ("cluster_gcn", "graphsaint")
-HETERO = ("hetero_node_classification",)  # HeteroSAGE: its own two switches
+HETERO = ("hetero_node_classification",)  # HeteroSAGE: switches of its own
+LINK = ("link_prediction_pinsage",)  # LinkPredictor: HeteroSAGE's rows rounded up alone
 GRAPHSAGE = NEIGHBOUR + SUBGRAPH
 THRESHOLD = 1.03  # without ÷ with at or above this: the trick earns a default
 
@@ -93,14 +102,6 @@ TRICKS = (
         "bucket_rows",
         "rows rounded up to 1,024s (`bucket_rows: auto`; bf16 on a CPU)",
         args=("--model.init_args.speed.bucket_rows=0",),
-        recipes=SUBGRAPH,
-    ),
-    Trick(  # auto leaves a neighbour batch's rows as sampled
-        "bucket_rows_neighbours",
-        "rows rounded up to 1,024s (`bucket_rows=1024`)",
-        args=("--model.init_args.speed.bucket_rows=1024",),
-        recipes=NEIGHBOUR,
-        opt_in=True,
     ),
     Trick(
         "aggregate_in_loader",
@@ -125,6 +126,12 @@ TRICKS = (
         "raw features averaged, then projected (first layer)",
         args=("--model.init_args.project_after_mean=false",),
         recipes=HETERO,
+    ),
+    Trick(
+        "hetero_bucket_rows",
+        "rows rounded up to 1,024s (`bucket_rows: auto`; bf16 on a CPU)",
+        args=("--model.init_args.bucket_rows=0",),
+        recipes=HETERO + LINK,
     ),
 )
 
@@ -318,8 +325,8 @@ SECTION = Section(
     run=lambda tiny, _: blocks(tiny),
     about=(
         "each of GraphSAGE's CPU speed tricks switched off in turn on the three sampler "
-        "recipes, and HeteroSAGE's on the hetero recipe, interleaved with the shipped runs "
-        "(about 15 minutes)"
+        "recipes, HeteroSAGE's on the hetero recipe and rows rounded up on the link recipe, "
+        "interleaved with the shipped runs (about 30 minutes)"
     ),
     writes="speed_defaults in benchmarks/README.md",
     threads=PER_PROCESS,

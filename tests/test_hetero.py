@@ -184,6 +184,58 @@ def test_layers_on_the_rows_read_next_give_the_seeds_what_every_row_gives(
         torch.testing.assert_close(grads[0][name].to_dense(), grads[1][name].to_dense())
 
 
+def _conv_rows(model) -> list[int]:
+    """Rows every conv of ``model``'s encoder outputs, appended as they run."""
+    rows: list[int] = []
+    for layer in model.encoder.convs:
+        for conv in layer.values():
+            conv.register_forward_hook(lambda _, args, out: rows.append(out.size(0)))
+    return rows
+
+
+def test_rows_rounded_up_change_no_seed_output_or_gradient():
+    # Rows added up to a multiple of m have no edges into them and no later layer reads them.
+    dm = _dm(batch_size=64, num_neighbors=[5, 3])
+    batch = next(iter(dm._loader(dm._mask("train_mask"), 64)))
+    results, computed = [], []
+    m = 7
+    for bucket in (0, m):
+        torch.manual_seed(0)
+        model = _model(dm, hidden_channels=16, bucket_rows=bucket)
+        computed.append(_conv_rows(model))
+        out = model._encode(batch, {"item": 64})["item"]
+        model.head(out).sum().backward()
+        grads = {n: p.grad.to_dense() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((out, grads))
+    assert all(r % m == 0 for r in computed[1]) and computed[1] != computed[0]
+    assert [-(-r // m) * m for r in computed[0]] == computed[1]  # the same rows, rounded up
+    assert results[1][0].size(0) == 64
+    torch.testing.assert_close(results[1][0], results[0][0])
+    assert results[1][1].keys() == results[0][1].keys()
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, msg=name)
+
+
+def test_auto_bucket_rows_round_up_where_products_run_in_bf16_on_a_cpu():
+    dm = _dm(batch_size=64, num_neighbors=[5, 3])
+    batch = next(iter(dm._loader(dm._mask("train_mask"), 64)))
+    model = _model(dm, hidden_channels=16).eval()
+    assert model.bucket_rows == "auto"
+    rows = _conv_rows(model)
+
+    def computed(bf16: bool) -> list[int]:
+        rows.clear()
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+            model._encode(batch, {"item": 64})
+        return list(rows)
+
+    fp32 = computed(bf16=False)
+    assert computed(bf16=True) == [-(-r // 1024) * 1024 for r in fp32]
+    assert min(fp32) < 1024  # so something was added
+    with pytest.raises(ConfigError, match="bucket_rows must be >= 0"):
+        _model(dm, bucket_rows=-1)
+
+
 def test_training_loader_is_seeded_and_resumable():
     dm = _dm()
 

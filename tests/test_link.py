@@ -242,6 +242,29 @@ def test_layers_on_the_rows_read_next_score_the_pairs_as_every_row_does(project_
             torch.testing.assert_close(p.grad.to_dense(), q.grad.to_dense(), msg=name)
 
 
+def test_rows_rounded_up_score_the_pairs_as_rows_as_sampled_do():
+    dm = _dm(num_hard_negatives=1)  # the pairs' ends are gathered rows, not a prefix
+    batch = next(iter(dm.train_dataloader()))
+    pairs = batch[RATES].edge_label_index
+    results, computed = [], []
+    for bucket in (0, 7):
+        torch.manual_seed(0)
+        model = LinkPredictor(dm.graph_spec, hidden_channels=16, bucket_rows=bucket)
+        rows: list[int] = []
+        for layer in model.encoder.convs:
+            for conv in layer.values():
+                conv.register_forward_hook(lambda _, args, out, rows=rows: rows.append(out.size(0)))
+        scores = model._score(*model._encode_ends(batch, pairs))
+        scores.sum().backward()
+        grads = {n: p.grad.to_dense() for n, p in model.named_parameters() if p.grad is not None}
+        results.append((scores, grads))
+        computed.append(rows)
+    assert all(r % 7 == 0 for r in computed[1]) and computed[1] != computed[0]
+    torch.testing.assert_close(results[1][0], results[0][0])
+    for name, grad in results[0][1].items():
+        torch.testing.assert_close(results[1][1][name], grad, msg=name)
+
+
 def test_hard_negatives_come_from_the_batch_and_are_not_edges():
     dm = _dm(num_negatives=0, num_hard_negatives=2)
     known = _keys(

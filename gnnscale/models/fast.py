@@ -83,12 +83,11 @@ class SpeedTricks(LayerSpeedTricks):
         bucket_rows: Round rows up to a multiple of this (0: off): on neighbour batches each
             hidden layer's (:func:`target_only`), on Cluster-GCN and GraphSAINT batches the
             batch's (a ``norm`` sees the real rows only: :func:`padded_forward`). bf16 products
-            on CPU then reuse a few oneDNN primitives instead of building one a batch. ``auto``
-            (the default): 1024 on Cluster-GCN and GraphSAINT batches whose products run in
-            bf16 on a CPU, else off (:func:`bucket_size`). There it made cluster_gcn's epoch
-            1.11-1.28x faster and graphsaint's 1.02-1.16x over five runs; neighbor_sage's
-            within 3% twice, then 1.04-1.10x (still opt-in there); in fp32 it was within 3% or
-            5% slower (benchmarks/README.md, ``speed``; 1024 is the size measured).
+            on CPU then reuse a few oneDNN primitives instead of building one a batch (a build
+            costs several times the product). ``auto`` (the default): 1024 where the batch's
+            products run in bf16 on a CPU, else off (:func:`bucket_size`); in fp32 it was
+            within 3%, or 5% slower. Each recipe's gain is in benchmarks/README.md's
+            ``speed_defaults`` table (1024 is the size measured).
         aggregate_in_loader: Let neighbour batches' loaders aggregate the first layer's raw
             features (the same sparse product, which has no parameters) where they are held in
             memory in float32 or float64, reading them in place: only the first layer's
@@ -363,17 +362,16 @@ def padded_forward(
 BUCKET_ROWS = 1024  # ``bucket_rows: auto``'s multiple, where it applies: the size measured
 
 
-def bucket_size(setting: int | Literal["auto"], device: torch.device, subgraph: bool) -> int:
-    """The row multiple of a batch (``subgraph``: Cluster-GCN's or GraphSAINT's): ``setting``.
+def bucket_size(setting: int | Literal["auto"], device: torch.device) -> int:
+    """The row multiple of a batch's products: ``setting``, or for ``auto`` where it paid.
 
-    ``auto``: :data:`BUCKET_ROWS` on a subgraph batch whose products run in bf16 on a CPU
-    (autocast); 0 on neighbour batches (not yet shown to pay: :class:`SpeedTricks`), in fp32
-    (within 3%, or 5% slower) and on a GPU (not measured).
+    ``auto``: :data:`BUCKET_ROWS` where the products run in bf16 on a CPU (autocast), else 0:
+    in fp32 it was within 3%, or 5% slower; on a GPU it is not measured.
     """
     if setting != "auto":
         return setting
     bf16 = product_dtype(device, torch.float32) == torch.bfloat16
-    return BUCKET_ROWS if subgraph and device.type == "cpu" and bf16 else 0
+    return BUCKET_ROWS if device.type == "cpu" and bf16 else 0
 
 
 def product_dtype(device: torch.device, default: torch.dtype) -> torch.dtype:

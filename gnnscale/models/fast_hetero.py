@@ -10,6 +10,7 @@ from collections.abc import Callable, Mapping
 from typing import cast
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.index import index2ptr
 from torch_geometric.nn import SAGEConv
@@ -24,6 +25,7 @@ def target_only(
     edge_index: dict[EdgeType, Tensor],
     seeds: Mapping[str, int | Tensor],
     inputs: dict[str, Callable[[Tensor], Tensor]] | None = None,
+    bucket_rows: int = 0,
 ) -> dict[str, Tensor]:
     """``encoder``'s output for each type's ``seeds`` rows, each layer on the rows read next.
 
@@ -47,6 +49,10 @@ def target_only(
             linear layer commutes with a mean, so the input layer runs on the rows the first
             layer outputs and on those averages, not on every sampled row (on a graph shaped
             like MAG240M, most rows of a batch are read by the first layer alone).
+        bucket_rows: Round each layer's rows of every type up to a multiple of this (0: off)
+            with zero rows that no edge reaches and no later layer reads, so that every
+            product sees a few row counts (bf16 products on a CPU then reuse their oneDNN
+            primitives: ``gnnscale.models.fast.bucket_size``).
     """
     convs = cast(list[nn.ModuleDict], encoder.convs)
     into: dict[str, int] = {}
@@ -70,6 +76,9 @@ def target_only(
     for i, (conv, (rows, kept)) in enumerate(zip(convs, reversed(layers), strict=True)):
         first: dict[str, Callable[[Tensor], Tensor]] = (inputs or {}) if i == 0 else {}
         root = {t: _take(h, rows.get(t), None if read is None else read[t]) for t, h in x.items()}
+        real = {t: h.size(0) for t, h in root.items()}
+        if bucket_rows:
+            root = {t: _padded(h, bucket_rows) for t, h in root.items()}
         root.update({t: project(root[t]) for t, project in first.items()})
         out: dict[str, Tensor] = {}
         for (src, rel, dst), index in kept.items():
@@ -88,7 +97,7 @@ def target_only(
             else:
                 h = sage((x[src], root[dst]), local)
             out[dst] = h if dst not in out else out[dst] + h
-        x = {t: h / into[t] for t, h in out.items()}
+        x = {t: h[: real[t]] / into[t] for t, h in out.items()}
         read = {t: rows.get(t, _none(h)) for t, h in x.items()}
         if i < len(convs) - 1:
             dropout = cast(nn.ModuleDict, encoder.dropout)
@@ -98,6 +107,12 @@ def target_only(
 
 def _none(like: Tensor) -> Tensor:
     return torch.zeros(0, dtype=torch.long, device=like.device)
+
+
+def _padded(h: Tensor, multiple: int) -> Tensor:
+    """``h`` with zero rows appended, up to a multiple of ``multiple`` rows."""
+    extra = -h.size(0) % multiple
+    return F.pad(h, (0, 0, 0, extra)) if extra else h
 
 
 def _prefix(rows: Tensor) -> bool:

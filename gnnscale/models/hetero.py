@@ -17,7 +17,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from gnnscale.errors import ConfigError, TrainingDiverged, check_probabilities
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.models.embedding import HostEmbedding
-from gnnscale.models.fast import product_dtype
+from gnnscale.models.fast import bucket_size, product_dtype
 from gnnscale.models.fast_hetero import target_only
 from gnnscale.optim import SparseAdam
 
@@ -70,6 +70,12 @@ class HeteroGNN(L.LightningModule):
     encoder: nn.Module
     target_only_layers = True
     project_after_mean = True  # with target-only layers: see target_only's inputs
+    bucket_rows: int | Literal["auto"] = "auto"  # with target-only layers: see target_only's
+
+    def _set_bucket_rows(self, bucket_rows: int | Literal["auto"]) -> None:
+        if bucket_rows != "auto" and bucket_rows < 0:
+            raise ConfigError(f"--model.bucket_rows must be >= 0 or auto (got {bucket_rows})")
+        self.bucket_rows = bucket_rows
 
     def _only(self, seeds: dict[str, int]) -> dict[str, int] | None:
         """``seeds`` for :meth:`_encode` where layers compute the rows read next, else none."""
@@ -129,7 +135,8 @@ class HeteroGNN(L.LightningModule):
                 ids = batch[t].n_id if "n_id" in batch[t] else torch.arange(batch[t].num_nodes)
                 x[t] = table(ids.to(table.weight.device)).to(self.device)
         if seeds is not None:
-            return target_only(self.encoder, x, batch.edge_index_dict, seeds, inputs)
+            bucket = bucket_size(self.bucket_rows, self.device)
+            return target_only(self.encoder, x, batch.edge_index_dict, seeds, inputs, bucket)
         return self.encoder(x, batch.edge_index_dict)
 
     @staticmethod
@@ -203,6 +210,12 @@ class HeteroSAGE(HeteroGNN):
             relation's raw features and the input layers project the averages, not every
             sampled row (``gnnscale.models.fast_hetero.target_only``'s ``inputs``; the same
             outputs); false: every sampled row is projected first.
+        bucket_rows: With target-only layers, round each layer's rows of every node type up
+            to a multiple of this (0: off), with rows no edge reaches and no later layer reads
+            (``gnnscale.models.fast_hetero.target_only``): bf16 products on a CPU then reuse a
+            few oneDNN primitives instead of building one for every batch's row counts.
+            ``auto`` (the default): 1024 where the products run in bf16 on a CPU, else off
+            (``gnnscale.models.fast.bucket_size``; the ``speed_defaults`` table).
     """
 
     def __init__(
@@ -219,11 +232,13 @@ class HeteroSAGE(HeteroGNN):
         embedding_optimizer: OptimizerCallable = SparseAdam,
         target_only_layers: bool = True,
         project_after_mean: bool = True,
+        bucket_rows: int | Literal["auto"] = "auto",
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
         self.target_only_layers = target_only_layers
         self.project_after_mean = project_after_mean
+        self._set_bucket_rows(bucket_rows)
         if min(num_layers, hidden_channels, accumulate_grad_batches) < 1 or num_classes < 2:
             raise ConfigError(
                 "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "

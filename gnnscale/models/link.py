@@ -80,6 +80,12 @@ class LinkPredictor(HeteroGNN):
             0.349; the PinSAGE recipe's recall@20 0.181 -> 0.214; on a 500,000-paper
             MAG-shaped citation graph after 100 batches, recall@20 of 1,000 candidates 0.021
             -> 0.237 (the most cited papers: 0.258).
+        bucket_rows: With target-only layers, round each layer's rows of every node type up
+            to a multiple of this (0: off), with rows no edge reaches and no later layer reads
+            (``gnnscale.models.fast_hetero.target_only``): bf16 products on a CPU then reuse a
+            few oneDNN primitives instead of building one for every batch's row counts.
+            ``auto`` (the default): 1024 where the products run in bf16 on a CPU, else off
+            (``gnnscale.models.fast.bucket_size``; the ``speed_defaults`` table).
     """
 
     def __init__(
@@ -98,11 +104,13 @@ class LinkPredictor(HeteroGNN):
         project_after_mean: bool = True,
         popularity_prior: bool = False,
         loss: Literal["softmax", "bce"] = "softmax",
+        bucket_rows: int | Literal["auto"] = "auto",
     ) -> None:
         super().__init__()
         check_probabilities(dropout=dropout)
         self.target_only_layers = target_only_layers and conv == "sage"
         self.project_after_mean = project_after_mean
+        self._set_bucket_rows(bucket_rows)
         if num_layers < 1 or hidden_channels < 1 or accumulate_grad_batches < 1:
             raise ConfigError(
                 "--model.num_layers, --model.hidden_channels and --model.accumulate_grad_batches "

@@ -147,11 +147,11 @@ class NodeClassifier(L.LightningModule):
                 layout,
                 target_only_layers=self.target_only_layers or rowwise,
                 sparse_aggregation=self.sparse_aggregation,
-                bucket_rows=fast.bucket_size(self.bucket_rows, x.device, subgraph=False),
+                bucket_rows=fast.bucket_size(self.bucket_rows, x.device),
                 edge_attr=edge_attr,
             )
         if isinstance(layout, SubgraphLayout) and self.sparse_aggregation:
-            rows = fast.bucket_size(self.bucket_rows, x.device, subgraph=True)
+            rows = fast.bucket_size(self.bucket_rows, x.device)
             return fast.subgraph_forward(self.gnn, x, edge_index, layout, rows)
         return self.gnn(x, edge_index, edge_attr=edge_attr)
 
