@@ -176,3 +176,25 @@ def test_each_speed_trick_is_switched_by_its_setting_alone(tmp_path, key):
         speed = SpeedTricks(**switched.pop("speed"))
         assert speed == dataclasses.replace(SpeedTricks(), **{key: getattr(speed, key)}), name
         assert speed != SpeedTricks() and switched == shipped, name
+
+
+def test_each_heterogeneous_models_trick_is_switched_by_its_argument_alone():
+    """``speed_defaults``' HeteroSAGE and LinkPredictor arms: each trick's arguments change
+    that one hyperparameter of the model, from its default, and nothing else."""
+    import speed_defaults
+
+    tricks = [
+        t
+        for t in speed_defaults.TRICKS
+        if set(t.recipes) <= {"hetero_node_classification", "link_prediction_pinsage"}
+    ]
+    assert {t.key for t in tricks} >= {"hetero_target_only_layers", "hetero_bucket_rows"}
+    for trick in tricks:
+        (flag,) = trick.args
+        field, value = flag.removeprefix("--model.init_args.").split("=")
+        for name in trick.recipes:
+            config = ["--config", str(recipe(name).config), *recipe(name).tiny]
+            shipped = dict(main(config, run=False).model.hparams)
+            switched = dict(main([*config, *trick.args], run=False).model.hparams)
+            assert str(switched.pop(field)).lower() == value and shipped.pop(field) != value
+            assert switched == shipped, (name, field)
