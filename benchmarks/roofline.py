@@ -264,7 +264,7 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
     bucketed = copy.deepcopy(model)
     bucketed.bucket_rows = 1024  # as --model.speed.bucket_rows=1024: rows rounded up
     steps["bucketed"] = (step_fn(bucketed, precision), batches)
-    aggregate_ms = None
+    aggregate_ms, shipped, shipped_batches = None, model, batches
     if isinstance(batches[0].layout, HopLayout) and model.sparse_aggregation:  # GraphSAGE
         aggr = model.gnn.convs[0].aggr
         features = dm.data.x
@@ -276,14 +276,12 @@ def measure(name: str, tiny: bool) -> dict[str, Any]:
         aggregated, aggregate_ms = _worker(batches, in_place)
         in_loader = copy.deepcopy(model)
         in_loader.first_layer_aggr = aggr  # the loader aggregated: its GEMMs, rows as sampled
-        shipped = copy.deepcopy(in_loader)
-        shipped.bucket_rows = "auto"  # as shipped: rows rounded up where products run in bf16
-        steps["in_loader"] = (step_fn(shipped, precision), aggregated)
-        as_shipped = steps["in_loader"]
-    else:
-        shipped = copy.deepcopy(model)
-        shipped.bucket_rows = "auto"
-        as_shipped = (step_fn(shipped, precision), batches)
+        shipped, shipped_batches = in_loader, aggregated
+    shipped = copy.deepcopy(shipped)
+    shipped.bucket_rows = "auto"  # as shipped: rows rounded up where products run in bf16
+    as_shipped = (step_fn(shipped, precision), shipped_batches)
+    if aggregate_ms is not None:
+        steps["in_loader"] = as_shipped
     if name == "neighbor_sage":
         before, hand = copy.deepcopy(model), copy.deepcopy(model)
         steps["before"] = (step_fn(before, precision, _pyg_trim_forward(before)), batches)
