@@ -117,7 +117,7 @@ def stamp(command: str, threads: str) -> str:
     import lightning
     import torch_geometric
 
-    from gnnscale.sampler import describe
+    from gnnscale.sampling import describe
 
     load = ", ".join(f"{v:.1f}" for v in os.getloadavg())
     return (

@@ -41,7 +41,7 @@ from torch_geometric.utils import degree
 from gnnscale import SyntheticGraph, make_synthetic_graph
 from gnnscale.measure import saved_tensor_bytes
 from gnnscale.saint import SAINTLoader
-from gnnscale.sampler import HopSampler, sampling_backend
+from gnnscale.sampling import HopSampler, sampling_backend
 
 __all__ = ["sampled_by", "train_cluster", "train_neighbor", "train_saint"]
 

@@ -182,7 +182,7 @@ def profile_gnnscale(tiny: bool) -> dict[str, Any]:
     from roofline import build
 
     import gnnscale.data.node as node
-    from gnnscale.sampler import HopSampler
+    from gnnscale.sampling import HopSampler
 
     timed = _Timed()
     patches = [

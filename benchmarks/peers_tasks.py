@@ -174,7 +174,7 @@ def profile_gnnscale(task: str, tiny: bool) -> dict[str, Any]:
     from peers import _Timed
 
     from gnnscale.cli import main
-    from gnnscale.sampler import HopSampler
+    from gnnscale.sampling import HopSampler
 
     class Steps(L.Callback):
         def on_train_epoch_start(self, *_: Any) -> None:

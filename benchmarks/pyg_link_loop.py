@@ -27,7 +27,7 @@ from torch_geometric.loader import LinkNeighborLoader
 from torch_geometric.nn import SAGEConv, to_hetero
 from torch_geometric.sampler import NegativeSampling
 
-from gnnscale.sampler import HopSampler, sampling_backend
+from gnnscale.sampling import HopSampler, sampling_backend
 
 TARGET = ("user", "rates", "item")
 

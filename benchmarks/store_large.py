@@ -203,15 +203,15 @@ import numpy as np, torch
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.sampler import NodeSamplerInput
 import gnnscale.stores
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from device_reads import disk_reads
 store, seeds_file = sys.argv[1], sys.argv[2]
 batches, batch_size = int(sys.argv[3]), int(sys.argv[4])
 torch.set_num_threads(2)
 fs, gs = gnnscale.stores.open(store, verify="size", read_threads=32)
 fanout = {a.edge_type: [10, 5] for a in gs.get_all_edge_attrs()}
-sampler = HopSampler((fs, gs), fanout)
-sampler.edge_ids = False  # as the heterogeneous DataModule: its models read no edge features
+# as the heterogeneous DataModule: its models read no edge features
+sampler = HopSampler((fs, gs), fanout, edge_ids=False)
 train = torch.from_numpy(np.load(seeds_file))
 order = torch.randperm(train.numel(), generator=torch.Generator().manual_seed(0))
 loader = NeighborLoader((fs, gs), num_neighbors=fanout, input_nodes=("paper", train),

@@ -142,7 +142,7 @@ def pyg_loop(inputs: Path, store: Path) -> dict[str, float]:
     from torch_geometric.nn import GraphSAGE
 
     import gnnscale.stores
-    from gnnscale.sampler import HopSampler
+    from gnnscale.sampling import HopSampler
 
     edge_index = torch.from_numpy(np.load(inputs / "edge_index.npy"))
     order = edge_index[1].sort(stable=True).indices

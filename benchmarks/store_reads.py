@@ -55,7 +55,7 @@ from on_disk_large import (
 from torch_geometric.data import Data
 from torch_geometric.sampler import NodeSamplerInput
 
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.stores import reads
 from gnnscale.stores.prepared import PreparedGraph
 
@@ -208,14 +208,13 @@ import json, sys, time, torch
 from torch_geometric.loader import NeighborLoader
 from torch_geometric.nn import GraphSAGE
 import gnnscale.stores
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 folder, mode, cache_gib = sys.argv[1], sys.argv[2], float(sys.argv[3])
 cache = {"feature_cache_gib": cache_gib, "num_neighbors": [15, 10], "batch_size": 1024}
 fs, gs = gnnscale.stores.open(folder, verify="size", read_threads=32, **cache)
 classes = gs.graph.num_classes  # the folder's manifest
 train = fs.get_tensor(None, "train_mask", None).nonzero().view(-1)
-sampler = HopSampler((fs, gs), [15, 10])
-sampler.edge_ids = False  # GraphSAGE reads no edge features
+sampler = HopSampler((fs, gs), [15, 10], edge_ids=False)  # GraphSAGE reads no edge features
 torch.manual_seed(0)
 workers = 2 if mode == "cached" else 1
 loader = NeighborLoader((fs, gs), num_neighbors=[15, 10], input_nodes=train, batch_size=1024,

@@ -13,6 +13,7 @@ not here: they are PyG's documented interface for writing a store.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ import torch
 import torch_geometric.data
 import torch_geometric.loader
 import torch_geometric.sampler
+import torch_geometric.typing
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningCLI as _LightningCLI
 from lightning.pytorch.loggers import Logger
@@ -37,6 +39,7 @@ __all__ = [
     "NeighborSampler",
     "OVERRIDDEN",
     "TorchDispatchMode",
+    "backend_checks_lifted",
     "batches_that_stepped",
     "coo_parts",
     "disable_torch_function_subclass",
@@ -92,6 +95,27 @@ class NeighborSampler(torch_geometric.sampler.NeighborSampler):
     def pyg_sample_seeds(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
         """PyG's own draw, by its backend (pyg-lib or torch-sparse)."""
         return super()._sample(seed, seed_time, **kwargs)
+
+
+#: pyg-lib's features that PyG's ``NeighborSampler.__init__`` refuses without (``ImportError``).
+BACKEND_FEATURES = ("WITH_EDGE_TIME_NEIGHBOR_SAMPLE", "WITH_WEIGHTED_NEIGHBOR_SAMPLE")
+
+
+@contextlib.contextmanager
+def backend_checks_lifted() -> Iterator[None]:
+    """PyG's ``NeighborSampler.__init__`` without its checks for edge time and weights in pyg-lib.
+
+    For a sampler that draws both itself (``gnnscale.sampling.HopSampler``); every other step
+    of the constructor (which attribute is time, the CSC sorted by it) stays PyG's.
+    """
+    saved = {name: getattr(torch_geometric.typing, name) for name in BACKEND_FEATURES}
+    try:
+        for name in BACKEND_FEATURES:
+            setattr(torch_geometric.typing, name, True)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(torch_geometric.typing, name, value)
 
 
 class ClusterData(torch_geometric.loader.ClusterData):

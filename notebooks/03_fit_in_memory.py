@@ -57,7 +57,7 @@ from gnnscale import (
     SyntheticGraph,
     make_synthetic_graph,
 )
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 
 NUM_NODES = 200_000  # the main graph
 AVG_DEGREE = 10

@@ -28,7 +28,7 @@ from gnnscale.batch import LayerwiseBatch
 from gnnscale.errors import ConfigError
 from gnnscale.models import fast
 from gnnscale.models.dropout import Dropout
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.testing import TINY, quiet_trainer, requires_torch_sparse
 
 

@@ -18,7 +18,7 @@ from torch_geometric.loader import NeighborLoader
 from gnnscale import HeteroNeighborDataModule, HeteroSAGE, stores
 from gnnscale.cli.prepare import prepare_main
 from gnnscale.errors import ConfigError
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.ogb import prepare_ogb
 from gnnscale.stores.prepared import PreparedGraph

@@ -33,7 +33,7 @@ from gnnscale.data.synthetic import write_streamed_synthetic
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.measure import anon_mb, read_metrics, trim_heap
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.stores import atomic, reads, writing
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import PreparedGraph

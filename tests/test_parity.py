@@ -17,7 +17,7 @@ from torch_geometric.loader import (
 
 from gnnscale import SyntheticGraph, make_synthetic_graph
 from gnnscale.saint import SAINTLoader
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.testing import requires_torch_sparse, users_items_tags
 
 pytestmark = requires_torch_sparse
@@ -32,8 +32,7 @@ def _hetero() -> HeteroData:
 def _samplers(data, fanout, **kwargs):
     """gnnscale's sampler and PyG's (torch-sparse), over the same graph."""
     ours = HopSampler(data, fanout, **kwargs)
-    pygs = HopSampler(data, fanout, **kwargs)
-    pygs.vectorized = False
+    pygs = HopSampler(data, fanout, **kwargs, vectorized=False)
     return ours, pygs
 
 

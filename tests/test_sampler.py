@@ -7,10 +7,11 @@ from torch_geometric.data import Data, HeteroData
 from torch_geometric.loader import LinkNeighborLoader, NeighborLoader
 from torch_geometric.sampler import NeighborSampler
 
-import gnnscale.sampler as gsampler
+import gnnscale.sampling.hops as hops
+import gnnscale.sampling.sampler as gsampler
 from gnnscale import LoaderArgs, NeighborDataModule, make_synthetic_graph
 from gnnscale.handshake import BatchRequest
-from gnnscale.sampler import HopSampler, sample_hops
+from gnnscale.sampling import HopSampler, sample_hops
 from gnnscale.testing import TINY, requires_torch_sparse, users_items_tags
 
 
@@ -108,8 +109,8 @@ def test_relabelling_by_a_table_equals_relabelling_by_a_sort(monkeypatch, id_ran
         found = torch.cat([known[: known_size // 2], drawn])
         by = {}
         for name, dense in [("table", 10**12), ("sort", 0)]:
-            monkeypatch.setattr(gsampler, "DENSE_RANGE", dense)
-            by[name] = gsampler._add_new(known, found)
+            monkeypatch.setattr(hops, "DENSE_RANGE", dense)
+            by[name] = hops._add_new(known, found)
         (local, added), (local_s, added_s) = by["table"], by["sort"]
         assert torch.equal(local, local_s) and torch.equal(added, added_s)
         assert torch.equal(torch.cat([known, added])[local], found)
@@ -135,8 +136,7 @@ def test_switched_off_it_leaves_sampling_to_pygs_backend(graph, monkeypatch):
         raise AssertionError("sample_hops was called")
 
     monkeypatch.setattr(gsampler, "sample_typed_hops", refuse)
-    off = HopSampler(graph, [3])
-    off.vectorized = False
+    off = HopSampler(graph, [3], vectorized=False)
     batch = next(iter(NeighborLoader(graph, [3], batch_size=8, neighbor_sampler=off)))
     assert batch.batch_size == 8
 
@@ -303,9 +303,25 @@ def test_what_it_does_not_cover_goes_to_pygs_sampler(monkeypatch):
     monkeypatch.setattr(
         NeighborSampler, "_sample", lambda self, seed, *a, **k: calls.append(seed) or 1 / 0
     )
+    monkeypatch.setattr(gsampler.torch_geometric.typing, "WITH_TORCH_SPARSE", True)
     induced = HopSampler(data, TYPED_FANOUT, subgraph_type="induced")
     with pytest.raises(ZeroDivisionError):
         induced.sample_seeds({"user": torch.tensor([1])})
     assert len(calls) == 1
     HopSampler(data, TYPED_FANOUT).sample_seeds({"user": torch.tensor([1])})
     assert len(calls) == 1
+
+
+def test_what_no_backend_here_would_sample_is_refused_at_construction(monkeypatch):
+    monkeypatch.setattr(gsampler.torch_geometric.typing, "WITH_PYG_LIB", False)
+    monkeypatch.setattr(gsampler.torch_geometric.typing, "WITH_TORCH_SPARSE", False)
+    data = _typed_graph()
+    with pytest.raises(ValueError, match="induced.*needs PyG's pyg-lib or torch-sparse"):
+        HopSampler(data, TYPED_FANOUT, subgraph_type="induced")
+    # torch-sparse would sample untimed and unweighted without a word
+    monkeypatch.setattr(gsampler.torch_geometric.typing, "WITH_TORCH_SPARSE", True)
+    data["user"].time = torch.arange(data["user"].num_nodes)
+    with pytest.raises(ValueError, match="time_attr='time' need gnnscale's sampler"):
+        HopSampler(data, TYPED_FANOUT, time_attr="time", vectorized=False)
+    with pytest.raises(ValueError, match="strict and window"):
+        HopSampler(data, TYPED_FANOUT, strict=True, vectorized=False)

@@ -24,7 +24,7 @@ from gnnscale.data.args import EvalArgs
 from gnnscale.data.synthetic import write_streamed_synthetic
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.stores import reads
 from gnnscale.stores.manifest import PreparedGraphError
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph

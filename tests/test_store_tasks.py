@@ -29,7 +29,7 @@ from gnnscale import (
 from gnnscale.cli.prepare import prepare_main
 from gnnscale.data.args import EvalArgs
 from gnnscale.errors import ConfigError
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.stores.prepared import MappedTensor, PreparedGraph
 from gnnscale.testing import (
     LINK_TINY,

@@ -30,7 +30,7 @@ from gnnscale.data.synthetic import (
     make_synthetic_graph,
     write_streamed_synthetic,
 )
-from gnnscale.sampler import sampling_backend
+from gnnscale.sampling import sampling_backend
 
 __all__ = [
     "DATASETS",

@@ -40,7 +40,7 @@ from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest, GraphSpec
 from gnnscale.memory import MemoryProfile, proportional_batches
-from gnnscale.sampler import describe, log_backend_once, vectorized
+from gnnscale.sampling import describe, log_backend_once, vectorized
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -334,9 +334,12 @@ class HeteroNeighborDataModule(HeteroGraphData):
         source = self.source  # a prepared folder's sampler checks the ids it draws
         if seeds is None:  # every target node: PyG infers their count from a graph, not a store
             seeds = torch.arange(self.num_nodes[self.target_type])
-        sampler = source.sampler(per_type, share_memory=self.loader.workers > 0)
-        sampler.edge_ids = False  # the heterogeneous models read no edge features
-        sampler.vectorized = vectorized(self.loader.sampler)
+        sampler = source.sampler(
+            per_type,
+            share_memory=self.loader.workers > 0,
+            vectorized=vectorized(self.loader.sampler),
+            edge_ids=False,  # the heterogeneous models read no edge features
+        )
         return NeighborLoader(
             source.loader_input(),  # type: ignore[arg-type]
             num_neighbors=per_type,  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ from gnnscale.data.synthetic import SyntheticRecommender, make_recommender_graph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import GraphSpec
 from gnnscale.memory import MemoryProfile, proportional_batches
-from gnnscale.sampler import HopSampler, describe, log_backend_once, vectorized
+from gnnscale.sampling import HopSampler, describe, log_backend_once, vectorized
 
 _HOMOGENEOUS: EdgeType = ("node", "to", "node")
 
@@ -386,9 +386,12 @@ class LinkDataModule(HeteroGraphData):
 
     def _sampler(self, graph: Any, fanout: dict[EdgeType, list[int]]) -> HopSampler:
         """A sampler over ``graph`` as ``--data.loader.sampler`` says."""
-        sampler = HopSampler(graph, fanout, share_memory=self.loader.workers > 0)
-        sampler.vectorized = vectorized(self.loader.sampler)
-        return sampler
+        return HopSampler(
+            graph,
+            fanout,
+            share_memory=self.loader.workers > 0,
+            vectorized=vectorized(self.loader.sampler),
+        )
 
     def _eval(self, stage: Literal["val", "test", "predict"]) -> Any:
         """The one evaluation step of ``stage``.

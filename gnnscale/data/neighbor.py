@@ -6,7 +6,6 @@ shared loading, checks and evaluation loaders are ``NodeDataModule``'s, in ``nod
 
 from __future__ import annotations
 
-import copy
 import statistics
 from pathlib import Path
 from typing import Literal
@@ -126,8 +125,7 @@ class NeighborDataModule(NodeDataModule):
         The DataModule's own sampler (a prepared graph's too), under a fixed seed that leaves
         the run's random stream where it was; sampling only.
         """
-        sampler = copy.copy(self._csc_sampler)
-        sampler.num_neighbors = fanout
+        sampler = self._csc_sampler.with_fanout(fanout)
         seeds = self.data.train_mask.nonzero().view(-1)
         with torch.random.fork_rng(devices=[]):
             torch.default_generator.manual_seed(0)

@@ -50,7 +50,7 @@ from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import ConfigError
 from gnnscale.handshake import BatchRequest
 from gnnscale.memory import MemoryProfile, tensor_mb
-from gnnscale.sampler import HopSampler, describe, log_backend_once, vectorized
+from gnnscale.sampling import HopSampler, describe, log_backend_once, vectorized
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -298,9 +298,9 @@ class NodeDataModule(L.LightningDataModule):
 
     @cached_property
     def _csc_sampler(self) -> HopSampler:
-        sampler = self.source.sampler([-1], share_memory=self.loader.workers > 0)
-        sampler.vectorized = vectorized(self.loader.sampler)
-        return sampler
+        return self.source.sampler(
+            [-1], share_memory=self.loader.workers > 0, vectorized=vectorized(self.loader.sampler)
+        )
 
     def _neighbor_loader(
         self, data: Data, fanout: list[int], node_files: bool = True, **kwargs: Any
@@ -314,9 +314,8 @@ class NodeDataModule(L.LightningDataModule):
         ``node_files``: batches read their rows of the node files through the source (a
         prepared folder's store pair, with its cache's counts); else they hold ``data``'s.
         """
-        sampler = copy.copy(self._csc_sampler)
-        sampler.num_neighbors = fanout
-        sampler.edge_ids = bool(self.request.edge_dim)  # edge features are gathered by e_id
+        # edge features are gathered by e_id
+        sampler = self._csc_sampler.with_fanout(fanout, edge_ids=bool(self.request.edge_dim))
         if kwargs.get("input_nodes") is None:  # PyG's default for a Data, not for a store
             kwargs["input_nodes"] = torch.arange(data.num_nodes)
         if node_files:

@@ -29,7 +29,7 @@ from torch_geometric.typing import EdgeType
 from gnnscale.data.datasets import SPLIT_MASKS, check_root, validate_graph
 from gnnscale.errors import ConfigError
 from gnnscale.memory import MiB, store_tensors, tensor_mb
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.stores.manifest import Manifest, PreparedGraphError
 from gnnscale.stores.mapped import (
     MappedFeatureStore,
@@ -119,7 +119,7 @@ class MemorySource:
         return self.data if data is None else data
 
     def sampler(self, num_neighbors: Any, **kwargs: Any) -> HopSampler:
-        """A sampler over the graph (``kwargs``: PyG's ``NeighborSampler``'s)."""
+        """A sampler over the graph (``kwargs``: ``HopSampler``'s)."""
         return HopSampler(self.data, num_neighbors, **kwargs)
 
     def count_held(self, then: Callable | None = None) -> Callable | None:
@@ -279,9 +279,11 @@ class PreparedSource:
     def sampler(self, num_neighbors: Any, **kwargs: Any) -> HopSampler:
         """A sampler over the store pair: it reads neighbour lists ahead and checks drawn ids.
 
-        The mapped CSC is used as it lies on disk: nothing is sorted, copied or shared.
+        The mapped CSC is used as it lies on disk: nothing is sorted, copied or shared
+        (``share_memory`` is moot; every other keyword is ``HopSampler``'s).
         """
-        return HopSampler(self.stores, num_neighbors)
+        kwargs.pop("share_memory", None)
+        return HopSampler(self.stores, num_neighbors, **kwargs)
 
     def count_held(self, then: Callable | None = None) -> Callable | None:
         """The loaders' transform: the cache's counts on each batch, then ``then``.

@@ -40,7 +40,7 @@ from torch_geometric.typing import EdgeTensorType, EdgeType, NodeType
 from gnnscale._compat import GraphStore
 from gnnscale.batch import FeatureReads
 from gnnscale.errors import ConfigError
-from gnnscale.sampler import HopSampler
+from gnnscale.sampling import HopSampler
 from gnnscale.stores import link_split, reads
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.reads import RowCache, gather
@@ -238,7 +238,7 @@ class MappedGraphStore(GraphStore):
 
     ``graph``, the folder the CSC lies in, lets a sampler read a batch's neighbour lists ahead
     and check the ids it drew (:meth:`read_ahead`, :meth:`check_sampled`); gnnscale's
-    :class:`~gnnscale.sampler.HopSampler` does both. ``perm``: for an edge type whose input
+    :class:`~gnnscale.sampling.HopSampler` does both. ``perm``: for an edge type whose input
     was not in the CSC's order, each CSC slot's position in the input's edge list; PyG's
     loaders map a batch's ``e_id`` through it, so that edge ids are the input's, as in memory.
     """
@@ -375,8 +375,7 @@ def fill_cache(
     fs, _ = stores
     if seeds is None:
         seeds = {t: m.nonzero().view(-1) for (t, k), m in fs.tensors.items() if k == "train_mask"}
-    sampler = HopSampler(stores, num_neighbors)
-    sampler.vectorized = vectorized
+    sampler = HopSampler(stores, num_neighbors, vectorized=vectorized)
     return fs.hold_drawn_rows(sampler, seeds, batch_size, gib)
 
 

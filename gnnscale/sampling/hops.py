@@ -1,88 +1,30 @@
-"""Neighbour sampling a hop at a time in tensor operations: PyG's ``NeighborSampler``, faster.
+"""Neighbour sampling a hop at a time in tensor operations.
 
-PyG's ``NeighborSampler`` hands homogeneous sampling to pyg-lib or, where pyg-lib is not
-installed (it is not on PyPI), to torch-sparse. torch-sparse draws every sampled neighbour with a
-``torch::randint`` call of its own, which allocates a one-element tensor: a [15, 10] batch of 1,024
-seeds makes about 160,000 of them, most of the batch's time (``benchmarks/peers.py``).
-
-:class:`HopSampler` is PyG's sampler with one method replaced: ``_sample``, for uniform, untimed
-sampling of homogeneous and heterogeneous graphs, joint or disjoint, draws each hop's neighbours
-for all of its nodes at once (a uniform subset of each node's in-edges, Floyd's algorithm run
-across the nodes) and relabels them in one pass per node type (a table over the id range, or a
-sort). Everything else (time, weights, induced subgraphs) goes to PyG's own ``_sample``. The
-output is PyG's ``SamplerOutput``, plus the nodes and edges each hop added: seeds first, then each
-hop's new nodes; edges grouped by target, in target order; ``edge`` the edges' positions in the
-CSC (PyG maps them back to the input's edge ids). Draws come from torch's global generator, so a
+Each hop draws the in-edges of all of its nodes at once, within each node's eligible range (all
+of its in-edges, or those its seed's time allows: ``time.py``): a uniform subset (Floyd's
+algorithm run across the nodes), the newest, or a draw by weight (``weights.py``). The sources
+found are relabelled in one pass per node type (a table over the id range, or a sort). The output
+is PyG's ``SamplerOutput``, plus the nodes and edges each hop added: seeds first, then each hop's
+new nodes; edges grouped by target, in target order; ``edge`` the edges' positions in the CSC
+(PyG maps them back to the input's edge ids). Draws come from torch's global generator, so a
 batch sampled under a seed is the same batch every time.
 """
 
 from __future__ import annotations
 
-import functools
-import warnings
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import numpy as np
 import torch
-import torch_geometric.typing
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
-from torch_geometric.sampler import HeteroSamplerOutput, NodeSamplerInput, SamplerOutput
-from torch_geometric.sampler.base import SubgraphType
+from torch_geometric.sampler import HeteroSamplerOutput, SamplerOutput
 
-from gnnscale._compat import NeighborSampler
+from gnnscale.sampling.time import TimeRule, eligible
+from gnnscale.sampling.weights import weighted_picks
 
-__all__ = [
-    "HopSampler",
-    "ReadsAhead",
-    "describe",
-    "sample_hops",
-    "sample_typed_hops",
-    "vectorized",
-]
+__all__ = ["sample_hops", "sample_typed_hops"]
 
-
-@runtime_checkable
-class ReadsAhead(Protocol):
-    """A graph store that reads a batch's neighbour lists ahead and checks the ids drawn.
-
-    A prepared folder's (``gnnscale.stores.MappedGraphStore``): :class:`HopSampler` asks it
-    before and after each batch, so the sampler needs nothing from the stores.
-    """
-
-    def read_ahead(self, seeds: Any, fanout: Any) -> None:
-        """Read the neighbour lists ``seeds`` will need, ``fanout`` hops out, in flight."""
-        ...
-
-    def check_sampled(self, node: Any) -> None:
-        """Refuse a sampled batch whose node ids lie outside their type's count."""
-        ...
-
-
-def sampling_backend() -> str:
-    """Name the library that PyG's neighbour sampling runs on."""
-    if torch_geometric.typing.WITH_PYG_LIB:
-        return "pyg-lib"
-    if torch_geometric.typing.WITH_TORCH_SPARSE:
-        return "torch-sparse"
-    return "none"
-
-
-@functools.cache
-def log_backend_once(sampler: str | None = None) -> None:
-    """Log who samples neighbours, once a process: ``sampler``, else PyG's backend."""
-    rank_zero_info(f"gnnscale: neighbour sampling by {sampler or sampling_backend()}")
-
-
-def vectorized(sampler: str) -> bool:
-    """Whether ``--data.loader.sampler`` ``sampler`` means :func:`sample_hops` on this install.
-
-    ``auto``: where pyg-lib is not installed (torch-sparse, PyG's other backend, is the slow
-    one, and neither is on PyPI).
-    """
-    return sampler == "vectorized" or (
-        sampler == "auto" and not torch_geometric.typing.WITH_PYG_LIB
-    )
+UNTIMED = TimeRule()  # PyG's rule; used only where a clock is given
 
 
 def _uniform_subsets(degree: Tensor, k: int) -> Tensor:
@@ -103,32 +45,39 @@ def _uniform_subsets(degree: Tensor, k: int) -> Tensor:
     return picks
 
 
-def _sample_edges(colptr: Tensor, frontier: Tensor, k: int, replace: bool) -> tuple[Tensor, Tensor]:
-    """The CSC positions of ``k`` in-edges of each ``frontier`` node (all: ``k < 0`` or fewer).
+def _sample_edges(
+    start: Tensor, degree: Tensor, k: int, replace: bool, weight: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """The CSC positions of ``k`` in-edges of each node (all: ``k < 0`` or fewer).
 
-    Returns the positions, grouped by node in ``frontier``'s order, and each one's node index.
-    (Gathers here are ``index_select`` and ``index_copy_``: indexing with ``[ids]`` took up to
-    4x as long on the CPU, and the sampler about 15% longer.)
+    Node ``i``'s eligible in-edges are ``start[i]:start[i] + degree[i]``; ``weight``: draw by
+    each edge's weight, else uniformly. Returns the positions, grouped by node in order, and
+    each one's node index. (Gathers here are ``index_select`` and ``index_copy_``: indexing
+    with ``[ids]`` took up to 4x as long on the CPU, and the sampler about 15% longer.)
     """
-    start = colptr.index_select(0, frontier).long()
-    degree = colptr.index_select(0, frontier + 1).long() - start
     if k < 0:
         counts = degree
     elif replace:
         counts = torch.where(degree > 0, k, 0)
     else:
         counts = degree.clamp(max=k)
-    owner = torch.repeat_interleave(torch.arange(frontier.numel(), device=start.device), counts)
-    if k >= 0 and replace:
+    owner = torch.repeat_interleave(torch.arange(degree.numel(), device=start.device), counts)
+    if k >= 0 and replace and weight is None:
         draws = torch.rand(owner.numel(), dtype=torch.float64, device=start.device)
         return start.index_select(0, owner) + (draws * degree.index_select(0, owner)).long(), owner
     first = counts.cumsum(0) - counts  # each node's first slot
     position = (start - first).index_select(0, owner)
     position += torch.arange(owner.numel(), device=start.device)
-    if k >= 0 and (many := (degree > k).nonzero().view(-1)).numel():  # k drawn; others: all
+    drawing = degree > (0 if replace else k)  # k drawn; others: all
+    if k >= 0 and (many := drawing.nonzero().view(-1)).numel():
         slots = first.index_select(0, many).unsqueeze(1) + torch.arange(k, device=start.device)
-        drawn = start.index_select(0, many).unsqueeze(1)
-        drawn = drawn + _uniform_subsets(degree.index_select(0, many), k)
+        if weight is None:
+            drawn = start.index_select(0, many).unsqueeze(1)
+            drawn = drawn + _uniform_subsets(degree.index_select(0, many), k)
+        else:
+            drawn = weighted_picks(
+                weight, start.index_select(0, many), degree.index_select(0, many), k, replace
+            )
         position.index_copy_(0, slots.view(-1), drawn.view(-1))
     return position, owner
 
@@ -183,6 +132,11 @@ def sample_typed_hops(
     fanouts: dict[Any, list[int]],
     replace: bool = False,
     num_nodes: dict[Any, int] | None = None,
+    *,
+    clock: dict[Any, Tensor] | None = None,
+    root_time: Tensor | None = None,
+    rule: TimeRule = UNTIMED,
+    weight: dict[Any, Tensor] | None = None,
 ) -> HeteroSamplerOutput:
     """Sample each edge type's ``fanouts[key][h]`` in-edges of the nodes hop ``h`` reached.
 
@@ -200,6 +154,11 @@ def sample_typed_hops(
         replace: Draw with replacement.
         num_nodes: Disjoint subgraphs, one per seed (PyG's ``disjoint=True``): every node type's
             count. A node is then (its seed's position, its id), and ``batch`` says which seed.
+        clock: Sample by time (disjoint only): each edge type's edge times, in CSC order and
+            ascending within each neighbourhood. An edge type without one is not timed.
+        root_time: Each seed position's time, which every hop of its subgraph compares with.
+        rule: Which edges a seed's time allows, and how to pick among them.
+        weight: Draw each edge type's in-edges by these weights (CSC order), else uniformly.
 
     Returns:
         PyG's ``HeteroSamplerOutput`` keyed as the input: ``node`` by node type (seeds first,
@@ -231,7 +190,14 @@ def sample_typed_hops(
                 position = owner = empty
             else:
                 at = frontier if num_nodes is None else frontier % num_nodes[dst]
-                position, owner = _sample_edges(colptr[key], at, k, replace)
+                start = colptr[key].index_select(0, at).long()
+                end = colptr[key].index_select(0, at + 1).long()
+                if clock is not None and key in clock:
+                    assert num_nodes is not None and root_time is not None
+                    when = root_time.index_select(0, frontier // num_nodes[dst])
+                    start, end = eligible(clock[key], start, end, when, rule, k)
+                drawn_by = None if weight is None else weight.get(key)
+                position, owner = _sample_edges(start, end - start, k, replace, drawn_by)
             source = row[key].index_select(0, position).long()
             if num_nodes is not None:  # the source joins its target's subgraph
                 source = frontier.index_select(0, owner) // num_nodes[dst] * num_nodes[src] + source
@@ -277,6 +243,11 @@ def sample_hops(
     fanouts: list[int],
     replace: bool = False,
     num_nodes: int | None = None,
+    *,
+    clock: Tensor | None = None,
+    root_time: Tensor | None = None,
+    rule: TimeRule = UNTIMED,
+    weight: Tensor | None = None,
 ) -> SamplerOutput:
     """Sample ``fanouts[h]`` in-neighbours of each node hop ``h`` reached (hop 0: ``seeds``).
 
@@ -289,6 +260,10 @@ def sample_hops(
         fanouts: Neighbours per node at each hop; ``-1``: all of them.
         replace: Draw with replacement.
         num_nodes: Disjoint subgraphs, one per seed: the graph's node count.
+        clock: Sample by time (disjoint only): each edge's time, in CSC order.
+        root_time: Each seed's time.
+        rule: Which edges a seed's time allows, and how to pick among them.
+        weight: Draw by these edge weights (CSC order), else uniformly.
 
     Returns:
         PyG's ``SamplerOutput``: ``node`` (seeds first, then each hop's new nodes), ``row`` and
@@ -304,6 +279,10 @@ def sample_hops(
         {0: fanouts},
         replace,
         None if num_nodes is None else {0: num_nodes},
+        clock=None if clock is None else {0: clock},
+        root_time=root_time,
+        rule=rule,
+        weight=None if weight is None else {0: weight},
     )
     return SamplerOutput(
         node=out.node[0],
@@ -314,118 +293,3 @@ def sample_hops(
         num_sampled_nodes=out.num_sampled_nodes[0],
         num_sampled_edges=out.num_sampled_edges[0],
     )
-
-
-def describe(sampler: str) -> str:
-    """Who samples neighbours under ``--data.loader.sampler`` ``sampler``, in a few words."""
-    if vectorized(sampler):
-        return "gnnscale's vectorized sampler"
-    return sampling_backend()
-
-
-class HopSampler(NeighborSampler):
-    """PyG's ``NeighborSampler``, sampling uniformly by :func:`sample_typed_hops`.
-
-    Homogeneous and heterogeneous graphs, joint or disjoint subgraphs, node and edge seeds
-    (``NeighborLoader``, ``LinkNeighborLoader`` with PyG's negatives). Takes PyG's arguments;
-    what it does not cover (time, edge weights, induced subgraphs) goes to PyG's backend, as
-    does everything with ``vectorized`` set to false.
-    Over a prepared folder's store pair (``gnnscale.stores.open``) it reads each batch's
-    neighbour lists ahead with the folder's threads and checks the ids it drew
-    (``MappedGraphStore.read_ahead``, ``check_sampled``). There a batch's ``e_id`` costs a read
-    of the folder's ``perm`` file per sampled edge (random, and from the disk when the graph is
-    larger than memory): ``edge_ids = False`` leaves it out, for batches whose model reads no
-    edge features.
-    """
-
-    vectorized = True
-    edge_ids = True
-
-    def __init__(self, data: Any, *args: Any, **kwargs: Any) -> None:
-        with warnings.catch_warnings():  # its advice to install pyg-lib, needless here
-            warnings.filterwarnings("ignore", "Using '.*' without a 'pyg-lib' installation")
-            super().__init__(data, *args, **kwargs)
-        mapped = isinstance(data, tuple) and isinstance(data[1], ReadsAhead)
-        self.store: ReadsAhead | None = data[1] if mapped else None
-
-    def sample_from_nodes(self, inputs: NodeSamplerInput) -> Any:
-        """PyG's; without edge ids over a prepared folder if ``edge_ids`` is false."""
-        return self._without_edge_ids(super().sample_from_nodes(inputs))
-
-    def sample_from_edges(self, inputs: Any, neg_sampling: Any = None) -> Any:
-        """PyG's; without edge ids over a prepared folder if ``edge_ids`` is false."""
-        return self._without_edge_ids(super().sample_from_edges(inputs, neg_sampling))
-
-    def _without_edge_ids(self, out: Any) -> Any:
-        if self.store is not None and not self.edge_ids:
-            out.edge = None  # PyG's loader then maps no edge through perm and sets no e_id
-        return out
-
-    def sample_seeds(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
-        """One batch around ``seed``: read ahead and checked over a prepared folder."""
-        if self.store is None:
-            return self._draw(seed, seed_time, **kwargs)
-        if self.is_hetero:
-            fanout = self.num_neighbors.get_values(self.edge_types)
-        else:
-            fanout = {None: list(self.num_neighbors.values)}
-        self.store.read_ahead(seed if isinstance(seed, dict) else {None: seed}, fanout)
-        out = self._draw(seed, seed_time, **kwargs)
-        self.store.check_sampled(out.node)
-        return out
-
-    def _draw(self, seed: Any, seed_time: Any = None, **kwargs: Any) -> Any:
-        simple = (
-            self.vectorized
-            and seed_time is None
-            and self.node_time is None
-            and getattr(self, "edge_time", None) is None
-            and getattr(self, "edge_weight", None) is None
-            and self.subgraph_type == SubgraphType.directional
-        )
-        if not simple:
-            return self.pyg_sample_seeds(seed, seed_time, **kwargs)
-        if not isinstance(seed, dict):
-            out = sample_hops(
-                self.colptr,
-                self.row,
-                seed,
-                list(self.num_neighbors.get_mapped_values()),
-                self.replace,
-                self.num_nodes if self.disjoint else None,
-            )
-            if self.sample_direction == "backward":
-                out.row, out.col = out.col, out.row
-            return out
-        ends = {key: (t[0], t[-1]) for t, key in self.to_rel_type.items()}
-        typed = sample_typed_hops(
-            self.colptr_dict,
-            self.row_dict,
-            ends,
-            seed,
-            self.num_neighbors.get_mapped_values(self.edge_types),
-            self.replace,
-            self.num_nodes if self.disjoint else None,
-        )
-        row, col = typed.row, typed.col
-        if self.sample_direction == "backward":
-            row, col = col, row
-        # PyG's: rel strings back to edge types, and backward ones to the input's
-        keyed = [self.to_edge_type]
-        if self.sample_direction == "backward":
-            keyed.append(self.to_restored_edge_type)
-
-        def remap(d: dict[Any, Any]) -> dict[Any, Any]:
-            for mapping in keyed:
-                d = {mapping.get(k, k): v for k, v in d.items()}
-            return d
-
-        return HeteroSamplerOutput(
-            node=typed.node,
-            row=remap(row),
-            col=remap(col),
-            edge=remap(typed.edge),
-            batch=typed.batch,
-            num_sampled_nodes=typed.num_sampled_nodes,
-            num_sampled_edges=remap(typed.num_sampled_edges),
-        )
