@@ -34,10 +34,12 @@ __all__ = [
     "Layout",
     "LinkEval",
     "SubgraphLayout",
+    "TemporalBatch",
     "WholeGraph",
     "feature_reads",
     "layout_of",
     "loss_count",
+    "mrr",
     "supervise",
 ]
 
@@ -208,3 +210,45 @@ class LinkEval:
     def suffix(self) -> str:
         """How the metrics' names say what was ranked: '' if every destination, else ``_of<n>``."""
         return "" if self.candidates is None else f"_of{self.candidates.numel()}"
+
+
+@dataclass
+class TemporalBatch:
+    """Questions ``(source, candidates, time)`` and the sampled neighbourhoods that answer them.
+
+    Seeds are the sources (``B``) then every candidate (``B * C``, row by row), each at its
+    question's time; nodes, edges and ages come from the sampler (``node[:num_seeds]`` are the
+    seeds). ``pair``: per candidate, ``(count, age of the newest, age of the oldest)`` of its
+    appearances among its source's sampled neighbours (count 0: ages ``inf``). Evaluation
+    batches carry the baselines' scores of the same candidates (``TemporalLinkDataModule``).
+    """
+
+    source: Tensor  # [B] global ids
+    candidates: Tensor  # [B, C]: the true destination first
+    time: Tensor  # [B]
+    node: Tensor  # sampled nodes' global ids; the seeds first
+    row: Tensor  # edges' sources, local
+    col: Tensor  # edges' targets, local
+    event: Tensor  # [edges]: each edge's interaction (an index into the stream)
+    edge_attr: Tensor  # [edges, F]
+    edge_age: Tensor  # [edges]: its seed's time less the edge's (0 without time)
+    pair: Tensor  # [B * C, 3]
+    baselines: dict[str, Tensor] | None = None  # evaluation: each baseline's [B, C] scores
+    padding: bool = False
+
+    @property
+    def num_seeds(self) -> int:
+        """Sources and candidates."""
+        return self.source.numel() * (1 + self.candidates.size(1))
+
+    @property
+    def num_loss_nodes(self) -> int:
+        """Questions the loss covers (:func:`loss_count`)."""
+        return 0 if self.padding else self.source.numel()
+
+
+def mrr(positive: Tensor, negative: Tensor) -> Tensor:
+    """Per question: 1 / the positive's rank among its negatives, ties counted half (TGB's)."""
+    above = (negative > positive.unsqueeze(1)).sum(1)
+    tied = (negative == positive.unsqueeze(1)).sum(1)
+    return 1.0 / (above + 0.5 * tied + 1.0)

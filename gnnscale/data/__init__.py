@@ -4,7 +4,8 @@
   neighbour sampling (also from a prepared folder); ``subgraph``: Cluster-GCN and GraphSAINT.
 - ``hetero``: node classification on a heterogeneous graph; ``link``: link prediction, its
   three graphs split in ``link_graphs``, with ``pinsage`` for PinSAGE neighbours and hard
-  negatives; ``graphs``: many small graphs.
+  negatives; ``graphs``: many small graphs; ``temporal``: link prediction on an interaction
+  stream by time (``stream``: the generated stream).
 - ``datasets``: datasets by name, loaded and checked; ``sources``: the graph as a DataModule
   reads it, in memory or from a prepared folder; ``synthetic``: the generated graphs (one also
   drawn chunk by chunk straight to disk); ``args``: the option groups every DataModule takes;
@@ -21,6 +22,7 @@ from gnnscale.data.many_graphs import AtomGraphs, GraphDataModule
 from gnnscale.data.neighbor import NeighborDataModule
 from gnnscale.data.node import FullBatchDataModule, NodeDataModule
 from gnnscale.data.pinsage import PinSAGENeighbors
+from gnnscale.data.stream import InteractionStream, make_interaction_stream
 from gnnscale.data.subgraph import ClusterDataModule, SAINTDataModule
 from gnnscale.data.synthetic import (
     SyntheticGraph,
@@ -30,6 +32,7 @@ from gnnscale.data.synthetic import (
     make_synthetic_graph,
     write_streamed_synthetic,
 )
+from gnnscale.data.temporal import TemporalLinkDataModule, TemporalSplit
 from gnnscale.sampling import sampling_backend
 
 __all__ = [
@@ -41,6 +44,7 @@ __all__ = [
     "GraphDataModule",
     "GraphSplit",
     "HeteroNeighborDataModule",
+    "InteractionStream",
     "LinkDataModule",
     "LinkEvalArgs",
     "LinkSplit",
@@ -53,7 +57,10 @@ __all__ = [
     "SAINTDataModule",
     "SyntheticGraph",
     "SyntheticRecommender",
+    "TemporalLinkDataModule",
+    "TemporalSplit",
     "load_dataset",
+    "make_interaction_stream",
     "make_item_class_graph",
     "make_recommender_graph",
     "make_synthetic_graph",

@@ -5,7 +5,8 @@
   inference; ``fast``: the CPU fast paths the node models call, isolated, and their switches
   (``SpeedTricks``, ``LayerSpeedTricks``: the node models' ``speed`` option group).
 - ``hetero``: heterogeneous encoders and HeteroSAGE; ``link``: link prediction;
-  ``graph``: graph-level regression and classification (GINE).
+  ``graph``: graph-level regression and classification (GINE); ``temporal``: link prediction
+  on an interaction stream, by time.
 """
 
 from gnnscale.models.embedding import EmbeddingSAGE
@@ -14,6 +15,7 @@ from gnnscale.models.graph_level import GraphGINE
 from gnnscale.models.hetero import HeteroSAGE
 from gnnscale.models.link import LinkPredictor
 from gnnscale.models.node import GATv2, GraphSAGE, NodeClassifier
+from gnnscale.models.temporal import TemporalLinkPredictor
 
 __all__ = [
     "EmbeddingSAGE",
@@ -25,4 +27,5 @@ __all__ = [
     "LinkPredictor",
     "NodeClassifier",
     "SpeedTricks",
+    "TemporalLinkPredictor",
 ]

@@ -1,0 +1,141 @@
+"""Temporal link prediction: the split by time, the fixed candidates, no leak, the baselines."""
+
+import lightning as L
+import pytest
+import torch
+
+from gnnscale import InteractionStream, TemporalLinkDataModule, TemporalLinkPredictor, TemporalSplit
+from gnnscale.batch import mrr
+from gnnscale.data.temporal import baseline_scores
+from gnnscale.errors import ConfigError
+
+SMALL = InteractionStream(num_users=120, num_items=60, num_events=3000, num_communities=6)
+
+
+@pytest.fixture(scope="module")
+def dm():
+    module = TemporalLinkDataModule(stream=SMALL, batch_size=64)
+    module.setup("fit")
+    return module
+
+
+def test_the_split_is_by_time_70_15_15(dm):
+    s = dm.stream
+    parts = [s.stage(stage) for stage in ("train", "val", "test")]
+    assert [p.numel() for p in parts] == [2100, 450, 450]
+    assert torch.equal(torch.cat(parts), torch.arange(3000))
+    assert bool((s.time[1:] >= s.time[:-1]).all())
+
+
+def test_fixed_negatives_are_distinct_items_half_of_them_past_destinations(dm):
+    s = dm.stream
+    for stage in ("val", "test"):
+        events = s.stage(stage)
+        negatives = s.negatives(stage, events)
+        assert negatives.shape == (events.numel(), 20)
+        assert bool((negatives >= s.num_users).all() and (negatives < s.num_nodes).all())
+        assert not bool((negatives == s.dst[events].unsqueeze(1)).any())
+        for row, e in enumerate(events.tolist()):
+            assert negatives[row].unique().numel() == 20
+            earlier = s.dst[:e][s.src[:e] == s.src[e]]
+            past = set(earlier.tolist()) - {int(s.dst[e])}
+            from_past = sum(int(x) in past for x in negatives[row])
+            assert from_past >= min(len(past), 10)
+    again = TemporalLinkDataModule(stream=SMALL)
+    assert torch.equal(again.stream.fixed, s.fixed)  # fixed with the split, not drawn per run
+
+
+@pytest.mark.parametrize("stage", ["train", "val", "test"])
+def test_no_message_at_or_after_its_questions_time(dm, stage):
+    s = dm.stream
+    events = s.stage(stage)[-128:]
+    batch = dm.batch(stage, events)
+    b, c = batch.candidates.shape
+    seed_time = torch.cat([batch.time, batch.time.repeat_interleave(c)])
+    assert batch.edge_age.numel() > 0
+    asked = seed_time[batch.col]
+    assert bool((s.time[batch.event] < asked).all())  # strictly before, every edge, every seed
+    assert torch.equal(batch.edge_age, (asked - s.time[batch.event]).float())
+    # the interaction asked about is never a message, nor any later one of its source
+    own = batch.col < b
+    assert bool((batch.event[own] < events[batch.col[own]]).all())
+
+
+@pytest.mark.parametrize("stage", ["train", "val", "test"])
+def test_without_time_the_graph_holds_only_interactions_before_the_stage(stage):
+    dm = TemporalLinkDataModule(stream=SMALL, temporal=False)
+    s = dm.stream
+    sampler, upto = dm._samplers[stage]
+    first = {"train": s.val_start - s.val_start // 5, "val": s.val_start, "test": s.test_start}
+    assert upto == first[stage]
+    asked = dm._training_events() if stage == "train" else s.stage(stage)
+    assert int(asked[0]) >= upto  # every question comes after the graph it is answered on
+    batch = dm.batch(stage, asked[:64])
+    assert bool((batch.edge_age == 0).all())  # no time reaches the model
+    assert sampler.row.numel() == 2 * upto
+
+
+def test_a_batch_counts_each_candidates_meetings_with_its_source(dm):
+    batch = dm.batch("val", dm.stream.stage("val")[:50])
+    b, c = batch.candidates.shape
+    for i in range(b):
+        met = batch.node[batch.row[batch.col == i]]
+        ages = batch.edge_age[batch.col == i]
+        for j in range(c):
+            cand = batch.candidates[i, j]
+            hits = met == cand
+            count, newest, oldest = batch.pair[i * c + j].tolist()
+            assert count == int(hits.sum())
+            if count:
+                assert newest == float(ages[hits].min()) and oldest == float(ages[hits].max())
+            else:
+                assert newest == float("inf")
+
+
+def test_baselines_score_every_candidate_from_the_interactions_before_it(dm):
+    s = dm.stream
+    window = 500
+    scores = baseline_scores(s, "test", window)
+    events = s.stage("test")
+    candidates = torch.cat([s.dst[events].unsqueeze(1), s.negatives("test", events)], 1)
+    for row in range(0, events.numel(), 37):
+        e = int(events[row])
+        for j, cand in enumerate(candidates[row].tolist()):
+            before = (s.src[:e] == s.src[e]) & (s.dst[:e] == cand)
+            assert scores["edgebank"][row, j] == float(before.any())
+            recent = before & (s.time[:e] >= s.time[e] - window)
+            assert scores["edgebank_tw"][row, j] == float(recent.any())
+            assert scores["popularity"][row, j] == float((s.dst[:e] == cand).sum())
+
+
+def test_mrr_counts_ties_half_as_tgb_does():
+    positive = torch.tensor([1.0, 1.0, 0.5])
+    negative = torch.tensor([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0]])
+    assert torch.allclose(mrr(positive, negative), torch.tensor([1.0, 1 / 1.5, 1 / 3]))
+
+
+def test_the_model_learns_to_rank_above_edgebank_with_a_window():
+    L.seed_everything(0)
+    dm = TemporalLinkDataModule(stream=SMALL, batch_size=64)
+    model = TemporalLinkPredictor(dm.num_nodes, dm.num_features, hidden_channels=32)
+    trainer = L.Trainer(
+        max_epochs=3,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(model, dm)
+    (result,) = trainer.test(model, dm, verbose=False)
+    assert result["test/mrr"] > result["test/mrr_edgebank_tw"] + 0.03, result
+    assert result["test/mrr"] > result["test/mrr_popularity"], result
+
+
+def test_bad_settings_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match="num_neighbors takes one hop"):
+        TemporalLinkDataModule(num_neighbors=[10, 5])
+    with pytest.raises(ConfigError, match="val_fraction \\+ test_fraction must be < 0.9"):
+        TemporalSplit(val_fraction=0.5, test_fraction=0.45)
+    with pytest.raises(ConfigError, match="repeat must be between 0 and 1"):
+        InteractionStream(repeat=1.5)
