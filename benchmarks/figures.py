@@ -29,6 +29,7 @@ FILES = (
     "allocator",
     "validation",
     "workers",
+    "temporal_sampling",
     "speed_defaults",
     "compare",
     "gat_memory",

@@ -75,8 +75,10 @@ class Recipe:
             a recipe of seconds compares with a paper's figure as a mean over seeds.
         task: ``node`` (metric ``test/acc``), ``hetero_node`` (one node type of a
             heterogeneous graph, metric ``test/acc``), ``graph`` (graph-level regression, metric
-            ``test/mae``) or ``link`` (metric ``test/recall@20`` beside the popularity
-            baseline's).
+            ``test/mae``), ``link`` (metric ``test/recall@20`` beside the popularity
+            baseline's) or ``temporal_link`` (metric ``test/mrr`` beside EdgeBank's and
+            popularity's).
+        planned: Whether ``gnnscale plan`` models its batches (its table shows the prediction).
     """
 
     name: str
@@ -88,8 +90,9 @@ class Recipe:
     tiny_prepare: tuple[str, ...] = ()
     prepare_command: Literal["prepare", "prepare-graphs"] = "prepare"
     prepare_first: bool = True
-    task: Literal["node", "hetero_node", "graph", "link"] = "node"
+    task: Literal["node", "hetero_node", "graph", "link", "temporal_link"] = "node"
     seeds: int = 1
+    planned: bool = True
 
     @property
     def folder(self) -> Path:
@@ -275,6 +278,26 @@ RECIPES: tuple[Recipe, ...] = (
         tiny=("--trainer.max_epochs=10",),
         task="link",
         seeds=3,  # the auto-encoder's paper reports a mean
+    ),
+    Recipe(
+        "temporal_links",
+        "link prediction on an interaction stream, neighbours sampled by time",
+        tiny=(
+            "--data.init_args.stream.num_users=200",
+            "--data.init_args.stream.num_items=100",
+            "--data.init_args.stream.num_events=4000",
+            "--data.init_args.stream.num_communities=8",
+            "--data.init_args.batch_size=100",
+            "--trainer.max_epochs=2",
+        ),
+        variants=(
+            ("by time, each node's newest interactions (last)", ()),
+            ("by time, a uniform subset of them", ("--data.init_args.temporal_strategy=uniform",)),
+            ("the same model without time (a static GNN)", ("--data.init_args.temporal=false",)),
+        ),
+        task="temporal_link",
+        seeds=3,  # temporal papers report a mean over runs
+        planned=False,  # gnnscale plan models node, link and graph batches
     ),
     Recipe(
         "hetero_node_classification",

@@ -98,6 +98,10 @@ def _check(recipe, folder):
             f"{recipe.name}: recall@20 {recall:.3f}, popular {popular:.3f}"
         )
         return
+    if recipe.task == "temporal_link":  # ranking: against remembering recent interactions
+        mrr, edgebank = metrics["test/mrr"][-1], metrics["test/mrr_edgebank_tw"][-1]
+        assert mrr > edgebank + 0.03, f"{recipe.name}: MRR {mrr:.3f}, EdgeBank(tw) {edgebank:.3f}"
+        return
     if recipe.task == "graph":  # graph-level regression: MAE against the edge-blind rule
         dm = GraphDataModule(folder / data_args["root"], split=GraphSplit(**data_args["split"]))
         train, test = ([dm.store[int(i)] for i in dm.splits[s]] for s in ("train", "test"))
