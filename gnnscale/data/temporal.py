@@ -316,13 +316,13 @@ class TemporalLinkDataModule(L.LightningDataModule):
         else:
             negatives = s.negatives(stage, events)
         candidates = torch.cat([s.dst[events].unsqueeze(1), negatives], 1)
-        batch = self._sample(stage, s.src[events], candidates, s.time[events])
+        batch = self._draw_batch(stage, s.src[events], candidates, s.time[events])
         if stage != "train":
             rows = events - s.stage(stage)[0]
             batch.baselines = {k: v[rows] for k, v in self._baselines[stage].items()}
         return batch
 
-    def _sample(
+    def _draw_batch(
         self, stage: str, source: Tensor, candidates: Tensor, time: Tensor
     ) -> TemporalBatch:
         s, (sampler, upto) = self.stream, self._samplers[stage]
