@@ -4,8 +4,15 @@ import lightning as L
 import pytest
 import torch
 
-from gnnscale import InteractionStream, TemporalLinkDataModule, TemporalLinkPredictor, TemporalSplit
+from gnnscale import (
+    InteractionStream,
+    TemporalLinkDataModule,
+    TemporalLinkPredictor,
+    TemporalSplit,
+    make_interaction_stream,
+)
 from gnnscale.batch import mrr
+from gnnscale.data.stream import read_interaction_stream
 from gnnscale.data.temporal import baseline_scores
 from gnnscale.errors import ConfigError
 
@@ -139,3 +146,71 @@ def test_bad_settings_are_refused_in_one_line():
         TemporalSplit(val_fraction=0.5, test_fraction=0.45)
     with pytest.raises(ConfigError, match="repeat must be between 0 and 1"):
         InteractionStream(repeat=1.5)
+
+
+def _jodie_csv(path, rows):
+    lines = ["user_id,item_id,timestamp,state_label,comma_separated_list_of_features"]
+    lines += [",".join(str(v) for v in row) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_a_stream_in_jodies_csv_layout_reads_as_the_generated_one(tmp_path):
+    # user, item, timestamp, state label, two features; out of time order, ids with gaps
+    rows = [
+        (7, 3, 30.0, 0, 0.5, 1.0),
+        (2, 3, 10.0, 0, 0.1, 0.2),
+        (7, 9, 20.0, 1, 0.3, 0.4),
+        (2, 9, 20.0, 0, 0.7, 0.8),
+    ]
+    _jodie_csv(tmp_path / "wikipedia.csv", rows)
+    data = read_interaction_stream(tmp_path / "wikipedia.csv")
+    # users 2, 7 -> 0, 1; items 3, 9 -> 2, 3; by time, ties in the file's order
+    assert data.edge_index.tolist() == [[0, 1, 0, 1], [2, 3, 3, 2]]
+    assert data.time.tolist() == [10, 20, 20, 30] and data.time.dtype == torch.int64
+    assert torch.allclose(
+        data.edge_attr, torch.tensor([[0.1, 0.2], [0.3, 0.4], [0.7, 0.8], [0.5, 1.0]])
+    )
+    assert (data.num_nodes, data.num_users) == (4, 2)
+
+
+def test_a_parquet_stream_takes_every_other_numeric_column_as_a_feature(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.table(
+        {
+            "src": [5, 5, 1],
+            "dst": [0, 1, 0],
+            "time": [0.5, 0.25, 1.5],
+            "note": ["a", "b", "c"],  # not a number: not a feature
+            "weight": [1.0, 2.0, 3.0],
+        }
+    )
+    pq.write_table(table, tmp_path / "s.parquet")
+    data = read_interaction_stream(tmp_path / "s.parquet")
+    assert data.edge_index.tolist() == [[1, 1, 0], [3, 2, 2]]
+    assert data.time.tolist() == [0.25, 0.5, 1.5] and data.time.dtype == torch.float64
+    assert data.edge_attr.view(-1).tolist() == [2.0, 1.0, 3.0]
+    pq.write_table(table.drop(["time"]), tmp_path / "no_time.parquet")
+    with pytest.raises(ConfigError, match="no column time"):
+        read_interaction_stream(tmp_path / "no_time.parquet")
+    with pytest.raises(ConfigError, match="is not a file"):
+        read_interaction_stream(tmp_path / "missing.csv")
+
+
+def test_a_datamodule_trains_on_a_stream_of_its_own(tmp_path):
+    stream = make_interaction_stream(SMALL)
+    src, dst = stream.edge_index
+    rows = [
+        (int(s), int(d) - SMALL.num_users, int(t), 0, *map(float, x))
+        for s, d, t, x in zip(src, dst, stream.time, stream.edge_attr, strict=True)
+    ]
+    _jodie_csv(tmp_path / "mine.csv", rows)
+    dm = TemporalLinkDataModule(dataset=str(tmp_path / "mine.csv"), batch_size=64)
+    assert (dm.num_nodes, dm.num_features) == (
+        int(src.unique().numel() + dst.unique().numel()),
+        SMALL.num_features,
+    )
+    dm.setup("fit")
+    batch = dm.batch("val", dm.stream.stage("val")[:32])
+    assert batch.edge_attr.size(1) == SMALL.num_features and bool((batch.edge_age > 0).all())

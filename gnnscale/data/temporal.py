@@ -41,7 +41,11 @@ from gnnscale.batch import TemporalBatch
 from gnnscale.data.args import LoaderArgs, check_positive
 from gnnscale.data.loaders import resumable
 from gnnscale.data.resume import SeededSampling
-from gnnscale.data.stream import InteractionStream, make_interaction_stream
+from gnnscale.data.stream import (
+    InteractionStream,
+    make_interaction_stream,
+    read_interaction_stream,
+)
 from gnnscale.errors import ConfigError
 from gnnscale.sampling import HopSampler
 
@@ -162,7 +166,7 @@ class _Stream:
         return self.fixed[events - self.val_start]
 
 
-def baseline_scores(stream: Any, stage: str, window: int) -> dict[str, Tensor]:
+def baseline_scores(stream: Any, stage: str, window: float) -> dict[str, Tensor]:
     """``[questions, candidates]`` scores of EdgeBank, EdgeBank with a window, and popularity.
 
     On the same fixed candidates as the model; each remembers every interaction before the
@@ -195,6 +199,9 @@ class TemporalLinkDataModule(L.LightningDataModule):
     """Batches of questions ``(source, candidates, time)`` over a generated interaction stream.
 
     Args:
+        dataset: ``generated`` (the stream ``stream`` describes), or a stream of your own: a
+            ``.csv`` in JODIE's layout (Wikipedia, Reddit as published) or a ``.parquet`` with
+            columns ``src``, ``dst``, ``time`` and features (``read_interaction_stream``).
         root: Data folder (unused by the generated stream; kept for the CLI's common flags).
         stream: The generated stream's size and habits.
         split: The split by time and the candidates per question.
@@ -213,6 +220,7 @@ class TemporalLinkDataModule(L.LightningDataModule):
 
     def __init__(
         self,
+        dataset: str = "generated",
         root: Path = Path("data"),
         stream: InteractionStream = InteractionStream(),  # noqa: B008
         split: TemporalSplit = TemporalSplit(),
@@ -233,7 +241,7 @@ class TemporalLinkDataModule(L.LightningDataModule):
                 "model reads each seed's own neighbours"
             )
         check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size)
-        self.root, self.stream_args, self.split = Path(root), stream, split
+        self.dataset, self.root, self.stream_args, self.split = dataset, Path(root), stream, split
         self.num_neighbors = num_neighbors
         self.temporal_strategy, self.strict, self.window = temporal_strategy, strict, window
         self.temporal = temporal
@@ -241,7 +249,7 @@ class TemporalLinkDataModule(L.LightningDataModule):
 
     def __repr__(self) -> str:
         # Lightning's own would build every loader (jsonargparse prints it for links it skips).
-        return f"{type(self).__name__}(temporal={self.temporal}, stream={self.stream_args})"
+        return f"{type(self).__name__}(dataset={self.dataset!r}, temporal={self.temporal})"
 
     __str__ = __repr__
 
@@ -249,17 +257,27 @@ class TemporalLinkDataModule(L.LightningDataModule):
     @property
     def num_nodes(self) -> int:
         """Users and items."""
-        return self.stream_args.num_users + self.stream_args.num_items
+        if self.dataset == "generated":
+            return self.stream_args.num_users + self.stream_args.num_items
+        return int(self._data.num_nodes)
 
     @property
     def num_features(self) -> int:
         """Features per interaction."""
-        return self.stream_args.num_features
+        if self.dataset == "generated":
+            return self.stream_args.num_features
+        return int(self._data.edge_attr.size(1))
+
+    @cached_property
+    def _data(self) -> Data:
+        if self.dataset == "generated":
+            return make_interaction_stream(self.stream_args)
+        return read_interaction_stream(Path(self.dataset))
 
     @cached_property
     def stream(self) -> _Stream:
-        """The generated stream, split, with its fixed negatives."""
-        return _Stream(make_interaction_stream(self.stream_args), self.split)
+        """The stream, split, with its fixed negatives."""
+        return _Stream(self._data, self.split)
 
     def setup(self, stage: str | None = None) -> None:
         """Generate and split the stream, and score the baselines (once)."""
@@ -384,7 +402,7 @@ class TemporalLinkDataModule(L.LightningDataModule):
         """
         s = self.stream
         test = s.stage("test")
-        window = int(s.time[test[-1]] - s.time[test[0]])
+        window = (s.time[test[-1]] - s.time[test[0]]).item()
         return {stage: baseline_scores(s, stage, window) for stage in ("val", "test")}
 
 
