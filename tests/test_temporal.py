@@ -214,3 +214,17 @@ def test_a_datamodule_trains_on_a_stream_of_its_own(tmp_path):
     dm.setup("fit")
     batch = dm.batch("val", dm.stream.stage("val")[:32])
     assert batch.edge_attr.size(1) == SMALL.num_features and bool((batch.edge_age > 0).all())
+
+
+def test_the_mean_message_is_the_two_layers_applied_edge_by_edge(dm):
+    torch.manual_seed(0)
+    model = TemporalLinkPredictor(dm.num_nodes, dm.num_features, hidden_channels=16).eval()
+    batch = dm.batch("val", dm.stream.stage("val")[:40])
+    edge = torch.cat(
+        [model.embedding(batch.node[batch.row]), batch.edge_attr, model.age(batch.edge_age)], 1
+    )
+    message = model.message(edge)  # the plain way: both layers on every edge
+    total = message.new_zeros(batch.num_seeds, 16).index_add_(0, batch.col, message)
+    count = torch.bincount(batch.col, minlength=batch.num_seeds).unsqueeze(1)
+    assert (count == 0).any()  # some seeds have no in-edge: theirs is 0, not the bias
+    assert torch.allclose(model._mean_message(batch), total / count.clamp(min=1), atol=1e-5)
