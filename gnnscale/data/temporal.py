@@ -259,17 +259,17 @@ class TemporalLinkDataModule(L.LightningDataModule):
         """Users and items."""
         if self.dataset == "generated":
             return self.stream_args.num_users + self.stream_args.num_items
-        return int(self._data.num_nodes)
+        return int(self._interactions.num_nodes)
 
     @property
     def num_features(self) -> int:
         """Features per interaction."""
         if self.dataset == "generated":
             return self.stream_args.num_features
-        return int(self._data.edge_attr.size(1))
+        return int(self._interactions.edge_attr.size(1))
 
     @cached_property
-    def _data(self) -> Data:
+    def _interactions(self) -> Data:
         if self.dataset == "generated":
             return make_interaction_stream(self.stream_args)
         return read_interaction_stream(Path(self.dataset))
@@ -277,7 +277,7 @@ class TemporalLinkDataModule(L.LightningDataModule):
     @cached_property
     def stream(self) -> _Stream:
         """The stream, split, with its fixed negatives."""
-        return _Stream(self._data, self.split)
+        return _Stream(self._interactions, self.split)
 
     def setup(self, stage: str | None = None) -> None:
         """Generate and split the stream, and score the baselines (once)."""
