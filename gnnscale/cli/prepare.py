@@ -21,13 +21,16 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from jsonargparse import ArgumentError, ArgumentParser
+from torch_geometric.data import Data
 
 from gnnscale.cli import argerrors
 from gnnscale.data.args import NodeSplit, Preprocess
 from gnnscale.data.datasets import check_root, check_size
 from gnnscale.data.many_graphs import prepare_graphs
 from gnnscale.data.neighbor import NeighborDataModule
+from gnnscale.data.stream import read_interaction_stream
 from gnnscale.data.synthetic import (
     SyntheticGraph,
     SyntheticRecommender,
@@ -42,6 +45,7 @@ from gnnscale.stores.writing import write_graph
 
 __all__ = [
     "Dataset",
+    "Interactions",
     "Npy",
     "Ogb",
     "Recommender",
@@ -59,7 +63,8 @@ class Source(ABC):
     ``Dataset``: a dataset ``gnnscale fit`` loads by name (``synthetic``, ``Cora``, ...),
     loaded whole and written; ``Synthetic``: the generated graph drawn chunk by chunk straight to
     disk (any size); ``Npy``: a folder of ``.npy`` arrays (edges also as Parquet); ``Ogb``: OGB's
-    download, read as it unpacks; ``Recommender``: the generated users-items-categories graph.
+    download, read as it unpacks; ``Recommender``: the generated users-items-categories graph;
+    ``Interactions``: a stream of timestamped interactions (CSV or Parquet).
     """
 
     @abstractmethod
@@ -213,6 +218,45 @@ class Recommender(Source):
         return prepare_data(data, out, source, feature_dtype)
 
 
+class Interactions(Source):
+    """A stream of timestamped interactions: a ``.csv`` in JODIE's layout or a ``.parquet``.
+
+    Read as ``TemporalLinkDataModule`` reads it (``gnnscale.data.stream``: columns ``src``,
+    ``dst``, ``time`` and numeric features; sources and destinations two id spaces, the
+    folder's nodes the sources, then the destinations), and written with each edge's time
+    (``edge_time``), every neighbourhood sorted by it: sample it with ``HopSampler(...,
+    time_attr="edge_time")``. Held in memory while it is written (a stream of 100M
+    interactions: about 5 GB); larger: write ``edge_index.npy`` and ``edge_time.npy`` and
+    prepare them with ``--source Npy``, which streams.
+
+    Args:
+        path: The stream.
+        both_ways: Each interaction as two edges, source to destination and back (edge ids
+            ``e`` and ``e + E``), so that both ends sample it; false: as given.
+    """
+
+    def __init__(self, path: Path, both_ways: bool = True) -> None:
+        self.path, self.both_ways = Path(path), both_ways
+
+    def write(self, out: Path, feature_dtype: FeatureDtype | None) -> Path:
+        """Read the stream and write it; features as float32 by default."""
+        stream = read_interaction_stream(self.path, "--source.path")
+        edge_index, edge_time, edge_attr = stream.edge_index, stream.time, stream.edge_attr
+        if self.both_ways:
+            edge_index = torch.cat([edge_index, edge_index.flip(0)], 1)
+            edge_time, edge_attr = edge_time.repeat(2), edge_attr.repeat(2, 1)
+        data = Data(edge_index=edge_index, edge_time=edge_time, num_nodes=stream.num_nodes)
+        if edge_attr.size(1):
+            data.edge_attr = edge_attr
+        stat = self.path.stat()
+        source = {
+            "interactions": str(self.path.resolve()),
+            "inputs": [stat.st_size, stat.st_mtime_ns],
+            "both_ways": self.both_ways,
+        }
+        return prepare_data(data, out, source, feature_dtype)
+
+
 def prepare(
     *,
     out: Path,
@@ -228,8 +272,9 @@ def prepare(
         out: Folder to create (atomically: it appears complete or not at all).
         source: What to write: ``Dataset`` (a dataset ``fit`` loads by name, the generated
             ``synthetic`` included), ``Synthetic`` (generated chunk by chunk, any size), ``Npy``
-            (a folder of ``.npy`` arrays), ``Ogb`` (OGB's download) or ``Recommender`` (the
-            generated heterogeneous graph); ``--source.help CLASS`` lists a source's options.
+            (a folder of ``.npy`` arrays), ``Ogb`` (OGB's download), ``Recommender`` (the
+            generated heterogeneous graph) or ``Interactions`` (a stream of timestamped
+            interactions); ``--source.help CLASS`` lists a source's options.
         feature_dtype: Dtype of the stored features: ``float32``, ``bfloat16``, ``float16``;
             default: as stored for ``Npy``, ``Ogb`` and ``Recommender``, else ``float32``.
     """

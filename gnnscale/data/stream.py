@@ -152,7 +152,7 @@ def make_interaction_stream(cfg: InteractionStream) -> Data:
     )
 
 
-def read_interaction_stream(path: Path) -> Data:
+def read_interaction_stream(path: Path, flag: str = "--data.dataset") -> Data:
     """A stream of ``(source, destination, time, features)`` from ``path``, in time order.
 
     ``.csv``: JODIE's layout, by position after one header line (user, item, timestamp, state
@@ -160,7 +160,8 @@ def read_interaction_stream(path: Path) -> Data:
     numeric column a feature (in the file's order). Sources and destinations are two id spaces
     (users and items, as in JODIE's and TGB's streams), each renumbered densely in id order:
     the result's nodes are the sources, then the destinations. Interactions of one time keep
-    the file's order. The same layout as :func:`make_interaction_stream`'s.
+    the file's order. The same layout as :func:`make_interaction_stream`'s. ``flag``: the
+    option that named the file, for its errors.
     """
     import pyarrow as pa
     import pyarrow.csv as pa_csv
@@ -168,7 +169,7 @@ def read_interaction_stream(path: Path) -> Data:
 
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"--data.dataset: {path} is not a file (a .csv or .parquet stream)")
+        raise ConfigError(f"{flag}: {path} is not a file (a .csv or .parquet stream)")
     try:
         if path.suffix == ".csv":
             table = pa_csv.read_csv(
@@ -200,7 +201,7 @@ def read_interaction_stream(path: Path) -> Data:
                 )
             ]
         else:
-            raise ConfigError(f"--data.dataset: {path} is neither .csv nor .parquet")
+            raise ConfigError(f"{flag}: {path} is neither .csv nor .parquet")
     except (pa.ArrowInvalid, OSError) as err:
         raise ConfigError(f"{path} is not a readable stream: {str(err).splitlines()[0]}") from err
     time = np.asarray(when.to_numpy(zero_copy_only=False))

@@ -41,8 +41,12 @@ class ReadsAhead(Protocol):
     """A graph store that reads a batch's neighbour lists ahead and checks the ids drawn.
 
     A prepared folder's (``gnnscale.stores.MappedGraphStore``): :class:`HopSampler` asks it
-    before and after each batch, so the sampler needs nothing from the stores.
+    before and after each batch, so the sampler needs nothing from the stores. Its
+    ``edge_time``: each timed edge type's times in the CSC's order, every neighbourhood sorted
+    by them (the folder's ``edge_time``), sampled by as they lie.
     """
+
+    edge_time: dict[Any, Tensor]
 
     def read_ahead(self, seeds: Any, fanout: Any) -> None:
         """Read the neighbour lists ``seeds`` will need, ``fanout`` hops out, in flight."""
@@ -147,6 +151,10 @@ class HopSampler(NeighborSampler):
                 "subgraph_type='induced' needs PyG's pyg-lib or torch-sparse: gnnscale's "
                 "sampler draws directional and bidirectional subgraphs"
             )
+        mapped = isinstance(data, tuple) and isinstance(data[1], ReadsAhead)
+        held = data[1].edge_time if mapped and time_attr is not None else None
+        if held is not None:  # a prepared folder's times, kept from PyG's constructor
+            _check_held_time(held, time_attr)
         lifted = backend_checks_lifted() if vectorized else warnings.catch_warnings()
         with warnings.catch_warnings(), lifted:  # its advice to install pyg-lib, needless here
             warnings.filterwarnings("ignore", "Using '.*' without a 'pyg-lib' installation")
@@ -157,15 +165,18 @@ class HopSampler(NeighborSampler):
                 replace,
                 disjoint,
                 temporal_strategy,
-                time_attr,
+                None if held is not None else time_attr,
                 weight_attr,
                 is_sorted,
                 share_memory,
                 directed,
                 sample_direction,  # type: ignore[arg-type]
             )
-        mapped = isinstance(data, tuple) and isinstance(data[1], ReadsAhead)
         self.store: ReadsAhead | None = data[1] if mapped else None
+        self.held_time = held is not None  # edge times in CSC order, sorted: used as they are
+        if held is not None:
+            pyg: Any = self
+            pyg.edge_time = held if self.is_hetero else held[None]
         #: Each edge type's edge times in CSC order, ascending in every neighbourhood.
         self.clock: dict[Any, Tensor] | None = self._clock() if self.is_temporal else None
         weights: Any = self.edge_weight
@@ -219,7 +230,9 @@ class HopSampler(NeighborSampler):
 
         PyG's constructor sorts a graph in memory (unless ``is_sorted``) and trusts a store to
         be sorted; a neighbourhood found unsorted is sorted here, its CSC, ``perm`` and weights
-        with it. An edge type with no time (neither its own nor its source type's) is untimed.
+        with it. A prepared folder's times are in CSC order and sorted already
+        (``held_time``): used as they lie. An edge type with no time (neither its own nor its
+        source type's) is untimed.
         """
         pyg: Any = self  # PyG's attributes, typed in its branches only
         hetero = self.is_hetero
@@ -235,6 +248,9 @@ class HopSampler(NeighborSampler):
             if pyg.edge_time is not None:
                 clock = edge_time.get(key, edge_time.get(edge_type))
                 if clock is None:
+                    continue
+                if self.held_time:
+                    clocks[key] = clock
                     continue
                 if self.data_type == DataType.remote and perm is not None:
                     clock = clock.index_select(0, perm)  # a store's times are in its edge order
@@ -339,6 +355,19 @@ class HopSampler(NeighborSampler):
             batch=typed.batch,
             num_sampled_nodes=typed.num_sampled_nodes,
             num_sampled_edges=remap(typed.num_sampled_edges),
+        )
+
+
+def _check_held_time(held: dict[Any, Tensor], time_attr: str | None) -> None:
+    """Refuse a ``time_attr`` that a prepared folder's graph store does not hold."""
+    if not held:
+        raise ValueError(
+            f"time_attr={time_attr!r}: this prepared folder holds no edge times; prepare it "
+            "from edges with times (edge_time.npy, a time column: docs/stores.md)"
+        )
+    if time_attr != "edge_time":
+        raise ValueError(
+            f"time_attr={time_attr!r}: a prepared folder's edge times are time_attr='edge_time'"
         )
 
 

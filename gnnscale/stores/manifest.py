@@ -52,6 +52,7 @@ DTYPES = {
     "bfloat16": torch.bfloat16,
     "int64": torch.int64,
     "bool": torch.bool,
+    "float64": torch.float64,
 }
 FeatureDtype = Literal["float32", "float16", "bfloat16"]
 

@@ -241,6 +241,9 @@ class MappedGraphStore(GraphStore):
     :class:`~gnnscale.sampling.HopSampler` does both. ``perm``: for an edge type whose input
     was not in the CSC's order, each CSC slot's position in the input's edge list; PyG's
     loaders map a batch's ``e_id`` through it, so that edge ids are the input's, as in memory.
+    ``edge_time``: each timed edge type's edge times in the CSC's order, ascending within every
+    neighbourhood (``gnnscale prepare`` sorts them so): what ``HopSampler(..., time_attr=
+    "edge_time")`` samples by, read where it lies.
     """
 
     def __init__(
@@ -248,11 +251,13 @@ class MappedGraphStore(GraphStore):
         csc: dict[EdgeType | None, tuple[Tensor, Tensor, tuple[int, int]]],
         graph: PreparedGraph | None = None,
         perm: dict[EdgeType | None, Tensor] | None = None,
+        edge_time: dict[EdgeType | None, Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.csc_by_type = csc
         self.graph = graph
         self.perm_by_type = perm or {}
+        self.edge_time = edge_time or {}
 
     def read_ahead(
         self,
@@ -418,9 +423,9 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
     tensors = {}
     for name in manifest.files:
         group, _, attr = name.rpartition("/")
-        if group in groups and attr not in ("colptr", "row", "perm", "edge_attr"):
+        if group in groups and attr not in ("colptr", "row", "perm", "edge_attr", "edge_time"):
             tensors[groups[group], attr] = graph.tensor(name)
-    csc, perm, edge_attr = {}, {}, {}
+    csc, perm, edge_attr, edge_time = {}, {}, {}, {}
     for key, et in edge_types.items():
         prefix = f"{key}/" if key else ""
         src, dst = (None, None) if et is None else (et[0], et[-1])
@@ -430,5 +435,7 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
             perm[et] = graph.tensor(f"{prefix}perm")
         if f"{prefix}edge_attr" in manifest.files:
             edge_attr[et] = graph.tensor(f"{prefix}edge_attr")
+        if f"{prefix}edge_time" in manifest.files:
+            edge_time[et] = graph.tensor(f"{prefix}edge_time")
     fs = MappedFeatureStore(graph, tensors, num_nodes, edge_attr)
-    return fs, MappedGraphStore(csc, graph, perm)
+    return fs, MappedGraphStore(csc, graph, perm, edge_time)

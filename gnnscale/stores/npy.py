@@ -6,9 +6,11 @@ Homogeneous::
     y.npy            int   (num_nodes,)               labels (optional)
     edge_index.npy   int   (2, num_edges)             row 0 sources, row 1 destinations
     edge_attr.npy    float (num_edges, num_edge_features)  edge features (optional)
-                     (or edges.parquet: integer columns src, dst, and its float columns, in
-                     the file's order, the edge features; read a row batch at a time; a
-                     folder of part files, as Spark writes one, is read in name order)
+    edge_time.npy    int or float (num_edges,)        each edge's time (optional)
+                     (or edges.parquet: integer columns src, dst, an optional column time, and
+                     its other float columns, in the file's order, the edge features; read a
+                     row batch at a time; a folder of part files, as Spark writes one, is read
+                     in name order)
     train.npy, val.npy, test.npy                      node indices of each split (optional)
 
 Heterogeneous: the same files per node type and per edge type::
@@ -16,6 +18,7 @@ Heterogeneous: the same files per node type and per edge type::
     nodes/<type>/x.npy, y.npy, train.npy, val.npy, test.npy   each optional
     edges/<src>__<rel>__<dst>/edge_index.npy (or edges.parquet) indices into src's and dst's nodes
     edges/<src>__<rel>__<dst>/edge_attr.npy    edge features (optional)
+    edges/<src>__<rel>__<dst>/edge_time.npy    edge times (optional)
     num_nodes.json    {"<type>": count} for node types with neither x.npy nor y.npy
 
 Every array is opened with ``numpy.load(mmap_mode="r")`` (its header and shape) and read a chunk
@@ -122,13 +125,15 @@ def _parquet_parts(path: Path) -> list[Path]:
 def _parquet_edges(path: Path) -> Edges:
     """An edge list in Parquet (a file or a folder of parts), read a batch at a time.
 
-    Integer columns ``src`` and ``dst``; its float columns, in the file's order, are the edges'
-    features (``edge_attr``); other columns are not read.
+    Integer columns ``src`` and ``dst``; a column ``time`` (integers or floats), each edge's
+    time; its other float columns, in the file's order, are the edges' features
+    (``edge_attr``); other columns are not read.
     """
     import pyarrow.parquet as pq
     import pyarrow.types
 
     parts, num_rows, features = _parquet_parts(path), 0, None
+    times: bool | None = None
     for part in parts:
         try:
             file = pq.ParquetFile(part)
@@ -140,7 +145,7 @@ def _parquet_edges(path: Path) -> Edges:
                 f"{part} needs integer columns src and dst (sources, destinations); it has "
                 f"{', '.join(sorted(schema.names))}"
             )
-        floats = [f.name for f in schema if f.name not in ("src", "dst")]
+        floats = [f.name for f in schema if f.name not in ("src", "dst", "time")]
         floats = [n for n in floats if pyarrow.types.is_floating(schema.field(n).type)]
         if features is not None and floats != features:
             raise PreparedGraphError(
@@ -148,6 +153,16 @@ def _parquet_edges(path: Path) -> Edges:
                 f"before it {features or 'none'}: give every part the same columns"
             )
         features = floats
+        timed = "time" in schema.names
+        kind = schema.field("time").type if timed else None
+        if timed and not (_is_integer(kind) or pyarrow.types.is_floating(kind)):
+            raise PreparedGraphError(f"{part}: column time must hold numbers; it holds {kind}")
+        if times is not None and timed != times:
+            raise PreparedGraphError(
+                f"{part} {'has' if timed else 'lacks'} a time column, the parts before it "
+                f"{'do not' if timed else 'have one'}: give every part the same columns"
+            )
+        times = timed
         num_rows += int(file.metadata.num_rows)
 
     def batches(size: int, columns: list[str]) -> Iterator[tuple[Path, int, Any]]:
@@ -171,6 +186,20 @@ def _parquet_edges(path: Path) -> Edges:
             yield pair[0], pair[1]
 
     edges = Edges(str(path), num_rows, chunks)
+    if times:
+
+        def time_chunks(size: int) -> Iterator[np.ndarray]:
+            for part, start, batch in batches(size, ["time"]):
+                if batch.column("time").null_count:
+                    raise PreparedGraphError(
+                        f"{part}: column time has nulls (rows from {start:,}): give every "
+                        "edge a time"
+                    )
+                yield batch.column("time").to_numpy()
+
+        kind = pq.ParquetFile(parts[0]).schema_arrow.field("time").type
+        dtype = np.dtype(np.int64 if _is_integer(kind) else np.float64)
+        edges.time = Array(f"{path} (column time)", (num_rows,), dtype, time_chunks)
     if features:
         first = pq.ParquetFile(parts[0]).schema_arrow
         empty = (pyarrow.array([], type=first.field(n).type) for n in features)
@@ -220,6 +249,13 @@ def _edge_file(folder: Path) -> Edges | None:
                 ": keep one"
             )
         edges.attr = _array(folder / "edge_attr.npy")
+    if (folder / "edge_time.npy").is_file():
+        if edges.time is not None:
+            raise PreparedGraphError(
+                f"{folder} gives edge times twice, as edge_time.npy and as {edges.time.where}"
+                ": keep one"
+            )
+        edges.time = _array(folder / "edge_time.npy")
     return edges
 
 
@@ -323,7 +359,8 @@ def save_npy(data: Any, folder: Path) -> Path:
 
     Node attributes ``x`` and ``y`` are saved as they are; masks ``train_mask``, ``val_mask``,
     ``test_mask`` as the node indices of each split; a node type without ``x`` or ``y`` gives its
-    count in ``num_nodes.json``; edge features ``edge_attr`` as they are.
+    count in ``num_nodes.json``; edge features ``edge_attr`` and times ``edge_time`` as they
+    are.
     For graphs that fit in memory: tests, examples, small datasets.
     """
     from torch_geometric.data import HeteroData
@@ -350,8 +387,9 @@ def save_npy(data: Any, folder: Path) -> Path:
         where = folder / "edges" / "__".join(edge_type or ()) if hetero else folder
         where.mkdir(parents=True, exist_ok=True)
         np.save(where / "edge_index.npy", store.edge_index.numpy())
-        if "edge_attr" in store:
-            np.save(where / "edge_attr.npy", store.edge_attr.numpy())
+        for key in ("edge_attr", "edge_time"):
+            if key in store:
+                np.save(where / f"{key}.npy", store[key].numpy())
     if counts:
         (folder / "num_nodes.json").write_text(json.dumps(counts))
     return folder
@@ -390,10 +428,11 @@ def read_data(data: Any) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
 
         name = "the graph's edges" if edge_type is None else "__".join(edge_type)
         store = data[edge_type] if hetero else data
-        attr = (
-            _held(f"{name}: edge_attr", store.edge_attr.numpy()) if "edge_attr" in store else None
+        attr, time = (
+            _held(f"{name}: {key}", store[key].numpy()) if key in store else None
+            for key in ("edge_attr", "edge_time")
         )
-        edges[edge_type] = Edges(name, index.shape[1], chunks, attr)
+        edges[edge_type] = Edges(name, index.shape[1], chunks, attr, time)
     return nodes, edges
 
 

@@ -17,6 +17,11 @@ and :func:`gnnscale.stores.open` map. No step holds a whole array:
 - **Splits** (node indices) become the masks the DataModules read.
 - **Edge features** (``edge_attr``) are copied as node features are, in the input's edge order:
   a batch's ``e_id`` (the input's edge ids, through ``perm``) gathers them.
+- **Edge times** (``edge_time``) are placed with the sources, in the CSC's order; a last pass
+  over the CSC, a block of destinations at a time, sorts each neighbourhood by time (stable:
+  edges of one time keep the input's order), so a time-respecting sampler finds the edges a
+  seed may see by binary search, with nothing sorted when a fit starts. A stream given in time
+  order is sorted already and that pass only checks it.
 
 Files a pass fills in place (``colptr``, ``row``, masks) are mapped shared: their pages belong
 to the page cache, which the kernel writes back and reclaims; the process's own memory holds
@@ -81,12 +86,14 @@ class Edges:
         num_edges: How many.
         chunks: ``edges -> iterator`` over ``(sources, destinations)`` of at most ``edges``.
         attr: Each edge's features (``edge_attr``), one row per edge in the same order.
+        time: Each edge's time (integers or floats, one per edge in the same order).
     """
 
     where: str
     num_edges: int
     chunks: Callable[[int], Iterator[tuple[np.ndarray, np.ndarray]]]
     attr: Array | None = None
+    time: Array | None = None
 
 
 @dataclass
@@ -123,13 +130,39 @@ def _mapped(path: Path, dtype: Any, length: int) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="w+", shape=(length,))
 
 
+def _time_dtype(time: Array) -> str:
+    """The stored dtype of edge times: integers as int64, floats as float64."""
+    return "int64" if time.dtype.kind in "iu" else "float64"
+
+
+def _aligned(chunks: Iterator[np.ndarray]) -> Callable[[int], np.ndarray]:
+    """``take(n)``: the next ``n`` values of ``chunks``, whatever sizes its chunks have."""
+    held: list[np.ndarray] = []
+    count = 0
+
+    def take(n: int) -> np.ndarray:
+        nonlocal held, count
+        while count < n:
+            chunk = next(chunks, None)
+            if chunk is None:
+                break
+            held.append(np.asarray(chunk).reshape(-1))
+            count += held[-1].size
+        joined = np.concatenate(held) if held else np.zeros(0)
+        held, count = [joined[n:]], joined.size - min(n, joined.size)
+        return joined[:n]
+
+    return take
+
+
 def write_csc(
     edges: Edges, num_src: int, num_dst: int, folder: Path, chunk_edges: int, ids: bool = True
 ) -> dict[str, FileEntry]:
     """``colptr.bin`` and ``row.bin`` of one edge type in ``folder``; their manifest entries.
 
     With ``ids``, also ``perm.bin``, each CSC slot's position in ``edges`` (the edge ids of a
-    batch), unless every edge lies where the input has it.
+    batch), unless every edge lies where the input has it. With ``edges.time``, also
+    ``edge_time.bin``: each slot's time, every neighbourhood sorted by it.
     """
     folder.mkdir(parents=True, exist_ok=True)
     colptr = _mapped(folder / "colptr.bin", np.int64, num_dst + 1)
@@ -149,8 +182,15 @@ def write_csc(
         part = np.cumsum(colptr[a : a + chunk_edges]) + carry
         colptr[a : a + chunk_edges] = part
         carry = int(part[-1])
+    timed = edges.time is not None
+    ids = ids or timed  # sorted by time, slots need their input positions
     row = _mapped(folder / "row.bin", np.int64, edges.num_edges)
     perm = _mapped(folder / "perm.bin", np.int64, edges.num_edges) if ids else None
+    clock = None
+    if edges.time is not None:
+        time_dtype = _time_dtype(edges.time)
+        clock = _mapped(folder / "edge_time.bin", np.dtype(time_dtype), edges.num_edges)
+        times = _aligned(edges.time.chunks(chunk_edges))
     cursor = _mapped(folder / "cursor.tmp", np.int64, num_dst)  # each destination's next slot
     for a in range(0, num_dst, chunk_edges):
         cursor[a : a + chunk_edges] = colptr[a : min(a + chunk_edges, num_dst)]
@@ -166,13 +206,20 @@ def write_csc(
             if perm is not None:  # each slot's input position
                 perm[slot] = first + order
                 sorted_input = sorted_input and np.array_equal(slot, first + order)
+            if clock is not None:
+                assert edges.time is not None
+                t = times(dst.size)
+                _check_times(t, edges.time.where, first, dst.size)
+                clock[slot] = t[order]
             cursor[dst[starts]] += counts
             first += dst.size
             bar.update(len(dst))
-    for mapped in (colptr, row, perm, cursor):
+    if clock is not None and perm is not None:
+        sorted_input = _sort_by_time(colptr, row, perm, clock, chunk_edges) and sorted_input
+    for mapped in (colptr, row, perm, cursor, clock):
         if isinstance(mapped, np.memmap):
             mapped.flush()
-    del colptr, row, perm, cursor
+    del colptr, row, perm, cursor, clock
     (folder / "cursor.tmp").unlink()
     entries = {
         "colptr": file_entry(folder / "colptr.bin", "int64", [num_dst + 1]),
@@ -182,7 +229,43 @@ def write_csc(
         (folder / "perm.bin").unlink()
     elif ids:
         entries["perm"] = file_entry(folder / "perm.bin", "int64", [edges.num_edges])
+    if timed:
+        entries["edge_time"] = file_entry(folder / "edge_time.bin", time_dtype, [edges.num_edges])
     return entries
+
+
+def _check_times(t: np.ndarray, where: str, first: int, expected: int) -> None:
+    """Refuse a time column that ended early or holds NaN or infinite times."""
+    if t.size != expected:
+        raise PreparedGraphError(f"{where}: fewer times than edges (edge {first + t.size:,})")
+    if t.dtype.kind == "f" and not np.isfinite(t).all():
+        at = first + int(np.argmin(np.isfinite(t)))
+        raise PreparedGraphError(
+            f"{where}: the time of edge {at:,} is NaN or infinite; give every edge a time"
+        )
+
+
+def _sort_by_time(
+    colptr: np.ndarray, row: np.ndarray, perm: np.ndarray, clock: np.ndarray, chunk_edges: int
+) -> bool:
+    """Sort every neighbourhood of a placed CSC by time, a block of destinations at a time.
+
+    Stable: edges of one time keep their order. Returns whether no slot moved.
+    """
+    num_dst, untouched, a = colptr.size - 1, True, 0
+    while a < num_dst:
+        lo = int(colptr[a])  # the block: destinations a..b-1, about chunk_edges edges
+        b = int(np.searchsorted(colptr, lo + chunk_edges, side="right")) - 1
+        b = min(max(b, a + 1), num_dst)
+        hi = int(colptr[b])
+        t = np.asarray(clock[lo:hi])
+        target = np.repeat(np.arange(b - a), np.diff(colptr[a : b + 1]))
+        if ((t[1:] < t[:-1]) & (target[1:] == target[:-1])).any():
+            order = np.lexsort((t, target))  # by destination, then time; stable
+            clock[lo:hi], row[lo:hi], perm[lo:hi] = t[order], row[lo:hi][order], perm[lo:hi][order]
+            untouched = False
+        a = b
+    return untouched
 
 
 def _rows(array: Array, chunk_bytes: int) -> int:
@@ -337,6 +420,13 @@ def check_inputs(nodes: dict[str | None, NodeInputs], edge_types: dict[Any, Edge
                 f"{attr.where} must be a float array (edges x features); it is {attr.dtype}: "
                 "cast it to float"
             )
+        time = edges.time
+        if time is not None and (time.shape != (edges.num_edges,) or time.dtype.kind not in "iuf"):
+            raise PreparedGraphError(
+                f"{time.where} must hold one time per edge of {edges.where} "
+                f"({edges.num_edges:,}), integers or floats; it is {time.dtype} of shape "
+                f"{time.shape}"
+            )
         for end in (src, dst):
             if end not in nodes:
                 raise PreparedGraphError(
@@ -439,6 +529,7 @@ def write(
             size += int(np.prod(inputs.x.shape)) * dtype.itemsize
     for key, edges in edge_types.items():  # row and perm, colptr; copied edge features
         size += 8 * (2 * edges.num_edges + nodes[None if key is None else key[-1]].num_nodes + 1)
+        size += 8 * edges.num_edges if edges.time is not None else 0
         if edges.attr is not None and edges.attr.in_place is None:
             dtype = DTYPES[_stored_dtype(edges.attr, feature_dtype)]
             size += int(np.prod(edges.attr.shape)) * dtype.itemsize
