@@ -47,7 +47,7 @@ from gnnscale.cli.preemption import (
     launched_by,
     launcher_gone,
 )
-from gnnscale.cli.prepare import prepare_graphs_main, prepare_main
+from gnnscale.cli.prepare import append_main, prepare_graphs_main, prepare_main
 from gnnscale.data.datasets import check_size
 from gnnscale.data.synthetic import SyntheticGraph
 from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, MemoryLimitError
@@ -447,9 +447,10 @@ def _cli(args: list[str] | None, run: bool) -> GnnscaleCLI:
 SUBCOMMANDS: dict[str, tuple[Callable[[], Any], str]] = {
     "prepare": (prepare_main, "write one graph to a folder every process maps (docs/stores.md)"),
     "prepare-graphs": (prepare_graphs_main, "write many small graphs to a store (LMDB, SQLite)"),
+    "append": (append_main, "add new nodes and edges to a prepared folder (docs/stores.md)"),
 }
 _DESCRIPTION = "gnnscale: PyTorch Geometric training recipes for graphs that stop fitting.\n\n" + (
-    "The subcommands below run a recipe's --config; two more write its data:\n"
+    "The subcommands below run a recipe's --config; these write its data:\n"
     + "".join(f"  gnnscale {name:<16}{line}\n" for name, (_, line) in SUBCOMMANDS.items())
     + "Each subcommand's options: gnnscale SUBCOMMAND --help."
 )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import asdict
@@ -38,6 +39,7 @@ from gnnscale.data.synthetic import (
     write_streamed_synthetic,
 )
 from gnnscale.errors import ConfigError, GroupSettingError
+from gnnscale.stores.append import append_npy
 from gnnscale.stores.manifest import FeatureDtype
 from gnnscale.stores.npy import prepare_data, prepare_npy
 from gnnscale.stores.ogb import OGB, prepare_ogb
@@ -51,6 +53,8 @@ __all__ = [
     "Recommender",
     "Source",
     "Synthetic",
+    "append",
+    "append_main",
     "prepare",
     "prepare_graphs_main",
     "prepare_main",
@@ -404,6 +408,36 @@ def prepare_main(args: list[str] | None = None) -> Path:
         return _function_main(prepare, "gnnscale prepare", args, explain)
     except GroupSettingError as err:  # every source takes its generator's settings as its own
         raise err.under("--source") from None  # group: --source.synthetic, --source.split
+
+
+def append(*, out: Path, root: Path) -> Path:
+    """Add new nodes and edges to a prepared folder, in time that grows with them.
+
+    Written beside the folder's files, the manifest replaced last: a fit that opened the folder
+    keeps what it saw, a killed append leaves the folder as it was, and running it again
+    finishes it (``gnnscale.stores.append``; docs/stores.md, "Appends").
+
+    Args:
+        out: The prepared folder (``gnnscale prepare --out``).
+        root: A folder of ``.npy`` arrays laid out as ``--source Npy`` reads one, holding only
+            what is new: the new nodes' rows (``x.npy``, ``y.npy``; their ids follow the
+            folder's), the new edges (``edge_index.npy`` or ``edges.parquet``, with
+            ``edge_time.npy`` and ``edge_attr.npy`` where the folder has them).
+    """
+    start = time.perf_counter()
+    manifest = append_npy(out, root)
+    added = (manifest.appends or [{}])[-1]
+    print(
+        f"gnnscale append: added {sum(added.get('nodes', {}).values()):,} nodes and "
+        f"{sum(added.get('edges', {}).values()):,} edges to {out} (append "
+        f"{len(manifest.appends or [])}) in {time.perf_counter() - start:.1f} s"
+    )
+    return Path(out)
+
+
+def append_main(args: list[str] | None = None) -> Path:
+    """``gnnscale append``: new nodes and edges into a prepared folder."""
+    return _function_main(append, "gnnscale append", args)
 
 
 def prepare_graphs_main(args: list[str] | None = None) -> Path:

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 from torch_geometric.sampler import HeteroSamplerOutput, SamplerOutput
 
+from gnnscale.sampling.segments import Appended, sample_appended, take
 from gnnscale.sampling.time import TimeRule, eligible
 from gnnscale.sampling.weights import weighted_picks
 
@@ -137,6 +138,7 @@ def sample_typed_hops(
     root_time: Tensor | None = None,
     rule: TimeRule = UNTIMED,
     weight: dict[Any, Tensor] | None = None,
+    appended: dict[Any, list[Appended]] | None = None,
 ) -> HeteroSamplerOutput:
     """Sample each edge type's ``fanouts[key][h]`` in-edges of the nodes hop ``h`` reached.
 
@@ -159,6 +161,8 @@ def sample_typed_hops(
         root_time: Each seed position's time, which every hop of its subgraph compares with.
         rule: Which edges a seed's time allows, and how to pick among them.
         weight: Draw each edge type's in-edges by these weights (CSC order), else uniformly.
+        appended: Edges appended to each edge type's CSC (``segments.py``): a node's in-edges
+            are its CSC's, then each append's; ``edge`` positions are then global.
 
     Returns:
         PyG's ``HeteroSamplerOutput`` keyed as the input: ``node`` by node type (seeds first,
@@ -186,19 +190,32 @@ def sample_typed_hops(
             src, dst = ends[key]
             frontier = known[dst][first[dst] :]
             k = fanouts[key][h]
+            grown = None if appended is None else appended.get(key)
             if k == 0 or not frontier.numel():
                 position = owner = empty
             else:
                 at = frontier if num_nodes is None else frontier % num_nodes[dst]
-                start = colptr[key].index_select(0, at).long()
-                end = colptr[key].index_select(0, at + 1).long()
-                if clock is not None and key in clock:
+                timed, when = clock is not None and key in clock, None
+                if timed:
                     assert num_nodes is not None and root_time is not None
                     when = root_time.index_select(0, frontier // num_nodes[dst])
-                    start, end = eligible(clock[key], start, end, when, rule, k)
-                drawn_by = None if weight is None else weight.get(key)
-                position, owner = _sample_edges(start, end - start, k, replace, drawn_by)
-            source = row[key].index_select(0, position).long()
+                if grown is not None:
+                    times = clock[key] if clock is not None and timed else None
+                    position, owner = sample_appended(
+                        colptr[key], times, grown, at, when, rule, k, replace
+                    )
+                else:
+                    start = colptr[key].index_select(0, at).long()
+                    end = colptr[key].index_select(0, at + 1).long()
+                    if timed:
+                        assert clock is not None and when is not None
+                        start, end = eligible(clock[key], start, end, when, rule, k)
+                    drawn_by = None if weight is None else weight.get(key)
+                    position, owner = _sample_edges(start, end - start, k, replace, drawn_by)
+            if grown is not None:
+                source = take(row[key], colptr[key], grown, "row", position).long()
+            else:
+                source = row[key].index_select(0, position).long()
             if num_nodes is not None:  # the source joins its target's subgraph
                 source = frontier.index_select(0, owner) // num_nodes[dst] * num_nodes[src] + source
             cols[key].append(owner + first[dst])
@@ -248,6 +265,7 @@ def sample_hops(
     root_time: Tensor | None = None,
     rule: TimeRule = UNTIMED,
     weight: Tensor | None = None,
+    appended: list[Appended] | None = None,
 ) -> SamplerOutput:
     """Sample ``fanouts[h]`` in-neighbours of each node hop ``h`` reached (hop 0: ``seeds``).
 
@@ -264,6 +282,7 @@ def sample_hops(
         root_time: Each seed's time.
         rule: Which edges a seed's time allows, and how to pick among them.
         weight: Draw by these edge weights (CSC order), else uniformly.
+        appended: Edges appended to the CSC (``segments.py``).
 
     Returns:
         PyG's ``SamplerOutput``: ``node`` (seeds first, then each hop's new nodes), ``row`` and
@@ -283,6 +302,7 @@ def sample_hops(
         root_time=root_time,
         rule=rule,
         weight=None if weight is None else {0: weight},
+        appended=None if appended is None else {0: appended},
     )
     return SamplerOutput(
         node=out.node[0],

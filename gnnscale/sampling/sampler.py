@@ -23,6 +23,7 @@ from torch_geometric.sampler.base import DataType, SubgraphType
 
 from gnnscale._compat import NeighborSampler, backend_checks_lifted
 from gnnscale.sampling.hops import sample_hops, sample_typed_hops
+from gnnscale.sampling.segments import Appended, take
 from gnnscale.sampling.time import TimeRule, time_order
 from gnnscale.sampling.weights import check_weights
 
@@ -43,10 +44,12 @@ class ReadsAhead(Protocol):
     A prepared folder's (``gnnscale.stores.MappedGraphStore``): :class:`HopSampler` asks it
     before and after each batch, so the sampler needs nothing from the stores. Its
     ``edge_time``: each timed edge type's times in the CSC's order, every neighbourhood sorted
-    by them (the folder's ``edge_time``), sampled by as they lie.
+    by them (the folder's ``edge_time``), sampled by as they lie. Its ``appended``: each edge
+    type's appended edges (``gnnscale.sampling.segments``), empty where it took no append.
     """
 
     edge_time: dict[Any, Tensor]
+    appended: dict[Any, list[Appended]]
 
     def read_ahead(self, seeds: Any, fanout: Any) -> None:
         """Read the neighbour lists ``seeds`` will need, ``fanout`` hops out, in flight."""
@@ -174,9 +177,18 @@ class HopSampler(NeighborSampler):
             )
         self.store: ReadsAhead | None = data[1] if mapped else None
         self.held_time = held is not None  # edge times in CSC order, sorted: used as they are
+        pyg: Any = self
         if held is not None:
-            pyg: Any = self
             pyg.edge_time = held if self.is_hetero else held[None]
+        #: Edges appended to a prepared folder, by the keys draws use (0, or rel strings).
+        self.appended: dict[Any, list[Appended]] = {}
+        if self.store is not None and self.store.appended:
+            _check_appended(vectorized, weight_attr, sample_direction, self.subgraph_type)
+            grown = self.store.appended
+            if self.is_hetero:
+                self.appended = {pyg.to_rel_type[t]: parts for t, parts in grown.items()}
+            else:
+                self.appended = {0: grown[None]}
         #: Each edge type's edge times in CSC order, ascending in every neighbourhood.
         self.clock: dict[Any, Tensor] | None = self._clock() if self.is_temporal else None
         weights: Any = self.edge_weight
@@ -198,6 +210,11 @@ class HopSampler(NeighborSampler):
     def sample_from_edges(self, inputs: Any, neg_sampling: Any = None) -> Any:
         """PyG's; without edge ids over a prepared folder if ``edge_ids`` is false."""
         return self._without_edge_ids(super().sample_from_edges(inputs, neg_sampling))
+
+    @property
+    def edge_permutation(self) -> Any:
+        """PyG's map of a batch's edges to edge ids; none where they are ids already (appends)."""
+        return None if self.appended else self.perm
 
     def _without_edge_ids(self, out: Any) -> Any:
         if self.store is not None and not self.edge_ids:
@@ -316,8 +333,11 @@ class HopSampler(NeighborSampler):
                 self.num_nodes if self.disjoint else None,
                 clock=None if self.clock is None else self.clock.get(0),
                 weight=self.edge_weight,
+                appended=self.appended.get(0),
                 **timed,
             )
+            if self.appended:  # global positions to edge ids
+                out.edge = take(self.perm, self.colptr, self.appended[0], "edge_id", out.edge)
             if self.sample_direction == "backward":
                 out.row, out.col = out.col, out.row
             return out
@@ -332,8 +352,18 @@ class HopSampler(NeighborSampler):
             self.num_nodes if self.disjoint else None,
             clock=self.clock,
             weight=self.edge_weight,
+            appended=self.appended or None,
             **timed,
         )
+        if self.appended:  # global positions to edge ids
+            perm = self.perm or {}
+            typed.edge = {
+                key: take(
+                    perm.get(self.to_edge_type[key]), self.colptr_dict[key], parts, "edge_id", edge
+                )
+                for key, edge in typed.edge.items()
+                for parts in [self.appended[key]]
+            }
         row, col = typed.row, typed.col
         if self.sample_direction == "backward":
             row, col = col, row
@@ -355,6 +385,24 @@ class HopSampler(NeighborSampler):
             batch=typed.batch,
             num_sampled_nodes=typed.num_sampled_nodes,
             num_sampled_edges=remap(typed.num_sampled_edges),
+        )
+
+
+def _check_appended(
+    vectorized: bool, weight_attr: str | None, sample_direction: str, subgraph_type: Any
+) -> None:
+    """Refuse what a folder that took appends cannot sample: its CSC is in parts."""
+    refused = [
+        ("vectorized=False", not vectorized),
+        (f"weight_attr={weight_attr!r}", weight_attr is not None),
+        ("sample_direction='backward'", sample_direction == "backward"),
+        ("subgraph_type='induced'", SubgraphType(subgraph_type) == SubgraphType.induced),
+    ]
+    asked = [name for name, given in refused if given]
+    if asked:
+        raise ValueError(
+            f"{', '.join(asked)}: this prepared folder took appends, which gnnscale's sampler "
+            "alone reads (forward, unweighted); prepare the whole graph again to use them"
         )
 
 

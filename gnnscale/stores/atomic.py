@@ -20,7 +20,15 @@ from typing import Any
 
 from gnnscale.errors import ConfigError
 
-__all__ = ["commit", "crc32", "leftovers", "locked", "read_manifest", "writing"]
+__all__ = [
+    "commit",
+    "crc32",
+    "leftovers",
+    "locked",
+    "read_manifest",
+    "replace_manifest",
+    "writing",
+]
 
 MANIFEST = "manifest.json"
 
@@ -103,6 +111,23 @@ def commit(folder: Path, target: Path, manifest: dict[str, Any], name: str = MAN
         _fsync(path)
     os.rename(folder, target)
     _fsync(target.parent)
+
+
+def replace_manifest(folder: Path, manifest: dict[str, Any], written: list[Path]) -> None:
+    """Flush ``written`` (files an update wrote in ``folder``), then replace its manifest, last.
+
+    The new manifest is written beside the old one and renamed over it: a reader sees one or
+    the other whole, and a kill before the rename leaves the folder as it was.
+    """
+    for path in written:
+        _fsync(path)
+    for parent in {path.parent for path in written}:
+        _fsync(parent)
+    partial = folder / f".{MANIFEST}.partial"
+    partial.write_text(json.dumps(manifest, indent=1))
+    _fsync(partial)
+    os.rename(partial, folder / MANIFEST)
+    _fsync(folder)
 
 
 def _fsync(path: Path) -> None:

@@ -87,6 +87,11 @@ def _relation(
 
     ``key`` ``""``: the homogeneous graph's edges.
     """
+    if graph.manifest.appends:
+        raise PreparedGraphError(
+            f"{graph.folder} took appends: link splits and seed edges read one CSC, not its "
+            "appended parts; prepare the whole graph again (gnnscale prepare) to split it"
+        )
     prefix = f"{key}/" if key else ""
     colptr, row = graph.tensor(f"{prefix}colptr"), graph.tensor(f"{prefix}row")
     num_dst = colptr.numel() - 1

@@ -46,6 +46,9 @@ BLOCK_BYTES = 64 << 20  # one CRC-32 per block: a damaged file names the block t
 CHECKS = ("node ids in range", "features finite", "splits disjoint")
 SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")  # one bool per node each
 NODE_FILES = ("x", "y", *SPLIT_MASKS)  # a node-classification graph's files, one row per node
+# Files an append grows at their end (``gnnscale.stores.append``): one row per node or per edge,
+# in id order. Bytes past an entry's size are a killed append's tail, which nothing reads.
+GROWN_FILES = (*NODE_FILES, "edge_attr")
 DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -143,6 +146,9 @@ class Manifest:
         checked: What its writer checked of the graph (:data:`CHECKS`).
         split_labels: Each labelled node type's split labels, by type (``""``: a homogeneous
             graph): the lowest, the highest and how many distinct.
+        newest_time: Each timed edge type's newest edge time (``""``: a homogeneous graph's).
+        appends: The batches appended since it was prepared (``gnnscale.stores.append``), in
+            order: each one's new nodes and edges by type, and what it was read from.
         source: What it was made from.
         key: The hash of ``source``: a prepare of the same settings keeps the folder.
         format: The format's name and version (:data:`FORMAT`).
@@ -157,6 +163,8 @@ class Manifest:
     num_edge_features: Counts | None = None
     checked: tuple[str, ...] | None = None
     split_labels: dict[str, list[int]] | None = None
+    newest_time: dict[str, float] | None = None
+    appends: list[dict[str, Any]] | None = None
     source: dict[str, Any] | None = None
     key: str | None = None
     format: str = FORMAT
@@ -193,6 +201,8 @@ class Manifest:
             num_edge_features=get("num_edge_features", counts, required=False),
             checked=None if checked is None else tuple(checked),
             split_labels=get("split_labels", "[lowest, highest, distinct] by type", required=False),
+            newest_time=get("newest_time", "a time by type", required=False),
+            appends=get("appends", "a list of objects", required=False),
             source=get("source", "an object", required=False),
             key=get("key", "a string", required=False),
             format=get("format", "a string"),
@@ -212,6 +222,8 @@ class Manifest:
             "files": {name: entry.to_json() for name, entry in self.files.items()},
             "checked": None if self.checked is None else list(self.checked),
             "split_labels": self.split_labels,
+            "newest_time": self.newest_time,
+            "appends": self.appends,
             "source": self.source,
             "key": self.key,
             "block_bytes": self.block_bytes,
@@ -304,6 +316,10 @@ _KINDS: dict[str, Callable[[Any], bool]] = {
     "an object": lambda v: isinstance(v, dict),
     "a list of numbers": _numbers,
     "a list of strings": lambda v: isinstance(v, list) and all(isinstance(s, str) for s in v),
+    "a list of objects": lambda v: isinstance(v, list) and all(isinstance(s, dict) for s in v),
+    "a time by type": lambda v: (
+        isinstance(v, dict) and all(isinstance(t, int | float) for t in v.values())
+    ),
     "a dtype gnnscale stores": lambda v: isinstance(v, str) and v in DTYPES,
     "a count, or counts by type": lambda v: (
         isinstance(v, int) or (isinstance(v, dict) and all(isinstance(n, int) for n in v.values()))
@@ -412,7 +428,7 @@ def check_file(
             raise PreparedGraphError(
                 f"{path} changed since {folder} was prepared from it; prepare the graph again"
             )
-    elif size != entry.bytes:
+    elif size != entry.bytes and not (size > entry.bytes and name.split("/")[-1] in GROWN_FILES):
         raise PreparedGraphError(
             f"{path} has {size:,} bytes where the manifest says {entry.bytes:,} "
             "(truncated or overwritten); prepare the graph again"
@@ -423,9 +439,10 @@ def check_file(
     with path.open("rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         view = memoryview(mm)
         try:
+            end = offset + entry.bytes  # past it: a killed append's tail (GROWN_FILES)
             for i, expected in enumerate(entry.crc32):
                 start = offset + i * block
-                if zlib.crc32(view[start : start + block]) != expected:
+                if zlib.crc32(view[start : min(start + block, end)]) != expected:
                     raise PreparedGraphError(
                         f"{path} is corrupted: bytes {start:,} to "
                         f"{min(start + block, size):,} do not match their checksum; "

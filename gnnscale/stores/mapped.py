@@ -41,6 +41,7 @@ from gnnscale._compat import GraphStore
 from gnnscale.batch import FeatureReads
 from gnnscale.errors import ConfigError
 from gnnscale.sampling import HopSampler
+from gnnscale.sampling.segments import Appended
 from gnnscale.stores import link_split, reads
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.reads import RowCache, gather
@@ -243,7 +244,10 @@ class MappedGraphStore(GraphStore):
     loaders map a batch's ``e_id`` through it, so that edge ids are the input's, as in memory.
     ``edge_time``: each timed edge type's edge times in the CSC's order, ascending within every
     neighbourhood (``gnnscale prepare`` sorts them so): what ``HopSampler(..., time_attr=
-    "edge_time")`` samples by, read where it lies.
+    "edge_time")`` samples by, read where it lies. ``appended``: in a folder that took
+    appends (``gnnscale.stores.append``), every edge type's appended edges, one part per append
+    that reached it: a node's in-edges are its CSC's, then each part's
+    (:mod:`gnnscale.sampling.segments`).
     """
 
     def __init__(
@@ -252,12 +256,14 @@ class MappedGraphStore(GraphStore):
         graph: PreparedGraph | None = None,
         perm: dict[EdgeType | None, Tensor] | None = None,
         edge_time: dict[EdgeType | None, Tensor] | None = None,
+        appended: dict[EdgeType | None, list[Appended]] | None = None,
     ) -> None:
         super().__init__()
         self.csc_by_type = csc
         self.graph = graph
         self.perm_by_type = perm or {}
         self.edge_time = edge_time or {}
+        self.appended = appended or {}
 
     def read_ahead(
         self,
@@ -426,6 +432,8 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
         if group in groups and attr not in ("colptr", "row", "perm", "edge_attr", "edge_time"):
             tensors[groups[group], attr] = graph.tensor(name)
     csc, perm, edge_attr, edge_time = {}, {}, {}, {}
+    appended: dict[EdgeType | None, list[Appended]] = {}
+    appends = len(manifest.appends or [])
     for key, et in edge_types.items():
         prefix = f"{key}/" if key else ""
         src, dst = (None, None) if et is None else (et[0], et[-1])
@@ -437,5 +445,23 @@ def stores_of(graph: PreparedGraph) -> tuple[MappedFeatureStore, MappedGraphStor
             edge_attr[et] = graph.tensor(f"{prefix}edge_attr")
         if f"{prefix}edge_time" in manifest.files:
             edge_time[et] = graph.tensor(f"{prefix}edge_time")
+        if appends:  # every edge type: nodes an append added have no slots in the CSC
+            appended[et] = [
+                _appended(graph, f"{prefix}append{g}/")
+                for g in range(1, appends + 1)
+                if f"{prefix}append{g}/colptr" in manifest.files
+            ]
     fs = MappedFeatureStore(graph, tensors, num_nodes, edge_attr)
-    return fs, MappedGraphStore(csc, graph, perm, edge_time)
+    return fs, MappedGraphStore(csc, graph, perm, edge_time, appended)
+
+
+def _appended(graph: PreparedGraph, prefix: str) -> Appended:
+    """One append's part of an edge type (files ``<prefix>nodes``, ``colptr``, ...)."""
+    timed = f"{prefix}edge_time" in graph.manifest.files
+    return Appended(
+        nodes=graph.tensor(f"{prefix}nodes"),
+        colptr=graph.tensor(f"{prefix}colptr"),
+        row=graph.tensor(f"{prefix}row"),
+        edge_id=graph.tensor(f"{prefix}edge_id"),
+        clock=graph.tensor(f"{prefix}edge_time") if timed else None,
+    )

@@ -132,6 +132,8 @@ def read_ahead_typed(
         for et, (colptr, row) in csc.items():
             src, dst = (None, None) if et is None else (et[0], et[-1])
             nodes = frontier.get(dst)
+            if nodes is not None:  # nodes an append added: their lists are the append's, small
+                nodes = nodes[nodes < colptr.numel() - 1]
             if nodes is None or not nodes.numel() or et not in fanout:
                 continue
             start, end = gather(colptr, torch.cat([nodes, nodes + 1]), threads).view(2, -1)

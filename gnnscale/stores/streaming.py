@@ -463,13 +463,17 @@ def write(
 
     def fill(folder: Path) -> Manifest:
         files: dict[str, FileEntry] = {}
-        num_edges, num_edge_features = {}, {}
+        num_edges, num_edge_features, newest = {}, {}, {}
         for key, edges in edge_types.items():  # first: a bad index is refused early
             src, dst = (None, None) if key is None else (key[0], key[-1])
             n_src, n_dst = nodes[src].num_nodes, nodes[dst].num_nodes
             entries = write_csc(edges, n_src, n_dst, folder / prefix(key), chunk_bytes // 16)
             files |= {f"{prefix(key)}{name}": e for name, e in entries.items()}
             num_edges[prefix(key)[:-1]] = edges.num_edges
+            if "edge_time" in entries and edges.num_edges:  # what an append must not precede
+                clock = np.memmap(folder / prefix(key) / "edge_time.bin", mode="r")
+                kind = np.dtype(entries["edge_time"].dtype)
+                newest[prefix(key)[:-1]] = clock.view(kind).max().item()
         for key, edges in edge_types.items():  # in the input's order: gathered by e_id
             if edges.attr is not None:
                 dtype = _stored_dtype(edges.attr, feature_dtype)
@@ -510,6 +514,7 @@ def write(
                 num_edge_features=num_edge_features,
                 files=files,
                 checked=CHECKS,  # each as it streamed
+                newest_time=newest or None,
             )
         return Manifest(
             num_nodes=counts[""],
@@ -519,6 +524,7 @@ def write(
             num_edge_features=num_edge_features.get("", 0),
             files=files,
             checked=CHECKS,
+            newest_time=newest or None,
         )
 
     size = 0  # bytes written: labels, masks, copied features, each edge type's CSC
