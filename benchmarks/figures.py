@@ -22,7 +22,7 @@ import time
 import blocks as block_io
 from blocks import Section
 
-# The sections, in the order they run; the last five only when named.
+# The sections, in the order they run; the last six only when named.
 FILES = (
     "recipes",
     "roofline",
@@ -41,6 +41,7 @@ FILES = (
     "store_tasks",
     "gpu",
     "on_disk_large",
+    "store_append",
     "store_reads",
     "store_large",
     "store_large_links",
