@@ -30,6 +30,7 @@ FILES = (
     "validation",
     "workers",
     "temporal_sampling",
+    "temporal_finetune",
     "speed_defaults",
     "compare",
     "gat_memory",

@@ -90,8 +90,10 @@ def measure(size: str, workdir: Path) -> dict[str, float]:
     done = harness.run(argv)
     own = float(re.search(r"in ([\d.]+) s", done.stdout)[1])  # type: ignore[index]
     grown = Manifest.read(folder)
-    added = sum(e.bytes for k, e in grown.files.items() if e.bytes != before.files.get(k, e).bytes)
-    added += sum(e.bytes for k, e in grown.files.items() if k not in before.files)
+    added = sum(  # the grown files' new bytes, and the append's own files
+        e.bytes - (before.files[k].bytes if k in before.files else 0)
+        for k, e in grown.files.items()
+    )
     drawn = harness.run([sys.executable, "-c", DRAW, str(folder), str(before.edge_count())])
     edges, appended = (int(v) for v in drawn.stdout.split())
     undo(folder, before)

@@ -36,7 +36,14 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from gnnscale.errors import NO_ROOM, ConfigError, GnnscaleError, cause
 
-__all__ = ["StreamingCheckpointIO", "damage", "load", "newest_whole", "refuse_damaged"]
+__all__ = [
+    "StreamingCheckpointIO",
+    "damage",
+    "load",
+    "newest_whole",
+    "refuse_damaged",
+    "start_from",
+]
 
 
 class StreamingCheckpointIO(TorchCheckpointIO):
@@ -104,6 +111,53 @@ def load(path: Path, map_location: Any = "cpu") -> Any:
     """``path``'s tensors and plain values, memory-mapped; refused if it holds anything else."""
     with _refusing_code(path):
         return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
+
+
+def start_from(model: torch.nn.Module, path: Path) -> str:
+    """Load a checkpoint's weights into ``model`` to start a new run from them (fine-tuning).
+
+    Not a resume: no optimizer state, step or epoch is taken. A table that has more rows in
+    ``model`` than in the checkpoint (an embedding of a graph's nodes, the graph grown since)
+    keeps the checkpoint's rows for the nodes it had and ``model``'s own initial rows for the
+    new ones. Anything else that differs is refused in one line.
+
+    Returns:
+        What it loaded, in a sentence.
+    """
+    refuse_damaged(path)
+    saved = load(path)
+    weights = saved.get("state_dict", saved) if isinstance(saved, dict) else None
+    if not isinstance(weights, dict):
+        raise ConfigError(
+            f"--weights_from {path} holds no state_dict: give a checkpoint a fit saved"
+        )
+    own = model.state_dict()
+    differ = sorted(own.keys() ^ weights.keys())
+    if differ:
+        raise ConfigError(
+            f"--weights_from {path} is not this model's: {len(differ)} weight(s) differ by name "
+            f"({differ[0]} first); give a checkpoint of the same --model"
+        )
+    grown = []
+    for name, mine in own.items():
+        theirs = weights[name]
+        if theirs.shape == mine.shape:
+            own[name] = theirs
+        elif (
+            theirs.dim() == mine.dim() >= 1
+            and theirs.shape[1:] == mine.shape[1:]
+            and (theirs.shape[0] < mine.shape[0])
+        ):
+            own[name] = torch.cat([theirs, mine[theirs.shape[0] :]])
+            grown.append(f"{name} ({theirs.shape[0]:,} -> {mine.shape[0]:,} rows)")
+        else:
+            raise ConfigError(
+                f"--weights_from {path}: its {name} is of shape {tuple(theirs.shape)}, this "
+                f"model's {tuple(mine.shape)}; give a checkpoint of the same --model settings"
+            )
+    model.load_state_dict(own)
+    rows = f"; new rows for {', '.join(grown)}" if grown else ""
+    return f"gnnscale: starting from the weights of {path}{rows}"
 
 
 class _refusing_code:

@@ -3,6 +3,7 @@
 import lightning as L
 import pytest
 import torch
+from registry import REPO, recipe
 
 from gnnscale import (
     InteractionStream,
@@ -12,6 +13,8 @@ from gnnscale import (
     make_interaction_stream,
 )
 from gnnscale.batch import mrr
+from gnnscale.checkpoint import start_from
+from gnnscale.cli import command, main
 from gnnscale.data.stream import read_interaction_stream
 from gnnscale.data.temporal import baseline_scores
 from gnnscale.errors import ConfigError
@@ -228,3 +231,70 @@ def test_the_mean_message_is_the_two_layers_applied_edge_by_edge(dm):
     count = torch.bincount(batch.col, minlength=batch.num_seeds).unsqueeze(1)
     assert (count == 0).any()  # some seeds have no in-edge: theirs is 0, not the bias
     assert torch.allclose(model._mean_message(batch), total / count.clamp(min=1), atol=1e-5)
+
+
+def test_start_from_keeps_a_checkpoints_rows_and_gives_new_nodes_fresh_ones(tmp_path):
+    torch.manual_seed(0)
+    before = TemporalLinkPredictor(num_nodes=10, in_channels=4)
+    torch.save({"state_dict": before.state_dict()}, tmp_path / "before.ckpt")
+    torch.manual_seed(1)
+    grown = TemporalLinkPredictor(num_nodes=15, in_channels=4)
+    fresh = grown.embedding.weight[10:].clone()
+    message = start_from(grown, tmp_path / "before.ckpt")
+    assert "embedding.weight (10 -> 15 rows)" in message
+    assert torch.equal(grown.embedding.weight[:10], before.embedding.weight)
+    assert torch.equal(grown.embedding.weight[10:], fresh)
+    for name, weight in before.state_dict().items():
+        if name != "embedding.weight":
+            assert torch.equal(grown.state_dict()[name], weight), name
+    with pytest.raises(ConfigError, match="its embedding.weight is of shape .* this model's"):
+        start_from(TemporalLinkPredictor(num_nodes=8, in_channels=4), tmp_path / "before.ckpt")
+    wider = TemporalLinkPredictor(num_nodes=10, in_channels=4, hidden_channels=32)
+    with pytest.raises(ConfigError, match="give a checkpoint of the same --model settings"):
+        start_from(wider, tmp_path / "before.ckpt")
+
+
+def test_a_fit_fine_tunes_from_weights_on_a_new_interval_alone(tmp_path, monkeypatch):
+    tiny = [a.replace("--data.init_args.", "--data.") for a in recipe("temporal_links").tiny]
+
+    def fit(*args):
+        config = REPO / "recipes" / "temporal_links" / "config.yaml"
+        return main(
+            [
+                "fit",
+                "--config",
+                str(config),
+                "--trainer.max_epochs=1",
+                *tiny,
+                *args,
+                "--trainer.enable_progress_bar=false",
+                f"--trainer.default_root_dir={tmp_path}",
+            ]
+        )
+
+    first = fit(f"--trainer.logger.init_args.save_dir={tmp_path / 'a'}")
+    loaded, real = {}, command.start_from
+
+    def recorded(model, path):
+        said = real(model, path)
+        loaded.update({k: v.clone() for k, v in model.state_dict().items()})
+        return said
+
+    monkeypatch.setattr(command, "start_from", recorded)
+    saved = first.trainer.checkpoint_callback.best_model_path
+    second = fit(
+        f"--weights_from={saved}",
+        "--data.split.train_from=0.6",
+        f"--trainer.logger.init_args.save_dir={tmp_path / 'b'}",
+    )
+    weights = first.model.state_dict()  # the best checkpoint's: the test after fit loaded it
+    assert loaded.keys() == weights.keys()
+    assert all(torch.equal(loaded[k], v) for k, v in weights.items())
+    assert not all(torch.equal(second.model.state_dict()[k], v) for k, v in weights.items())
+    events = second.datamodule._training_events()
+    assert torch.equal(events, torch.arange(2400, second.datamodule.stream.val_start))
+    assert first.datamodule._training_events()[0] == 0
+    with pytest.raises(ConfigError, match="train_from and train_until must satisfy"):
+        TemporalSplit(train_from=0.8)
+    with pytest.raises(ConfigError, match="static model"):
+        TemporalLinkDataModule(temporal=False, split=TemporalSplit(train_from=0.2))

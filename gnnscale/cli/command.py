@@ -37,7 +37,7 @@ from torch.multiprocessing import ProcessExitedException
 
 from gnnscale._compat import LightningCLI, logger_opened, saved_batches_that_stepped
 from gnnscale.callbacks import PredictionWriter
-from gnnscale.checkpoint import StreamingCheckpointIO
+from gnnscale.checkpoint import StreamingCheckpointIO, start_from
 from gnnscale.checkpoint import load as load_checkpoint
 from gnnscale.cli import argerrors, checks, resume, runtime
 from gnnscale.cli.preemption import (
@@ -157,6 +157,14 @@ class GnnscaleCLI(LightningCLI):
         # As a dictionary: jsonargparse builds the model's dataclass argument from one.
         parser.link_arguments(
             "data.graph_spec", "model.init_args.graph", GraphSpec.as_dict, apply_on="instantiate"
+        )
+        parser.add_argument(
+            "--weights_from",
+            type=Path | None,
+            default=None,
+            help="fit: start from this checkpoint's weights, a new run (fine-tuning: its "
+            "optimizer, epochs and data settings are this config's; --ckpt_path continues a "
+            "run instead). A node table grown since keeps its rows, new nodes get fresh ones.",
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
@@ -298,7 +306,10 @@ class GnnscaleCLI(LightningCLI):
         # that also runs the test after fit, so processes forked for DDP use the same one.
         for each in self.trainer.loggers:
             _ = each.version
-        ckpt_path = self.config_init[self.subcommand].get("ckpt_path")
+        config = self.config_init[self.subcommand]
+        ckpt_path, weights_from = config.get("ckpt_path"), config.get("weights_from")
+        if weights_from is not None and not ckpt_path:  # a resume takes the checkpoint's own
+            rank_zero_info(start_from(self.model, Path(weights_from)))
         if ckpt_path and self.trainer.global_rank == 0:
             saved = load_checkpoint(Path(ckpt_path))
             last = _last_logged_step(saved)

@@ -63,6 +63,10 @@ class TemporalSplit:
             destinations of its source, half random), as TGB stores them with its splits.
         train_negatives: Negatives per training interaction, drawn the same way each epoch.
         seed: Seed of the fixed negatives.
+        train_from: Train on the interactions from this share of the stream on (0: the first):
+            a model fine-tuned on a new interval (``gnnscale fit --weights_from``) trains on
+            that interval alone, its messages still every interaction before each question.
+        train_until: ... up to this share (``None``: up to the validation interactions).
     """
 
     val_fraction: float = 0.15
@@ -70,6 +74,8 @@ class TemporalSplit:
     num_negatives: int = 20
     train_negatives: int = 10
     seed: int = 0
+    train_from: float = 0.0
+    train_until: float | None = None
 
     def __post_init__(self) -> None:
         """Refuse a split that leaves a part empty."""
@@ -84,6 +90,14 @@ class TemporalSplit:
             **{"split.num_negatives": self.num_negatives},
             **{"split.train_negatives": self.train_negatives},
         )
+        validated = 1 - self.val_fraction - self.test_fraction
+        until = validated if self.train_until is None else self.train_until
+        if not 0 <= self.train_from < until <= validated:
+            raise ConfigError(
+                "--data.split.train_from and train_until must satisfy 0 <= train_from < "
+                f"train_until <= {validated:g} (where validation starts); got "
+                f"{self.train_from:g}, {until:g}"
+            )
 
 
 class _Stream:
@@ -94,6 +108,11 @@ class _Stream:
         events = data.time.numel()
         self.val_start = int(events * (1 - split.val_fraction - split.test_fraction))
         self.test_start = int(events * (1 - split.test_fraction))
+        self.train_start = int(events * split.train_from)
+        until = split.train_until
+        self.train_end = (
+            self.val_start if until is None else min(int(events * until), self.val_start)
+        )
         src, dst = data.edge_index
         self.src, self.dst, self.time = src, dst, data.time
         self.num_users = int(data.num_users)
@@ -112,7 +131,7 @@ class _Stream:
     def stage(self, stage: str) -> Tensor:
         """The interactions of ``stage`` (``train``, ``val``, ``test``), in time order."""
         bounds = {
-            "train": (0, self.val_start),
+            "train": (self.train_start, self.train_end),
             "val": (self.val_start, self.test_start),
             "test": (self.test_start, self.time.numel()),
         }
@@ -241,6 +260,12 @@ class TemporalLinkDataModule(L.LightningDataModule):
                 "model reads each seed's own neighbours"
             )
         check_positive(batch_size=batch_size, eval_batch_size=eval_batch_size)
+        if not temporal and (split.train_from or split.train_until is not None):
+            raise ConfigError(
+                "--data.split.train_from and train_until choose the questions a temporal model "
+                "trains on; the static model (--data.temporal=false) trains on the last 20% "
+                "before validation: leave them out"
+            )
         self.dataset, self.root, self.stream_args, self.split = dataset, Path(root), stream, split
         self.num_neighbors = num_neighbors
         self.temporal_strategy, self.strict, self.window = temporal_strategy, strict, window

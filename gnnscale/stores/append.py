@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import shutil
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +43,9 @@ from gnnscale.stores.manifest import (
     FileWriter,
     Manifest,
     PreparedGraphError,
+    check_file,
 )
 from gnnscale.stores.npy import _array, _edge_file
-from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.streaming import Array, Edges
 
 __all__ = ["append_npy", "newest_time"]
@@ -54,49 +54,75 @@ __all__ = ["append_npy", "newest_time"]
 def _all(array: Array) -> np.ndarray:
     """A streamed input read whole (an append's part is held in memory)."""
     parts = list(array.chunks(max(array.shape[0], 1)))
+    if len(parts) == 1:
+        return parts[0]
     return np.concatenate(parts) if parts else np.zeros(array.shape, array.dtype)
 
 
 def _edges_whole(edges: Edges) -> tuple[np.ndarray, np.ndarray]:
     parts = list(edges.chunks(max(edges.num_edges, 1)))
+    if len(parts) == 1:
+        return parts[0]
     if not parts:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def newest_time(graph: PreparedGraph, key: str) -> float | None:
+@dataclass(frozen=True)
+class _Folder:
+    """A prepared folder as an append sees it: its manifest, and where its files lie.
+
+    Not opened as ``PreparedGraph`` opens one (every file's size, every ``colptr`` read): an
+    append checks the files it grows, and reads nothing else.
+    """
+
+    path: Path
+    manifest: Manifest
+
+    def file(self, name: str) -> Path:
+        return self.path / f"{name}.bin"
+
+
+def newest_time(folder: Path, key: str) -> float | None:
     """Edge type ``key``'s newest edge time (``""``: a homogeneous graph's); ``None``: untimed.
 
     As the manifest records it; a folder prepared before it did is read once (its time files).
     """
-    manifest = graph.manifest
+    manifest = Manifest.read(folder)
     if manifest.newest_time is not None and key in manifest.newest_time:
         return manifest.newest_time[key]
     prefix = f"{key}/" if key else ""
     names = [n for n in manifest.files if n.startswith(prefix) and n.endswith("edge_time")]
     names = [n for n in names if n.removeprefix(prefix).count("/") <= 1]
-    found = [graph.tensor(n).max().item() for n in names if graph.tensor(n).numel()]
+    found = []
+    for name in names:
+        entry = manifest.files[name]
+        if entry.bytes:
+            times = np.memmap(folder / f"{name}.bin", np.dtype(entry.dtype), "r", shape=entry.shape)
+            found.append(times.max().item())
     return max(found) if found else None
 
 
-def _grow(graph: PreparedGraph, name: str, data: bytes, rows: int) -> tuple[FileEntry, Path]:
+def _grow(folder: _Folder, name: str, data: bytes, rows: int) -> tuple[FileEntry, Path]:
     """Append ``data`` (``rows`` rows) to file ``name`` after its entry's bytes; its new entry.
 
     A tail past the entry (a killed append's) is cut first. The block checksums go on from the
     last one: only the new bytes are read.
     """
-    entry, path = graph.manifest.files[name], graph.path(name)
+    entry, path = folder.manifest.files[name], folder.file(name)
     if entry.path is not None:
         raise PreparedGraphError(
-            f"{graph.folder}: its {name} is the input {path}, used where it lies; an append "
-            "would write into your file: prepare the folder again with --feature_dtype set "
-            "(the features are then copied into it), then append"
+            f"{folder.path}: its {name} is the input {entry.path}, used where it lies; an "
+            "append would write into your file: prepare the folder again with --feature_dtype "
+            "set (the features are then copied into it), then append"
         )
+    check_file(folder.manifest, name, path, "size", folder.path)  # missing, or cut short
     with path.open("r+b") as f:
         f.truncate(entry.bytes)
         f.seek(entry.bytes)
         f.write(data)
-    block, crcs, view, at = graph.manifest.block_bytes, list(entry.crc32 or ()), memoryview(data), 0
+    block, crcs, view = folder.manifest.block_bytes, list(entry.crc32 or ()), memoryview(data)
+    at = 0
     if entry.bytes % block and crcs:  # the last block goes on
         at = min(block - entry.bytes % block, len(view))
         crcs[-1] = zlib.crc32(view[:at], crcs[-1])
@@ -175,8 +201,8 @@ def append_npy(folder: Path, root: Path) -> Manifest:
     """
     folder, root = Path(folder), Path(root)
     with atomic.locked(folder):
-        graph = PreparedGraph(folder, "size")
-        manifest = graph.manifest
+        manifest = Manifest.read(folder)
+        target = _Folder(folder, manifest)
         nodes, edges = _read_part(root, manifest)
         files, written = dict(manifest.files), []
         old = manifest.node_counts
@@ -209,7 +235,7 @@ def append_npy(folder: Path, root: Path) -> Manifest:
                 if not count:
                     continue
                 files[f"{prefix}{name}"], path = _grow(
-                    graph, f"{prefix}{name}", _as_bytes(values, entry.dtype), count
+                    target, f"{prefix}{name}", _as_bytes(values, entry.dtype), count
                 )
                 written.append(path)
         g = len(manifest.appends or []) + 1
@@ -227,7 +253,7 @@ def append_npy(folder: Path, root: Path) -> Manifest:
                         f"0..{n - 1} (the folder's nodes and the part's new ones); fix the file"
                     )
             timed = f"{prefix}edge_time" in files
-            time = _time_of(part_edges, timed, key, graph, newest)
+            time = _time_of(part_edges, timed, key, folder, newest)
             count = manifest.edge_count(key or None)
             attr_name = f"{prefix}edge_attr"
             if attr_name in files:
@@ -239,7 +265,7 @@ def append_npy(folder: Path, root: Path) -> Manifest:
                 values = _all(part_edges.attr)
                 _check_rows(values, files[attr_name], part_edges.attr.where, "edge_attr")
                 files[attr_name], path = _grow(
-                    graph, attr_name, _as_bytes(values, files[attr_name].dtype), src.size
+                    target, attr_name, _as_bytes(values, files[attr_name].dtype), src.size
                 )
                 written.append(path)
             elif part_edges.attr is not None:
@@ -285,7 +311,7 @@ def _check_rows(values: np.ndarray, entry: FileEntry, where: str, name: str) -> 
 
 
 def _time_of(
-    edges: Edges, timed: bool, key: str, graph: PreparedGraph, newest: dict[str, Any]
+    edges: Edges, timed: bool, key: str, folder: Path, newest: dict[str, Any]
 ) -> np.ndarray | None:
     """The part's edge times, held to the folder's: none where it has none, none older."""
     if edges.time is None:
@@ -306,7 +332,7 @@ def _time_of(
         )
     if time.dtype.kind == "f" and not np.isfinite(time).all():
         raise PreparedGraphError(f"{edges.time.where} holds a NaN or infinite time")
-    before = newest_time(graph, key)
+    before = newest_time(folder, key)
     if before is not None and time.size and time.min() < before:
         at = int(np.argmax(time < before))
         raise PreparedGraphError(
@@ -329,17 +355,22 @@ def _write_delta(
     if where.exists():  # a killed append's: written again whole
         shutil.rmtree(where)
     where.mkdir(parents=True)
-    order = np.argsort(dst, kind="stable") if time is None else np.lexsort((time, dst))
-    nodes, counts = np.unique(dst[order], return_counts=True)
+    first = torch.arange(dst.size)
+    if time is not None:  # by time, then (stably) by destination: each destination's by time
+        first = torch.sort(torch.from_numpy(time), stable=True).indices
+    by_dst = torch.from_numpy(dst).index_select(0, first)
+    order = first.index_select(0, torch.sort(by_dst, stable=True).indices).numpy()
+    sorted_dst = dst[order]
+    starts = np.flatnonzero(np.r_[True, sorted_dst[1:] != sorted_dst[:-1]][: dst.size])
     arrays: dict[str, tuple[np.ndarray, str]] = {
-        "nodes": (nodes.astype(np.int64), "int64"),
-        "colptr": (np.r_[0, np.cumsum(counts)].astype(np.int64), "int64"),
-        "row": (src[order].astype(np.int64), "int64"),
-        "edge_id": ((first_id + order).astype(np.int64), "int64"),
+        "nodes": (sorted_dst[starts].astype(np.int64, copy=False), "int64"),
+        "colptr": (np.r_[starts, dst.size].astype(np.int64, copy=False), "int64"),
+        "row": (src[order].astype(np.int64, copy=False), "int64"),
+        "edge_id": ((first_id + order).astype(np.int64, copy=False), "int64"),
     }
     if time is not None:
         kind = "int64" if time.dtype.kind in "iu" else "float64"
-        arrays["edge_time"] = (time[order].astype(kind), kind)
+        arrays["edge_time"] = (time[order].astype(kind, copy=False), kind)
     entries, paths = {}, []
     for name, (values, dtype) in arrays.items():
         writer = FileWriter(where / f"{name}.bin", dtype)
