@@ -22,7 +22,7 @@ import time
 import blocks as block_io
 from blocks import Section
 
-# The sections, in the order they run; the last six only when named.
+# The sections, in the order they run; the last seven only when named.
 FILES = (
     "recipes",
     "roofline",
@@ -47,6 +47,7 @@ FILES = (
     "store_large",
     "store_large_links",
     "peers",
+    "peers_temporal",
 )
 
 

@@ -76,21 +76,15 @@ def _rows(samplers: dict[str, HopSampler], hand: Callable, batches: list, n: int
     return out
 
 
-def _recipe_job(tiny: bool) -> tuple[dict[str, float], str]:
+def recipe_job(tiny: bool) -> tuple[Data, list[tuple[Tensor, Tensor]], str]:
+    """temporal_links' graph (its stream, both ways, with times) and 12 training batches."""
     stream = InteractionStream(num_events=6_000) if tiny else InteractionStream()
-    dm = TemporalLinkDataModule(stream=stream)
-    s = dm.stream
+    s = TemporalLinkDataModule(stream=stream).stream
     graph = Data(
         edge_index=torch.cat([s.data.edge_index, s.data.edge_index.flip(0)], 1),
         time=s.time.repeat(2),
         num_nodes=s.num_nodes,
     )
-    timed = HopSampler(graph, [20], time_attr="time", temporal_strategy="last", strict=True)
-    samplers = {
-        "gnnscale, by time (strict, last)": timed,
-        "gnnscale, untimed, disjoint": HopSampler(graph, [20], disjoint=True),
-        "gnnscale, untimed, joint": HopSampler(graph, [20]),
-    }
     g = torch.Generator().manual_seed(0)
     events = s.stage("train")
     batches = []
@@ -99,14 +93,12 @@ def _recipe_job(tiny: bool) -> tuple[dict[str, float], str]:
         candidates = torch.cat([s.dst[asked].unsqueeze(1), s.random_items((200, 10), g)], 1)
         seeds = torch.cat([s.src[asked], candidates.reshape(-1)])
         batches.append((seeds, torch.cat([s.time[asked], s.time[asked].repeat_interleave(11)])))
-    clock = timed.clock[0]  # type: ignore[index]
-    hand = _masked(timed.colptr, timed.row, clock, 20, last=True)
-    rows = _rows(samplers, hand, batches, 4 if tiny else 30)
-    about = f"temporal_links' job ({s.time.numel():,} interactions, 2,400 seeds, [20], last)"
-    return rows, about
+    about = f"temporal_links' job ({s.time.numel():,} interactions, 2,400 seeds, [20]"
+    return graph, batches, about
 
 
-def _large_job(tiny: bool) -> tuple[dict[str, float], str]:
+def large_job(tiny: bool) -> tuple[Data, list[tuple[Tensor, Tensor]], str]:
+    """A graph of random edge times at the default recipe's fan-out, and 12 batches."""
     nodes, edges = (20_000, 400_000) if tiny else (200_000, 4_000_000)
     g = torch.Generator().manual_seed(0)
     graph = Data(
@@ -114,19 +106,35 @@ def _large_job(tiny: bool) -> tuple[dict[str, float], str]:
         time=torch.randint(0, 1_000_000, (edges,), generator=g),
         num_nodes=nodes,
     )
+    batches = [
+        (torch.randperm(nodes, generator=g)[:1024], torch.full((1024,), 900_000)) for _ in range(12)
+    ]
+    return graph, batches, f"{nodes:,} nodes, {edges:,} edges, 1,024 seeds at [15, 10]"
+
+
+def _recipe_job(tiny: bool) -> tuple[dict[str, float], str]:
+    graph, batches, about = recipe_job(tiny)
+    timed = HopSampler(graph, [20], time_attr="time", temporal_strategy="last", strict=True)
+    samplers = {
+        "gnnscale, by time (strict, last)": timed,
+        "gnnscale, untimed, disjoint": HopSampler(graph, [20], disjoint=True),
+        "gnnscale, untimed, joint": HopSampler(graph, [20]),
+    }
+    clock = timed.clock[0]  # type: ignore[index]
+    hand = _masked(timed.colptr, timed.row, clock, 20, last=True)
+    return _rows(samplers, hand, batches, 4 if tiny else 30), f"{about}, last)"
+
+
+def _large_job(tiny: bool) -> tuple[dict[str, float], str]:
+    graph, batches, about = large_job(tiny)
     timed = HopSampler(graph, [15, 10], time_attr="time", strict=True)
     samplers = {
         "gnnscale, by time (strict, uniform)": timed,
         "gnnscale, untimed, disjoint": HopSampler(graph, [15, 10], disjoint=True),
         "gnnscale, untimed, joint": HopSampler(graph, [15, 10]),
     }
-    batches = [
-        (torch.randperm(nodes, generator=g)[:1024], torch.full((1024,), 900_000)) for _ in range(12)
-    ]
     hand = _masked(timed.colptr, timed.row, timed.clock[0], 15, last=False)  # type: ignore[index]
-    rows = _rows(samplers, hand, batches, 4 if tiny else 30)
-    about = f"{nodes:,} nodes, {edges:,} edges, 1,024 seeds at [15, 10], uniform"
-    return rows, about
+    return _rows(samplers, hand, batches, 4 if tiny else 30), f"{about}, uniform"
 
 
 def blocks(tiny: bool) -> list[Block]:
