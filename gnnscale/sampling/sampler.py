@@ -357,13 +357,10 @@ class HopSampler(NeighborSampler):
         )
         if self.appended:  # global positions to edge ids
             perm = self.perm or {}
-            typed.edge = {
-                key: take(
-                    perm.get(self.to_edge_type[key]), self.colptr_dict[key], parts, "edge_id", edge
-                )
-                for key, edge in typed.edge.items()
-                for parts in [self.appended[key]]
-            }
+            for key, edge in typed.edge.items():
+                mapped = perm.get(self.to_edge_type[key])
+                parts = self.appended[key]
+                typed.edge[key] = take(mapped, self.colptr_dict[key], parts, "edge_id", edge)
         row, col = typed.row, typed.col
         if self.sample_direction == "backward":
             row, col = col, row
