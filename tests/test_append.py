@@ -22,6 +22,7 @@ from gnnscale.sampling import HopSampler
 from gnnscale.stores import PreparedGraphError, save_npy
 from gnnscale.stores import atomic as atomic_module
 from gnnscale.stores.append import append_npy
+from gnnscale.stores.manifest import Manifest
 from gnnscale.stores.npy import read_data
 from gnnscale.stores.prepared import PreparedGraph
 from gnnscale.stores.streaming import write
@@ -279,6 +280,8 @@ def test_gnnscale_append_adds_a_part_from_the_command_line(tmp_path, capsys):
     append_main(["--out", str(folder), "--root", str(tmp_path / "part")])
     assert f"added {part.num_nodes:,} nodes and 360 edges" in capsys.readouterr().out
     manifest = json.loads((folder / "manifest.json").read_text())
+    assert Manifest.read(folder).to_json() == manifest  # every key read, as written
+    assert manifest["appends"][0]["edges"] == {"": 360}
     assert manifest["num_nodes"] == 70 and manifest["num_edges"] == 900
     assert manifest["newest_time"][""] == int(data.edge_time.max())
     assert not [p for p in os.listdir(folder) if p.startswith(".")]  # no partial manifest left
