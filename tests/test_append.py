@@ -285,3 +285,39 @@ def test_gnnscale_append_adds_a_part_from_the_command_line(tmp_path, capsys):
     assert manifest["num_nodes"] == 70 and manifest["num_edges"] == 900
     assert manifest["newest_time"][""] == int(data.edge_time.max())
     assert not [p for p in os.listdir(folder) if p.startswith(".")]  # no partial manifest left
+
+
+def test_a_grown_folder_evaluates_layer_by_layer_as_the_whole_graph(tmp_path):
+    """NeighborDataModule over a grown folder: every neighbour, the appended ones included."""
+    from gnnscale import GraphSAGE, NeighborDataModule, make_synthetic_graph
+    from gnnscale.data.args import EvalArgs
+    from gnnscale.models.inference import layerwise_inference
+    from gnnscale.testing import TINY
+
+    data, keep = make_synthetic_graph(TINY), 2700
+    inside = (data.edge_index < keep).all(0)
+    masks = ("train_mask", "val_mask", "test_mask")
+    base = Data(x=data.x[:keep], y=data.y[:keep], edge_index=data.edge_index[:, inside])
+    for m in masks:
+        base[m] = data[m][:keep]
+    whole = base.clone()
+    whole.x, whole.y, whole.num_nodes = data.x, data.y, data.num_nodes
+    whole.edge_index = torch.cat([base.edge_index, data.edge_index[:, ~inside]], 1)
+    for m in masks:  # the appended nodes join no split
+        whole[m] = torch.cat([base[m], torch.zeros(data.num_nodes - keep, dtype=torch.bool)])
+    part = Data(x=data.x[keep:], y=data.y[keep:], edge_index=data.edge_index[:, ~inside])
+    assert (part.edge_index[1] < keep).any()  # new edges into old nodes
+    grown = _prepared(base, tmp_path / "grown")
+    save_npy(part, tmp_path / "part")
+    append_npy(grown, tmp_path / "part")
+    torch.manual_seed(0)
+    model = GraphSAGE(in_channels=TINY.num_features, num_classes=5, num_layers=2).eval()
+    layerwise = EvalArgs(mode="layerwise", batch_size=500)
+    outs = []
+    for folder in (_prepared(whole, tmp_path / "whole"), grown):
+        dm = NeighborDataModule("prepared", folder, [5, 3], eval=layerwise)
+        dm.configure_batches(model.batch_request())
+        dm.setup("test")
+        outs.append(layerwise_inference(model.gnn, next(iter(dm.test_dataloader()))))
+    assert outs[0].shape == (TINY.num_nodes, 5)
+    assert torch.equal(outs[0], outs[1])
