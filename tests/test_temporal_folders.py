@@ -5,6 +5,8 @@ id, then its time), so a folder whose neighbourhoods were sorted wrong, or whose
 carried with the sort, fails here however its output looked.
 """
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -15,6 +17,7 @@ from torch_geometric.sampler import NodeSamplerInput
 
 from gnnscale import stores
 from gnnscale.cli.prepare import prepare_main
+from gnnscale.errors import ConfigError
 from gnnscale.sampling import HopSampler
 from gnnscale.stores import PreparedGraphError, prepare_npy, save_npy
 from gnnscale.stores.npy import read_data
@@ -218,3 +221,94 @@ def test_prepare_reads_a_stream_of_interactions_into_a_timed_folder(tmp_path):
     sampler = HopSampler((fs, gs), [3, 3], time_attr="edge_time", strict=True)
     out = _draw(sampler, torch.arange(12), torch.full((12,), 300))
     assert bool((clock[out.edge] < 300).all()) and out.edge.numel()
+
+
+def test_neighbor_data_module_samples_a_folder_by_its_node_times(tmp_path):
+    from gnnscale import NeighborDataModule, SamplingArgs, make_synthetic_graph
+    from gnnscale.data.args import EvalArgs
+    from gnnscale.testing import TINY
+
+    data = make_synthetic_graph(TINY)
+    data.time = torch.randint(0, 50, (data.num_nodes,), generator=torch.Generator().manual_seed(0))
+    folder = write(tmp_path / "g", {"test": "node time"}, *read_data(data), chunk_bytes=1 << 12)
+    sampled = EvalArgs(mode="sampled")
+    timed = SamplingArgs(time_attr="time", temporal_strategy="last", strict=True)
+    dm = NeighborDataModule("prepared", folder, [5, 3], sampling=timed, eval=sampled)
+    sampler = dm._csc_sampler.with_fanout([5, 3])
+    assert sampler.is_temporal and sampler.rule.strict and sampler.rule.strategy == "last"
+    seeds = torch.arange(400)
+    torch.manual_seed(0)
+    out = sampler.sample_from_nodes(NodeSamplerInput(None, seeds))
+    root = data.time[seeds][out.batch]  # each sampled node's seed's time
+    later = out.node.numel() > seeds.numel()
+    assert later and bool((data.time[out.node[400:]] < root[400:]).all())
+    with pytest.raises(ConfigError, match="eval.mode computes each node once"):
+        NeighborDataModule("prepared", folder, sampling=timed)  # layer-wise by default
+    with pytest.raises(ConfigError, match="give --data.sampling.time_attr"):
+        SamplingArgs(strict=True)
+    untimed = write(tmp_path / "u", {"test": "no time"}, *read_data(make_synthetic_graph(TINY)))
+    dm = NeighborDataModule("prepared", untimed, sampling=timed, eval=sampled)
+    with pytest.raises(
+        ConfigError, match="--data.sampling: time_attr='time': this prepared folder"
+    ):
+        dm._csc_sampler  # noqa: B018
+
+
+def test_a_training_run_samples_by_node_time_from_a_folder(tmp_path):
+    from gnnscale import make_synthetic_graph
+    from gnnscale.cli import main
+    from gnnscale.testing import TINY
+
+    data = make_synthetic_graph(TINY)
+    data.time = torch.randint(0, 50, (data.num_nodes,), generator=torch.Generator().manual_seed(1))
+    folder = write(tmp_path / "g", {"test": "node time"}, *read_data(data))
+    config = Path(__file__).parents[1] / "recipes" / "neighbor_sage" / "config.yaml"
+    cli = main(
+        [
+            "fit",
+            "--config",
+            str(config),
+            "--data.dataset=prepared",
+            f"--data.root={folder}",
+            "--data.sampling.time_attr=time",
+            "--data.sampling.strict=true",
+            "--data.batch_size=128",
+            "--data.eval.mode=sampled",
+            "--trainer.max_epochs=1",
+            "--trainer.enable_progress_bar=false",
+            f"--trainer.default_root_dir={tmp_path}",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+        ]
+    )
+    assert cli.datamodule._csc_sampler.is_temporal
+    assert cli.trainer.callback_metrics["test/acc"] > 0.3  # 5 classes: it learned something
+
+
+def test_hetero_data_module_samples_by_the_times_of_the_types_that_have_them(tmp_path):
+    from gnnscale import HeteroNeighborDataModule, SamplingArgs
+    from gnnscale.data.synthetic import SyntheticRecommender, make_item_class_graph
+
+    cfg = SyntheticRecommender(num_users=300, num_items=200, num_categories=10, num_communities=5)
+    data = make_item_class_graph(cfg)
+    for store in data.node_stores:
+        store.pop("community", None)
+    g = torch.Generator().manual_seed(0)
+    for t in ("user", "item"):
+        data[t].time = torch.randint(0, 40, (data[t].num_nodes,), generator=g)
+    folder = write(tmp_path / "h", {"test": "hetero time"}, *read_data(data))
+    timed = SamplingArgs(time_attr="time", strict=True)
+    dm = HeteroNeighborDataModule("prepared", folder, "item", [4, 3], sampling=timed)
+    seeds = torch.arange(100)
+    sampler = dm._loader(seeds, 100).node_sampler
+    torch.manual_seed(0)
+    out = sampler.sample_from_nodes(NodeSamplerInput(None, seeds, input_type="item"))
+    checked = 0
+    for edge_type, col in out.col.items():
+        src, _, dst = edge_type
+        if src not in ("user", "item") or not col.numel():
+            continue  # categories have no time: their edges are untimed
+        source_time = data[src].time[out.node[src][out.row[edge_type]]]
+        root = data["item"].time[seeds][out.batch[dst][col]]
+        assert bool((source_time < root).all()), edge_type
+        checked += col.numel()
+    assert checked > 100

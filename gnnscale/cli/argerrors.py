@@ -61,7 +61,11 @@ def one_line(message: str, command: str = "gnnscale fit") -> str:
     refused = r"Option '(\w+)' is not accepted|unrecognized arguments: --([\w.]+)"
     if len(reasons) == 1 and (match := re.match(refused, reasons[0])) and class_path:
         option = match[1] or match[2]  # the second: a key of one of the class's groups
-        close = difflib.get_close_matches(option, _options(class_path), n=1)
+        options = _options(class_path)
+        # A group's field of exactly that name (``sampler``: ``loader.sampler``) before any
+        # name that is merely close (``sampling``).
+        exact = [o for o in options if o.rsplit(".", 1)[-1] == option]
+        close = exact[:1] or difflib.get_close_matches(option, options, n=1)
         hint = (
             f"did you mean {key}.{close[0]}?"
             if close

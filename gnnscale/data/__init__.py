@@ -13,7 +13,14 @@
   loaders.
 """
 
-from gnnscale.data.args import EvalArgs, GraphSplit, LoaderArgs, NodeSplit, Preprocess
+from gnnscale.data.args import (
+    EvalArgs,
+    GraphSplit,
+    LoaderArgs,
+    NodeSplit,
+    Preprocess,
+    SamplingArgs,
+)
 from gnnscale.data.datasets import DATASETS, load_dataset
 from gnnscale.data.hetero import HeteroNeighborDataModule
 from gnnscale.data.link import LinkDataModule, LinkEvalArgs
@@ -54,6 +61,7 @@ __all__ = [
     "NodeDataModule",
     "PinSAGENeighbors",
     "Preprocess",
+    "SamplingArgs",
     "SAINTDataModule",
     "SyntheticGraph",
     "SyntheticRecommender",

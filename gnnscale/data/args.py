@@ -140,6 +140,56 @@ class EvalArgs:
         return kept
 
 
+@dataclass(frozen=True)
+class SamplingArgs:
+    """How neighbours are drawn beyond uniformly: by time, by weight (``HopSampler``'s options).
+
+    Args:
+        time_attr: Sample by time: the node attribute holding each node's time (``time``; a
+            prepared folder's from ``time.npy``). Each seed sees, at every hop, only in-edges
+            from nodes no newer than itself (compared with the seed's own time, as PyG and
+            GraphBolt do); each seed samples its own subgraph. ``None``: untimed.
+        temporal_strategy: ``uniform``: a uniform subset of those in-edges; ``last``: the
+            newest.
+        strict: Only nodes older than the seed (``<``); else as old or older (``<=``, PyG's).
+        window: Only nodes not older than the seed's time minus this; ``None``: all.
+        weight_attr: Draw each in-edge with probability proportional to this edge attribute
+            (in memory; a prepared folder stores no edge weights). ``None``: uniformly.
+    """
+
+    time_attr: str | None = None
+    temporal_strategy: Literal["uniform", "last"] = "uniform"
+    strict: bool = False
+    window: float | None = None
+    weight_attr: str | None = None
+
+    def __post_init__(self) -> None:
+        """Refuse a window that admits nothing, or time settings without a time."""
+        if self.window is not None and not self.window >= 0:
+            raise GroupSettingError(
+                "{group}.window must be >= 0 (the time column's units) or left out (got "
+                f"{self.window})",
+                "sampling",
+            )
+        timed = (self.temporal_strategy != "uniform", self.strict, self.window is not None)
+        if self.time_attr is None and any(timed):
+            raise GroupSettingError(
+                "{group}.temporal_strategy, strict and window sample by time: give "
+                "{group}.time_attr (the node attribute holding each node's time)",
+                "sampling",
+            )
+
+    def kwargs(self) -> dict[str, Any]:
+        """``HopSampler``'s keyword arguments (none for what is not set)."""
+        out: dict[str, Any] = {}
+        if self.time_attr is not None:
+            out |= {"time_attr": self.time_attr, "temporal_strategy": self.temporal_strategy}
+            out |= {"strict": self.strict, "window": self.window}
+        if self.weight_attr is not None:
+            out["weight_attr"] = self.weight_attr
+        return out
+
+
 def check_positive(**values: int | float | None) -> None:
     """Refuse a size or count that is not positive (``None``: unset), naming its ``--data`` flag."""
     for key, value in values.items():

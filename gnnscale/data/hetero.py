@@ -29,6 +29,7 @@ from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
     NodeSplit,
+    SamplingArgs,
     check_dataset,
     check_positive,
 )
@@ -194,6 +195,8 @@ class HeteroNeighborDataModule(HeteroGraphData):
         feature_cache_gib: ``dataset: prepared`` only: feature rows held in memory, of every
             node type within one budget: those a sampling pass over the training seeds draws
             most often (``MappedFeatureStore.hold_drawn_rows``).
+        sampling: Neighbours by time (each seed sees only nodes no newer than itself: the
+            node types with a time; edge types out of the others are untimed) or by weight.
     """
 
     def __init__(
@@ -210,6 +213,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
         verify: Literal["full", "size"] = "full",
         read_threads: int | None = None,
         feature_cache_gib: float = 0.0,
+        sampling: SamplingArgs = SamplingArgs(),  # noqa: B008
     ) -> None:
         super().__init__()
         check_dataset(dataset, (*_LABELLED, "prepared"))
@@ -233,7 +237,7 @@ class HeteroNeighborDataModule(HeteroGraphData):
             self.target_type = labelled[0]  # a prepared folder's only labelled type
         self._num_neighbors = num_neighbors
         self.batch_size, self.split, self.eval = batch_size, split, eval
-        self.synthetic, self.loader = synthetic, loader
+        self.synthetic, self.loader, self.sampling = synthetic, loader, sampling
 
     def __repr__(self) -> str:
         # Lightning's own would build every loader (jsonargparse prints it for links it skips).
@@ -334,12 +338,18 @@ class HeteroNeighborDataModule(HeteroGraphData):
         source = self.source  # a prepared folder's sampler checks the ids it draws
         if seeds is None:  # every target node: PyG infers their count from a graph, not a store
             seeds = torch.arange(self.num_nodes[self.target_type])
-        sampler = source.sampler(
-            per_type,
-            share_memory=self.loader.workers > 0,
-            vectorized=vectorized(self.loader.sampler),
-            edge_ids=False,  # the heterogeneous models read no edge features
-        )
+        try:
+            sampler = source.sampler(
+                per_type,
+                share_memory=self.loader.workers > 0,
+                vectorized=vectorized(self.loader.sampler),
+                edge_ids=False,  # the heterogeneous models read no edge features
+                **self.sampling.kwargs(),
+            )
+        except (ValueError, NotImplementedError) as err:  # the sampler's, about these options
+            if not self.sampling.kwargs():
+                raise
+            raise ConfigError(f"--data.sampling: {err}") from None
         return NeighborLoader(
             source.loader_input(),  # type: ignore[arg-type]
             num_neighbors=per_type,  # type: ignore[arg-type]

@@ -15,7 +15,7 @@ from torch import Tensor
 from torch_geometric.data import Data
 from torch_geometric.sampler import NodeSamplerInput
 
-from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, check_positive
+from gnnscale.data.args import EvalArgs, LoaderArgs, Preprocess, SamplingArgs, check_positive
 from gnnscale.data.node import NodeDataModule
 from gnnscale.data.resume import ResumableLoader
 from gnnscale.data.sources import check_cache
@@ -44,6 +44,10 @@ class NeighborDataModule(NodeDataModule):
             (for a large folder verified once already).
         read_threads: ``dataset: prepared`` only: threads that read a batch's rows at once
             (default: 32 where the folder is larger than the page cache can keep, else 1).
+        feature_cache_gib: ``dataset: prepared`` only: feature rows held in memory.
+        sampling: Neighbours by time (each seed sees only nodes no newer than itself) or by
+            weight; evaluation is then ``sampled`` (layer-wise and full evaluation compute each
+            node once, whatever its seed's time).
 
     With ``dataset: prepared`` and ``root`` a folder written by ``gnnscale prepare``, the graph
     is memory-mapped (``gnnscale.stores.prepared``): the sampler walks the mapped CSC and batches
@@ -66,8 +70,17 @@ class NeighborDataModule(NodeDataModule):
         verify: Literal["full", "size"] = "full",
         read_threads: int | None = None,
         feature_cache_gib: float = 0.0,
+        sampling: SamplingArgs = SamplingArgs(),  # noqa: B008
     ) -> None:
+        modes = eval.set_to("layerwise") + eval.set_to("full")
+        if sampling.time_attr is not None and modes:
+            raise ConfigError(
+                f"--data.sampling.time_attr samples each seed's neighbours by its own time; "
+                f"--data.eval.{modes[0]} computes each node once, for every seed: set "
+                f"--data.eval.{modes[0]}=sampled"
+            )
         super().__init__(dataset, root, synthetic, preprocess, loader, eval, verify, read_threads)
+        self.sampling = sampling
         check_positive(batch_size=batch_size, read_threads=read_threads)
         check_cache(feature_cache_gib, dataset)
         self.feature_cache_gib = feature_cache_gib

@@ -39,6 +39,7 @@ from gnnscale.data.args import (
     EvalArgs,
     LoaderArgs,
     Preprocess,
+    SamplingArgs,
     check_dataset,
 )
 from gnnscale.data.datasets import DATASETS, load_dataset, validate_graph
@@ -61,6 +62,7 @@ class NodeDataModule(L.LightningDataModule):
     # Why this module cannot train from a prepared (memory-mapped) graph; None: it can.
     _not_on_disk: str | None = "it needs the whole graph in memory"
     feature_cache_gib = 0.0  # feature rows held in memory (NeighborDataModule)
+    sampling = SamplingArgs()  # by time or weight (NeighborDataModule)
     # What the model asked batches to carry (``configure_batches``); until then, nothing extra.
     request: BatchRequest = BatchRequest()
 
@@ -298,9 +300,17 @@ class NodeDataModule(L.LightningDataModule):
 
     @cached_property
     def _csc_sampler(self) -> HopSampler:
-        return self.source.sampler(
-            [-1], share_memory=self.loader.workers > 0, vectorized=vectorized(self.loader.sampler)
-        )
+        try:
+            return self.source.sampler(
+                [-1],
+                share_memory=self.loader.workers > 0,
+                vectorized=vectorized(self.loader.sampler),
+                **self.sampling.kwargs(),
+            )
+        except (ValueError, NotImplementedError) as err:  # the sampler's, about these options
+            if not self.sampling.kwargs():
+                raise
+            raise ConfigError(f"--data.sampling: {err}") from None
 
     def _neighbor_loader(
         self, data: Data, fanout: list[int], node_files: bool = True, **kwargs: Any

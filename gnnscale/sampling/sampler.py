@@ -155,9 +155,9 @@ class HopSampler(NeighborSampler):
                 "sampler draws directional and bidirectional subgraphs"
             )
         mapped = isinstance(data, tuple) and isinstance(data[1], ReadsAhead)
-        held = data[1].edge_time if mapped and time_attr is not None else None
-        if held is not None:  # a prepared folder's times, kept from PyG's constructor
-            _check_held_time(held, time_attr)
+        held = None  # a prepared folder's edge times, kept from PyG's constructor
+        if mapped and time_attr is not None:
+            held = _held_time(data, time_attr)
         lifted = backend_checks_lifted() if vectorized else warnings.catch_warnings()
         with warnings.catch_warnings(), lifted:  # its advice to install pyg-lib, needless here
             warnings.filterwarnings("ignore", "Using '.*' without a 'pyg-lib' installation")
@@ -403,17 +403,27 @@ def _check_appended(
         )
 
 
-def _check_held_time(held: dict[Any, Tensor], time_attr: str | None) -> None:
-    """Refuse a ``time_attr`` that a prepared folder's graph store does not hold."""
-    if not held:
+def _held_time(stores: Any, time_attr: str) -> dict[Any, Tensor] | None:
+    """A prepared folder's edge times (``time_attr="edge_time"``); ``None`` for node times.
+
+    Node times (a node file such as ``time``) go to PyG's constructor, which reads them from
+    the feature store; either is refused in one line where the folder does not hold it.
+    """
+    features, graph = stores
+    if time_attr == "edge_time":
+        if not graph.edge_time:
+            raise ValueError(
+                "time_attr='edge_time': this prepared folder holds no edge times; prepare it "
+                "from edges with times (edge_time.npy, a time column: docs/stores.md)"
+            )
+        return dict(graph.edge_time)
+    if not any(a.attr_name == time_attr for a in features.get_all_tensor_attrs()):
+        kept = " (its edge times are time_attr='edge_time')" if graph.edge_time else ""
         raise ValueError(
-            f"time_attr={time_attr!r}: this prepared folder holds no edge times; prepare it "
-            "from edges with times (edge_time.npy, a time column: docs/stores.md)"
+            f"time_attr={time_attr!r}: this prepared folder holds no node file {time_attr!r}"
+            f"{kept}; node times are prepared from time.npy beside x.npy (docs/stores.md)"
         )
-    if time_attr != "edge_time":
-        raise ValueError(
-            f"time_attr={time_attr!r}: a prepared folder's edge times are time_attr='edge_time'"
-        )
+    return None
 
 
 def _check_backend(

@@ -3,7 +3,8 @@
 A CSC cannot take an edge in place: every later neighbourhood would move. An append writes its
 edges as a small CSC of their own beside the folder's (``append<g>/``: the destinations they
 reach, each one's new in-edges sorted by time, each slot's edge id and time), and grows at their
-end the files that hold a row per node or per edge (features, labels, masks, edge features). A
+end the files that hold a row per node or per edge (features, labels, times, masks, edge
+features). A
 sampler reads a node's in-edges as the folder's, then each append's, in order
 (:mod:`gnnscale.sampling.segments`). An append's edges are no older than any the folder holds,
 so every neighbourhood stays sorted by time, and a grown folder is, as a graph, the one a
@@ -17,7 +18,7 @@ and files no manifest names); a rerun cuts those tails and writes the append aga
 
 The part to append is a folder of ``.npy`` arrays laid out as ``gnnscale prepare --source Npy``
 reads one (``gnnscale.stores.npy``), holding only what is new: the new nodes' rows (their ids
-continue the folder's: ``n, n + 1, ...``), counted by ``x.npy`` or ``y.npy``, else by
+continue the folder's: ``n, n + 1, ...``), counted by ``x.npy``, ``y.npy`` or ``time.npy``, else by
 ``num_nodes.json`` (``{"": k}`` in a homogeneous graph), else none; and the new edges, between
 any nodes old or new, with ``edge_time.npy`` and ``edge_attr.npy`` where the folder has them.
 New nodes join no split. The batch is read into memory (about 40 bytes an edge).
@@ -158,7 +159,9 @@ def _read_part(
     for t in manifest.node_counts:
         where = root / "nodes" / t if hetero else root
         found = {
-            k: _array(where / f"{k}.npy") for k in ("x", "y") if (where / f"{k}.npy").is_file()
+            k: _array(where / f"{k}.npy")
+            for k in ("x", "y", "time")
+            if (where / f"{k}.npy").is_file()
         }
         arrays = list(found.values())
         count = arrays[0].shape[0] if arrays else counts.get(t, 0)
@@ -209,7 +212,7 @@ def append_npy(folder: Path, root: Path) -> Manifest:
         grown = {t: old[t] + count for t, (count, _) in nodes.items()}
         for t, (count, part) in nodes.items():
             prefix = f"{t}/" if t else ""
-            for name in ("x", "y", *SPLIT_MASKS):
+            for name in ("x", "y", "time", *SPLIT_MASKS):
                 if f"{prefix}{name}" not in files:
                     given = part.get(name)
                     if given is not None:
@@ -306,6 +309,8 @@ def _check_rows(values: np.ndarray, entry: FileEntry, where: str, name: str) -> 
         )
     if values.dtype.kind == "f" and not np.isfinite(values).all():
         raise PreparedGraphError(f"{where} holds a NaN or infinite value; fix it before appending")
+    if name == "time" and values.dtype.kind not in "iuf":
+        raise PreparedGraphError(f"{where} must hold numbers (times); it is {values.dtype}")
     if name == "y" and values.dtype.kind not in "iu":
         raise PreparedGraphError(f"{where} must hold integer labels; it is {values.dtype}")
 

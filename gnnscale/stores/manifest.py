@@ -48,7 +48,7 @@ SPLIT_MASKS = ("train_mask", "val_mask", "test_mask")  # one bool per node each
 NODE_FILES = ("x", "y", *SPLIT_MASKS)  # a node-classification graph's files, one row per node
 # Files an append grows at their end (``gnnscale.stores.append``): one row per node or per edge,
 # in id order. Bytes past an entry's size are a killed append's tail, which nothing reads.
-GROWN_FILES = (*NODE_FILES, "edge_attr")
+GROWN_FILES = (*NODE_FILES, "time", "edge_attr")
 DTYPES = {
     "float32": torch.float32,
     "float16": torch.float16,

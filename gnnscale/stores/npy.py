@@ -4,6 +4,7 @@ Homogeneous::
 
     x.npy            float (num_nodes, num_features)  node features
     y.npy            int   (num_nodes,)               labels (optional)
+    time.npy         int or float (num_nodes,)        each node's time (optional)
     edge_index.npy   int   (2, num_edges)             row 0 sources, row 1 destinations
     edge_attr.npy    float (num_edges, num_edge_features)  edge features (optional)
     edge_time.npy    int or float (num_edges,)        each edge's time (optional)
@@ -15,7 +16,7 @@ Homogeneous::
 
 Heterogeneous: the same files per node type and per edge type::
 
-    nodes/<type>/x.npy, y.npy, train.npy, val.npy, test.npy   each optional
+    nodes/<type>/x.npy, y.npy, time.npy, train.npy, val.npy, test.npy   each optional
     edges/<src>__<rel>__<dst>/edge_index.npy (or edges.parquet) indices into src's and dst's nodes
     edges/<src>__<rel>__<dst>/edge_attr.npy    edge features (optional)
     edges/<src>__<rel>__<dst>/edge_time.npy    edge times (optional)
@@ -263,13 +264,14 @@ def _node_inputs(folder: Path, count: int | None) -> NodeInputs:
     x = _array(folder / "x.npy") if (folder / "x.npy").is_file() else None
     y = _array(folder / "y.npy") if (folder / "y.npy").is_file() else None
     splits = {s: _array(folder / f"{s}.npy") for s in SPLITS if (folder / f"{s}.npy").is_file()}
+    time = _array(folder / "time.npy") if (folder / "time.npy").is_file() else None
     if count is None:
         if x is None and y is None:
             raise PreparedGraphError(
                 f"{folder} has neither x.npy nor y.npy: give its node count in num_nodes.json"
             )
         count = (x or y).shape[0]  # type: ignore[union-attr]
-    return NodeInputs(count, x, y, splits)
+    return NodeInputs(count, x, y, splits, time)
 
 
 def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]]:
@@ -374,8 +376,8 @@ def save_npy(data: Any, folder: Path) -> Path:
         store = data[node_type] if hetero else data
         where = folder / "nodes" / str(node_type) if hetero else folder
         where.mkdir(parents=True, exist_ok=True)
-        for key in ("x", "y"):
-            if key in store:
+        for key in ("x", "y", "time"):  # time: a node attribute only (PyG's rule)
+            if key in store and (key != "time" or store.is_node_attr(key)):
                 np.save(where / f"{key}.npy", store[key].numpy())
         for split in SPLITS:
             if f"{split}_mask" in store:
@@ -411,13 +413,18 @@ def read_data(data: Any) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
     for node_type in data.node_types if hetero else [None]:
         store = data[node_type] if hetero else data
         name = f"node type {node_type}" if hetero else "the graph"
-        x, y = (_held(f"{name}'s {k}", store[k].numpy()) if k in store else None for k in "xy")
+        x, y, time = (
+            _held(f"{name}'s {k}", store[k].numpy())
+            if k in store and (k != "time" or store.is_node_attr(k))  # node time (PyG's rule)
+            else None
+            for k in ("x", "y", "time")
+        )
         splits = {
             s: _held(f"{name}'s {s}_mask", store[f"{s}_mask"].nonzero().view(-1).numpy())
             for s in SPLITS
             if f"{s}_mask" in store
         }
-        nodes[node_type] = NodeInputs(int(store.num_nodes), x, y, splits or None)
+        nodes[node_type] = NodeInputs(int(store.num_nodes), x, y, splits or None, time)
     edges: dict[Any, Edges] = {}
     for edge_type in data.edge_types if hetero else [None]:
         index = (data[edge_type] if hetero else data).edge_index.numpy()

@@ -98,12 +98,13 @@ class Edges:
 
 @dataclass
 class NodeInputs:
-    """One node type's inputs: features, labels, split indices (each optional) and its count."""
+    """One node type's inputs: features, labels, split indices, times (each optional), count."""
 
     num_nodes: int
     x: Array | None = None
     y: Array | None = None
     splits: dict[str, Array] | None = None
+    time: Array | None = None
 
 
 def _bar(total: int, desc: str) -> tqdm:
@@ -234,14 +235,14 @@ def write_csc(
     return entries
 
 
-def _check_times(t: np.ndarray, where: str, first: int, expected: int) -> None:
+def _check_times(t: np.ndarray, where: str, first: int, expected: int, what: str = "edge") -> None:
     """Refuse a time column that ended early or holds NaN or infinite times."""
     if t.size != expected:
-        raise PreparedGraphError(f"{where}: fewer times than edges (edge {first + t.size:,})")
+        raise PreparedGraphError(f"{where}: fewer times than {what}s ({what} {first + t.size:,})")
     if t.dtype.kind == "f" and not np.isfinite(t).all():
         at = first + int(np.argmin(np.isfinite(t)))
         raise PreparedGraphError(
-            f"{where}: the time of edge {at:,} is NaN or infinite; give every edge a time"
+            f"{where}: the time of {what} {at:,} is NaN or infinite; give every {what} a time"
         )
 
 
@@ -341,6 +342,17 @@ def _check_disjoint(masks: dict[str, Path], num_nodes: int, where: str) -> None:
                 )
 
 
+def write_node_time(time: Array, path: Path, chunk_bytes: int) -> FileEntry:
+    """Node times as int64 (integers) or float64; NaN or infinite refused."""
+    writer, first = FileWriter(path, _time_dtype(time)), 0
+    for chunk in time.chunks(_rows(time, chunk_bytes)):
+        t = np.ascontiguousarray(chunk)
+        _check_times(t, time.where, first, t.size, "node")
+        writer.write(torch.from_numpy(t.astype(np.dtype(writer.dtype), copy=False)))
+        first += t.size
+    return writer.close()
+
+
 def write_labels(y: Array, path: Path, chunk_bytes: int) -> tuple[FileEntry, int]:
     """Labels as int64; their manifest entry and the number of classes (largest label + 1)."""
     writer = FileWriter(path, "int64")
@@ -402,6 +414,12 @@ def check_inputs(nodes: dict[str | None, NodeInputs], edge_types: dict[Any, Edge
                     f"{split.where} is a boolean mask of {split.shape[0]:,} entries where the "
                     f"node type has {n:,} nodes; give one per node, or the split's node ids"
                 )
+        time = inputs.time
+        if time is not None and (time.shape != (n,) or time.dtype.kind not in "iuf"):
+            raise PreparedGraphError(
+                f"{time.where} must hold one time per node ({n:,}), integers or floats; it is "
+                f"{time.dtype} of shape {time.shape}"
+            )
         if inputs.x is not None and (len(inputs.x.shape) != 2 or inputs.x.dtype.kind != "f"):
             raise PreparedGraphError(
                 f"{inputs.x.where} must be a 2-D float array (nodes x features); it is "
@@ -491,6 +509,9 @@ def write(
                 path = folder / f"{prefix(key)}x.bin"
                 files[f"{prefix(key)}x"] = write_features(inputs.x, dtype, path, chunk_bytes)
                 num_features[name] = inputs.x.shape[1]
+            if inputs.time is not None:  # each node's time: what a seed of it may see
+                path = folder / f"{prefix(key)}time.bin"
+                files[f"{prefix(key)}time"] = write_node_time(inputs.time, path, chunk_bytes)
             if inputs.y is not None:
                 path = folder / f"{prefix(key)}y.bin"
                 files[f"{prefix(key)}y"], num_classes[name] = write_labels(
@@ -529,7 +550,7 @@ def write(
 
     size = 0  # bytes written: labels, masks, copied features, each edge type's CSC
     for inputs in nodes.values():
-        size += inputs.num_nodes * (8 + len(SPLITS))
+        size += inputs.num_nodes * (8 + len(SPLITS) + (8 if inputs.time is not None else 0))
         if inputs.x is not None and inputs.x.in_place is None:
             dtype = DTYPES[_stored_dtype(inputs.x, feature_dtype)]
             size += int(np.prod(inputs.x.shape)) * dtype.itemsize
