@@ -26,7 +26,6 @@ New nodes join no split. The batch is read into memory (about 40 bytes an edge).
 
 from __future__ import annotations
 
-import json
 import shutil
 import zlib
 from dataclasses import dataclass, replace
@@ -46,7 +45,7 @@ from gnnscale.stores.manifest import (
     PreparedGraphError,
     check_file,
 )
-from gnnscale.stores.npy import _array, _edge_file
+from gnnscale.stores.npy import _array, _edge_file, read_counts
 from gnnscale.stores.streaming import Array, Edges
 
 __all__ = ["append_npy", "newest_time"]
@@ -144,16 +143,7 @@ def _read_part(
     """Per node type, the part's new nodes (how many, their rows); its edges per edge type."""
     if not root.is_dir():
         raise PreparedGraphError(f"--root {root} is not a folder of .npy arrays")
-    counts: dict[str, int] = {}
-    if (root / "num_nodes.json").is_file():
-        try:
-            counts = {
-                str(k): int(v) for k, v in json.loads((root / "num_nodes.json").read_text()).items()
-            }
-        except (ValueError, TypeError, AttributeError) as err:
-            raise PreparedGraphError(
-                f"{root / 'num_nodes.json'} must map node types to counts ({err})"
-            ) from None
+    counts = read_counts(root)
     hetero = manifest.is_hetero
     nodes: dict[str, tuple[int, dict[str, Array]]] = {}
     for t in manifest.node_counts:

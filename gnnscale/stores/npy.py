@@ -243,20 +243,15 @@ def _edge_file(folder: Path) -> Edges | None:
         edges = _parquet_edges(folder / "edges.parquet")
     else:
         return None
-    if (folder / "edge_attr.npy").is_file():
-        if edges.attr is not None:
-            raise PreparedGraphError(
-                f"{folder} gives edge features twice, as edge_attr.npy and as {edges.attr.where}"
-                ": keep one"
-            )
-        edges.attr = _array(folder / "edge_attr.npy")
-    if (folder / "edge_time.npy").is_file():
-        if edges.time is not None:
-            raise PreparedGraphError(
-                f"{folder} gives edge times twice, as edge_time.npy and as {edges.time.where}"
-                ": keep one"
-            )
-        edges.time = _array(folder / "edge_time.npy")
+    for name, what in (("attr", "features"), ("time", "times")):
+        if (folder / f"edge_{name}.npy").is_file():
+            given = getattr(edges, name)
+            if given is not None:
+                raise PreparedGraphError(
+                    f"{folder} gives edge {what} twice, as edge_{name}.npy and as {given.where}"
+                    ": keep one"
+                )
+            setattr(edges, name, _array(folder / f"edge_{name}.npy"))
     return edges
 
 
@@ -274,6 +269,23 @@ def _node_inputs(folder: Path, count: int | None) -> NodeInputs:
     return NodeInputs(count, x, y, splits, time)
 
 
+def read_counts(root: Path) -> dict[str, int]:
+    """``root/num_nodes.json``: node counts by type (none where there is no such file)."""
+    path = root / "num_nodes.json"
+    if not path.is_file():
+        return {}
+    try:
+        counts = {str(k): int(v) for k, v in json.loads(path.read_text()).items()}
+    except (ValueError, TypeError, AttributeError) as err:
+        raise PreparedGraphError(f"{path} must map node types to counts ({err})") from None
+    if negative := {k: v for k, v in counts.items() if v < 0}:
+        raise PreparedGraphError(
+            f"{path}: a node count is at least 0 (got {negative}); give each node type's "
+            "number of nodes"
+        )
+    return counts
+
+
 def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]]:
     """The inputs of a ``.npy`` folder: each node type's arrays and each edge type's edges."""
     root = Path(root)
@@ -287,21 +299,7 @@ def read_npy(root: Path) -> tuple[dict[str | None, NodeInputs], dict[Any, Edges]
                 "folder (heterogeneous): see docs/stores.md for the layout"
             )
         return {None: _node_inputs(root, None)}, {None: found}
-    counts: dict[str, int] = {}
-    if (root / "num_nodes.json").is_file():
-        try:
-            counts = {
-                str(k): int(v) for k, v in json.loads((root / "num_nodes.json").read_text()).items()
-            }
-        except (ValueError, TypeError, AttributeError) as err:
-            raise PreparedGraphError(
-                f"{root / 'num_nodes.json'} must map node types to counts ({err})"
-            ) from None
-        if negative := {k: v for k, v in counts.items() if v < 0}:
-            raise PreparedGraphError(
-                f"{root / 'num_nodes.json'}: a node count is at least 0 (got {negative}); "
-                "give each node type's number of nodes"
-            )
+    counts = read_counts(root)
     node_types = sorted({p.name for p in (root / "nodes").glob("*") if p.is_dir()} | set(counts))
     nodes: dict[str | None, NodeInputs] = {
         t: _node_inputs(root / "nodes" / t, counts.get(t)) for t in node_types
