@@ -229,6 +229,7 @@ def test_appends_that_would_break_the_folder_are_refused_in_one_line(tmp_path):
     base, nodes = _part(data, arrived, 0, 540, 0)
     folder = _prepared(base, tmp_path / "g")
     part, _ = _part(data, arrived, 540, 900, nodes)
+    sizes = {p.name: p.stat().st_size for p in folder.glob("*.bin")}
 
     def refused(change, message):
         where = tmp_path / f"p{len(list(tmp_path.glob('p*')))}"
@@ -258,7 +259,9 @@ def test_appends_that_would_break_the_folder_are_refused_in_one_line(tmp_path):
         np.save(where / "edge_index.npy", index)
 
     refused(outside, r"source 70 at position 3 is outside 0..69")
-    PreparedGraph(folder, "full")  # none of them touched it
+    PreparedGraph(folder, "full")  # none of them touched it: checked before any write
+    assert {p.name: p.stat().st_size for p in folder.glob("*.bin")} == sizes
+    assert not list(folder.glob("append*"))
     assert json.loads((folder / "manifest.json").read_text()).get("appends") is None
 
 

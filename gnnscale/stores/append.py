@@ -195,86 +195,37 @@ def append_npy(folder: Path, root: Path) -> Manifest:
     folder, root = Path(folder), Path(root)
     with atomic.locked(folder):
         manifest = Manifest.read(folder)
-        target = _Folder(folder, manifest)
         nodes, edges = _read_part(root, manifest)
-        files, written = dict(manifest.files), []
-        old = manifest.node_counts
-        grown = {t: old[t] + count for t, (count, _) in nodes.items()}
-        for t, (count, part) in nodes.items():
-            prefix = f"{t}/" if t else ""
-            for name in ("x", "y", "time", *SPLIT_MASKS):
-                if f"{prefix}{name}" not in files:
-                    given = part.get(name)
-                    if given is not None:
-                        raise PreparedGraphError(
-                            f"{given.where}: the folder holds no {name} for these nodes; "
-                            "leave it out"
-                        )
-                    continue
-                entry = files[f"{prefix}{name}"]
-                given = part.get(name)
-                if name in SPLIT_MASKS:
-                    values = np.zeros(count, np.bool_)  # new nodes join no split
-                elif given is None:
-                    if not count:
-                        continue
-                    raise PreparedGraphError(
-                        f"{root}: the folder holds {name} for every node: give the "
-                        f"{count:,} new nodes' {name}.npy"
-                    )
-                else:
-                    values = _all(given)
-                    _check_rows(values, entry, given.where, name)
-                if not count:
-                    continue
-                files[f"{prefix}{name}"], path = _grow(
-                    target, f"{prefix}{name}", _as_bytes(values, entry.dtype), count
-                )
-                written.append(path)
+        grown = {t: manifest.node_counts[t] + count for t, (count, _) in nodes.items()}
+        # Everything read and checked first: a refusal writes nothing.
+        rows = _node_rows(root, manifest, nodes)
+        newest = dict(manifest.newest_time or {})
+        parts = {
+            key: _edge_part(e, key, manifest, folder, grown, newest) for key, e in edges.items()
+        }
+        target, files, written = _Folder(folder, manifest), dict(manifest.files), []
+        for name, (values, count) in rows.items():
+            files[name], path = _grow(target, name, _as_bytes(values, files[name].dtype), count)
+            written.append(path)
         g = len(manifest.appends or []) + 1
-        new_edges, newest = {}, dict(manifest.newest_time or {})
-        for key, part_edges in edges.items():
+        for key, (src, dst, time, attr) in parts.items():
             prefix = f"{key}/" if key else ""
-            src_type, dst_type = (key.split("__")[0], key.split("__")[-1]) if key else ("", "")
-            src, dst = _edges_whole(part_edges)
-            for ids, t, what in ((src, src_type, "source"), (dst, dst_type, "destination")):
-                n = grown[t]
-                if ids.size and (ids.min() < 0 or ids.max() >= n):
-                    at = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
-                    raise PreparedGraphError(
-                        f"{part_edges.where}: {what} {int(ids[at])} at position {at:,} is outside "
-                        f"0..{n - 1} (the folder's nodes and the part's new ones); fix the file"
-                    )
-            timed = f"{prefix}edge_time" in files
-            time = _time_of(part_edges, timed, key, folder, newest)
-            count = manifest.edge_count(key or None)
-            attr_name = f"{prefix}edge_attr"
-            if attr_name in files:
-                if part_edges.attr is None:
-                    raise PreparedGraphError(
-                        f"{part_edges.where}: the folder holds edge features: give the new "
-                        "edges' edge_attr.npy"
-                    )
-                values = _all(part_edges.attr)
-                _check_rows(values, files[attr_name], part_edges.attr.where, "edge_attr")
-                files[attr_name], path = _grow(
-                    target, attr_name, _as_bytes(values, files[attr_name].dtype), src.size
+            if attr is not None:
+                name = f"{prefix}edge_attr"
+                files[name], path = _grow(
+                    target, name, _as_bytes(attr, files[name].dtype), src.size
                 )
                 written.append(path)
-            elif part_edges.attr is not None:
-                raise PreparedGraphError(
-                    f"{part_edges.attr.where}: the folder holds no edge features; leave it out"
-                )
-            entries, paths = _write_delta(folder / f"{prefix}append{g}", src, dst, time, count)
+            first = manifest.edge_count(key or None)  # the part's first edge id
+            entries, paths = _write_delta(folder / f"{prefix}append{g}", src, dst, time, first)
             files |= {f"{prefix}append{g}/{name}": e for name, e in entries.items()}
             written += paths
-            new_edges[key] = int(src.size)
-        counts = {t: count for t, (count, _) in nodes.items()}
+        new_edges = {key: int(part[0].size) for key, part in parts.items()}
         edge_counts = {
             k: manifest.edge_counts[k] + new_edges.get(k, 0) for k in manifest.edge_counts
         }
         record = {
-            "nodes": counts,
+            "nodes": {t: count for t, (count, _) in nodes.items()},
             "edges": new_edges,
             "root": str(root.resolve()),
         }
@@ -288,6 +239,74 @@ def append_npy(folder: Path, root: Path) -> Manifest:
         )
         atomic.replace_manifest(folder, updated.to_json(), written)
         return updated
+
+
+def _node_rows(
+    root: Path, manifest: Manifest, nodes: dict[str, tuple[int, dict[str, Array]]]
+) -> dict[str, tuple[np.ndarray, int]]:
+    """The rows to add to each node file (by its name), checked; how many."""
+    rows = {}
+    for t, (count, part) in nodes.items():
+        prefix = f"{t}/" if t else ""
+        for name in ("x", "y", "time", *SPLIT_MASKS):
+            entry, given = manifest.files.get(f"{prefix}{name}"), part.get(name)
+            if entry is None:
+                if given is not None:
+                    raise PreparedGraphError(
+                        f"{given.where}: the folder holds no {name} for these nodes; leave it out"
+                    )
+                continue
+            if not count:
+                continue
+            if name in SPLIT_MASKS:
+                values = np.zeros(count, np.bool_)  # new nodes join no split
+            elif given is None:
+                raise PreparedGraphError(
+                    f"{root}: the folder holds {name} for every node: give the {count:,} new "
+                    f"nodes' {name}.npy"
+                )
+            else:
+                values = _all(given)
+                _check_rows(values, entry, given.where, name)
+            rows[f"{prefix}{name}"] = values, count
+    return rows
+
+
+def _edge_part(
+    edges: Edges,
+    key: str,
+    manifest: Manifest,
+    folder: Path,
+    grown: dict[str, int],
+    newest: dict[str, Any],
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """One edge type's new edges, checked: sources, destinations, times, features."""
+    prefix = f"{key}/" if key else ""
+    src_type, dst_type = (key.split("__")[0], key.split("__")[-1]) if key else ("", "")
+    src, dst = _edges_whole(edges)
+    for ids, t, what in ((src, src_type, "source"), (dst, dst_type, "destination")):
+        n = grown[t]
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            at = int(np.flatnonzero((ids < 0) | (ids >= n))[0])
+            raise PreparedGraphError(
+                f"{edges.where}: {what} {int(ids[at])} at position {at:,} is outside "
+                f"0..{n - 1} (the folder's nodes and the part's new ones); fix the file"
+            )
+    time = _time_of(edges, f"{prefix}edge_time" in manifest.files, key, folder, newest)
+    entry = manifest.files.get(f"{prefix}edge_attr")
+    if entry is None:
+        if edges.attr is not None:
+            raise PreparedGraphError(
+                f"{edges.attr.where}: the folder holds no edge features; leave it out"
+            )
+        return src, dst, time, None
+    if edges.attr is None:
+        raise PreparedGraphError(
+            f"{edges.where}: the folder holds edge features: give the new edges' edge_attr.npy"
+        )
+    attr = _all(edges.attr)
+    _check_rows(attr, entry, edges.attr.where, "edge_attr")
+    return src, dst, time, attr
 
 
 def _check_rows(values: np.ndarray, entry: FileEntry, where: str, name: str) -> None:
