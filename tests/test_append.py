@@ -324,3 +324,20 @@ def test_a_grown_folder_evaluates_layer_by_layer_as_the_whole_graph(tmp_path):
         outs.append(layerwise_inference(model.gnn, next(iter(dm.test_dataloader()))))
     assert outs[0].shape == (TINY.num_nodes, 5)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_an_append_never_writes_into_an_input_the_folder_maps_where_it_lies(tmp_path):
+    from gnnscale.stores import prepare_npy
+
+    data, arrived = _stream(10, timed=False)
+    base, nodes = _part(data, arrived, 0, 540, 0)
+    save_npy(base, tmp_path / "npy")  # x.npy float32, C order: used where it lies
+    folder = prepare_npy(tmp_path / "npy", tmp_path / "g")
+    assert Manifest.read(folder).files["x"].path is not None
+    given = (tmp_path / "npy" / "x.npy").read_bytes()
+    part, _ = _part(data, arrived, 540, 900, nodes)
+    save_npy(part, tmp_path / "part")
+    with pytest.raises(PreparedGraphError, match="used where it lies; an append would write"):
+        append_npy(folder, tmp_path / "part")
+    assert (tmp_path / "npy" / "x.npy").read_bytes() == given
+    assert not list(folder.glob("append*"))

@@ -110,12 +110,6 @@ def _grow(folder: _Folder, name: str, data: bytes, rows: int) -> tuple[FileEntry
     last one: only the new bytes are read.
     """
     entry, path = folder.manifest.files[name], folder.file(name)
-    if entry.path is not None:
-        raise PreparedGraphError(
-            f"{folder.path}: its {name} is the input {entry.path}, used where it lies; an "
-            "append would write into your file: prepare the folder again with --feature_dtype "
-            "set (the features are then copied into it), then append"
-        )
     check_file(folder.manifest, name, path, "size", folder.path)  # missing, or cut short
     with path.open("r+b") as f:
         f.truncate(entry.bytes)
@@ -198,7 +192,7 @@ def append_npy(folder: Path, root: Path) -> Manifest:
         nodes, edges = _read_part(root, manifest)
         grown = {t: manifest.node_counts[t] + count for t, (count, _) in nodes.items()}
         # Everything read and checked first: a refusal writes nothing.
-        rows = _node_rows(root, manifest, nodes)
+        rows = _node_rows(root, folder, manifest, nodes)
         newest = dict(manifest.newest_time or {})
         parts = {
             key: _edge_part(e, key, manifest, folder, grown, newest) for key, e in edges.items()
@@ -241,8 +235,20 @@ def append_npy(folder: Path, root: Path) -> Manifest:
         return updated
 
 
+def _check_own(manifest: Manifest, name: str, folder: Path) -> FileEntry:
+    """File ``name``'s entry, refused if it is an input used where it lies (not the folder's)."""
+    entry = manifest.files[name]
+    if entry.path is not None:
+        raise PreparedGraphError(
+            f"{folder}: its {name} is the input {entry.path}, used where it lies; an append "
+            "would write into your file: prepare the folder again with --feature_dtype set "
+            "(the features are then copied into it), then append"
+        )
+    return entry
+
+
 def _node_rows(
-    root: Path, manifest: Manifest, nodes: dict[str, tuple[int, dict[str, Array]]]
+    root: Path, folder: Path, manifest: Manifest, nodes: dict[str, tuple[int, dict[str, Array]]]
 ) -> dict[str, tuple[np.ndarray, int]]:
     """The rows to add to each node file (by its name), checked; how many."""
     rows = {}
@@ -258,6 +264,7 @@ def _node_rows(
                 continue
             if not count:
                 continue
+            entry = _check_own(manifest, f"{prefix}{name}", folder)
             if name in SPLIT_MASKS:
                 values = np.zeros(count, np.bool_)  # new nodes join no split
             elif given is None:
@@ -294,6 +301,8 @@ def _edge_part(
             )
     time = _time_of(edges, f"{prefix}edge_time" in manifest.files, key, folder, newest)
     entry = manifest.files.get(f"{prefix}edge_attr")
+    if entry is not None:
+        entry = _check_own(manifest, f"{prefix}edge_attr", folder)
     if entry is None:
         if edges.attr is not None:
             raise PreparedGraphError(
