@@ -72,5 +72,5 @@ def test_named_row_has_its_test_and_is_gnnscales_message(command, args, message,
     for part in message.split("…"):  # the literal text between the varying parts
         part = part.strip(" :()")
         # An option group's refusal is written with {group} for its flag (GroupSettingError).
-        grouped = re.sub(r"--data\.(synthetic|split)\b", "{group}", part)
+        grouped = re.sub(r"--data\.(synthetic|split|sampling)\b", "{group}", part)
         assert part in source or grouped in source, part

@@ -243,15 +243,21 @@ def _edge_file(folder: Path) -> Edges | None:
         edges = _parquet_edges(folder / "edges.parquet")
     else:
         return None
-    for name, what in (("attr", "features"), ("time", "times")):
-        if (folder / f"edge_{name}.npy").is_file():
-            given = getattr(edges, name)
-            if given is not None:
-                raise PreparedGraphError(
-                    f"{folder} gives edge {what} twice, as edge_{name}.npy and as {given.where}"
-                    ": keep one"
-                )
-            setattr(edges, name, _array(folder / f"edge_{name}.npy"))
+    # The messages spelled out: what a user searches for is the sentence they got.
+    if (folder / "edge_attr.npy").is_file():
+        if edges.attr is not None:
+            raise PreparedGraphError(
+                f"{folder} gives edge features twice, as edge_attr.npy and as {edges.attr.where}"
+                ": keep one"
+            )
+        edges.attr = _array(folder / "edge_attr.npy")
+    if (folder / "edge_time.npy").is_file():
+        if edges.time is not None:
+            raise PreparedGraphError(
+                f"{folder} gives edge times twice, as edge_time.npy and as {edges.time.where}"
+                ": keep one"
+            )
+        edges.time = _array(folder / "edge_time.npy")
     return edges
 
 
