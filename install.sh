@@ -38,5 +38,5 @@ elif [ "${WITH_TORCH_SPARSE:-0}" = 1 ] && ! { has torch_sparse && has torch_scat
 fi
 
 pip install -e ".[dev]"
-sampler=$(python -c "from gnnscale.sampler import describe; print(describe('auto'))")
+sampler=$(python -c "from gnnscale.sampling import describe; print(describe('auto'))")
 echo "gnnscale ready; neighbour sampling by $sampler"
