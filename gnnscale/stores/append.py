@@ -83,12 +83,12 @@ class _Folder:
         return self.path / f"{name}.bin"
 
 
-def newest_time(folder: Path, key: str) -> float | None:
+def newest_time(folder: Path, manifest: Manifest, key: str) -> float | None:
     """Edge type ``key``'s newest edge time (``""``: a homogeneous graph's); ``None``: untimed.
 
-    As the manifest records it; a folder prepared before it did is read once (its time files).
+    As ``manifest`` (``folder``'s) records it; a folder prepared before it did is read once
+    (its time files).
     """
-    manifest = Manifest.read(folder)
     if manifest.newest_time is not None and key in manifest.newest_time:
         return manifest.newest_time[key]
     prefix = f"{key}/" if key else ""
@@ -299,7 +299,7 @@ def _edge_part(
                 f"{edges.where}: {what} {int(ids[at])} at position {at:,} is outside "
                 f"0..{n - 1} (the folder's nodes and the part's new ones); fix the file"
             )
-    time = _time_of(edges, f"{prefix}edge_time" in manifest.files, key, folder, newest)
+    time = _time_of(edges, key, folder, manifest, newest)
     entry = manifest.files.get(f"{prefix}edge_attr")
     if entry is not None:
         entry = _check_own(manifest, f"{prefix}edge_attr", folder)
@@ -334,9 +334,10 @@ def _check_rows(values: np.ndarray, entry: FileEntry, where: str, name: str) -> 
 
 
 def _time_of(
-    edges: Edges, timed: bool, key: str, folder: Path, newest: dict[str, Any]
+    edges: Edges, key: str, folder: Path, manifest: Manifest, newest: dict[str, Any]
 ) -> np.ndarray | None:
     """The part's edge times, held to the folder's: none where it has none, none older."""
+    timed = f"{key}/edge_time" in manifest.files if key else "edge_time" in manifest.files
     if edges.time is None:
         if timed:
             raise PreparedGraphError(
@@ -355,7 +356,7 @@ def _time_of(
         )
     if time.dtype.kind == "f" and not np.isfinite(time).all():
         raise PreparedGraphError(f"{edges.time.where} holds a NaN or infinite time")
-    before = newest_time(folder, key)
+    before = newest_time(folder, manifest, key)
     if before is not None and time.size and time.min() < before:
         at = int(np.argmax(time < before))
         raise PreparedGraphError(

@@ -260,7 +260,7 @@ class _Split:
         files: dict[str, FileEntry] = {}
         for key, swap, n_src, n_dst in relations:
             edges = self.edges(MESSAGES[stage], swap=swap)
-            written = write_csc(
+            written, _ = write_csc(
                 edges, n_src, n_dst, folder / stage / key, self.chunk_edges, ids=False
             )
             files |= {f"{stage}/{key}/{name}": entry for name, entry in written.items()}

@@ -158,12 +158,13 @@ def _aligned(chunks: Iterator[np.ndarray]) -> Callable[[int], np.ndarray]:
 
 def write_csc(
     edges: Edges, num_src: int, num_dst: int, folder: Path, chunk_edges: int, ids: bool = True
-) -> dict[str, FileEntry]:
+) -> tuple[dict[str, FileEntry], float | None]:
     """``colptr.bin`` and ``row.bin`` of one edge type in ``folder``; their manifest entries.
 
     With ``ids``, also ``perm.bin``, each CSC slot's position in ``edges`` (the edge ids of a
     batch), unless every edge lies where the input has it. With ``edges.time``, also
-    ``edge_time.bin``: each slot's time, every neighbourhood sorted by it.
+    ``edge_time.bin``: each slot's time, every neighbourhood sorted by it. Returns the entries
+    and the newest edge time (``None``: untimed, or no edges).
     """
     folder.mkdir(parents=True, exist_ok=True)
     colptr = _mapped(folder / "colptr.bin", np.int64, num_dst + 1)
@@ -187,7 +188,7 @@ def write_csc(
     ids = ids or timed  # sorted by time, slots need their input positions
     row = _mapped(folder / "row.bin", np.int64, edges.num_edges)
     perm = _mapped(folder / "perm.bin", np.int64, edges.num_edges) if ids else None
-    clock = None
+    clock, newest = None, None
     if edges.time is not None:
         time_dtype = _time_dtype(edges.time)
         clock = _mapped(folder / "edge_time.bin", np.dtype(time_dtype), edges.num_edges)
@@ -212,6 +213,8 @@ def write_csc(
                 t = times(dst.size)
                 _check_times(t, edges.time.where, first, dst.size)
                 clock[slot] = t[order]
+                if t.size:
+                    newest = max(t.max().item(), newest if newest is not None else t.max().item())
             cursor[dst[starts]] += counts
             first += dst.size
             bar.update(len(dst))
@@ -232,7 +235,7 @@ def write_csc(
         entries["perm"] = file_entry(folder / "perm.bin", "int64", [edges.num_edges])
     if timed:
         entries["edge_time"] = file_entry(folder / "edge_time.bin", time_dtype, [edges.num_edges])
-    return entries
+    return entries, newest
 
 
 def _check_times(t: np.ndarray, where: str, first: int, expected: int, what: str = "edge") -> None:
@@ -485,13 +488,11 @@ def write(
         for key, edges in edge_types.items():  # first: a bad index is refused early
             src, dst = (None, None) if key is None else (key[0], key[-1])
             n_src, n_dst = nodes[src].num_nodes, nodes[dst].num_nodes
-            entries = write_csc(edges, n_src, n_dst, folder / prefix(key), chunk_bytes // 16)
+            entries, last = write_csc(edges, n_src, n_dst, folder / prefix(key), chunk_bytes // 16)
             files |= {f"{prefix(key)}{name}": e for name, e in entries.items()}
             num_edges[prefix(key)[:-1]] = edges.num_edges
-            if "edge_time" in entries and edges.num_edges:  # what an append must not precede
-                clock = np.memmap(folder / prefix(key) / "edge_time.bin", mode="r")
-                kind = np.dtype(entries["edge_time"].dtype)
-                newest[prefix(key)[:-1]] = clock.view(kind).max().item()
+            if last is not None:  # what an append must not precede
+                newest[prefix(key)[:-1]] = last
         for key, edges in edge_types.items():  # in the input's order: gathered by e_id
             if edges.attr is not None:
                 dtype = _stored_dtype(edges.attr, feature_dtype)
